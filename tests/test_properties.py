@@ -1,0 +1,197 @@
+"""Hypothesis: random timelines through the real coordinator match the reference model.
+
+Times and durations are drawn on a grid of 1/4 so every float sum is exact, and the
+comparison is to the float: every result of every ping, cancel and flush, and every
+fire (time, key, payload, ping count, edge, run id, first ping time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import trio_debounce
+from trio_debounce import Fire
+
+from .model import Model, ModelFire
+
+GRID = 0.25
+MODES = ("trailing", "leading", "both")
+KEYS = (("wf", "a"), ("wf", "b"), ("other", "a"))
+
+
+def grid(max_steps: int) -> st.SearchStrategy[float]:
+    return st.integers(0, max_steps).map(lambda n: n * GRID)
+
+
+@dataclass(frozen=True)
+class Op:
+    dt: float
+    kind: str  # "ping" | "cancel" | "flush"
+    key: int
+    mode: str
+    delay: float
+    max_delay: float | None
+    handler_time: float
+
+
+@st.composite
+def ops(draw: st.DrawFn) -> Op:
+    kind = draw(st.sampled_from(("ping",) * 8 + ("cancel", "flush")))
+    delay = draw(grid(12))
+    max_delay = draw(st.none() | grid(12).map(lambda extra: delay + extra))
+    return Op(
+        dt=draw(st.sampled_from((0.0, 0.0, 0.25, 0.5, 1.0, 1.75, 3.0, 5.0))),
+        kind=kind,
+        key=draw(st.integers(0, len(KEYS) - 1)),
+        mode=draw(st.sampled_from(MODES)),
+        delay=delay,
+        max_delay=max_delay,
+        handler_time=draw(st.sampled_from((0.0, 0.0, 0.5, 4.0))),
+    )
+
+
+@st.composite
+def timelines(draw: st.DrawFn) -> tuple[dict[int, str], list[Op]]:
+    # Each key has a usual mode; a few pings use another one and must raise.
+    key_modes = {i: draw(st.sampled_from(MODES)) for i in range(len(KEYS))}
+    timeline = draw(st.lists(ops(), max_size=40))
+    clash = draw(st.lists(st.booleans(), min_size=len(timeline), max_size=len(timeline)))
+    fixed = [
+        op if c and op.kind == "ping" else Op(**{**op.__dict__, "mode": key_modes[op.key]})
+        for op, c in zip(timeline, clash)
+    ]
+    return key_modes, fixed
+
+
+def run_model(timeline: list[Op]) -> tuple[list[Any], list[ModelFire]]:
+    model = Model()
+    results: list[Any] = []
+    t = 0.0
+    for i, op in enumerate(timeline):
+        t += op.dt
+        ident = KEYS[op.key]
+        if op.kind == "ping":
+            try:
+                results.append(
+                    model.ping(t, ident, i, op.delay, op.max_delay, op.mode, f"run-{i}")
+                )
+            except ValueError:
+                results.append("ValueError")
+        elif op.kind == "cancel":
+            results.append(model.cancel(t, ident))
+        else:
+            results.append(model.flush(t, ident))
+    model.finish()
+    return results, model.fires
+
+
+def run_real(timeline: list[Op]) -> tuple[list[Any], list[ModelFire]]:
+    results: list[Any] = []
+    fires: list[Fire] = []
+    handler_times = {f"run-{i}": op.handler_time for i, op in enumerate(timeline)}
+
+    async def handler(fire: Fire) -> None:
+        fires.append(fire)
+        # Handlers that take time must not change anything: a ping during a run
+        # opens a new window.
+        await trio.sleep(handler_times[fire.run_id])
+
+    async def main() -> None:
+        t = 0.0
+        async with trio_debounce.open_coordinator(
+            handlers={"wf": handler, "other": handler}
+        ) as coordinator:
+            for i, op in enumerate(timeline):
+                t += op.dt
+                await trio.sleep_until(t)
+                workflow, key = KEYS[op.key]
+                if op.kind == "ping":
+                    try:
+                        r = await coordinator.debounce(
+                            workflow,
+                            key,
+                            i,
+                            delay=op.delay,
+                            max_delay=op.max_delay,
+                            mode=op.mode,
+                            run_id=f"run-{i}",
+                        )
+                    except ValueError:
+                        results.append("ValueError")
+                    else:
+                        assert r.ping_count >= 1
+                        results.append(
+                            (r.outcome.value, r.active_run_id, r.scheduled_at, r.ping_count)
+                        )
+                elif op.kind == "cancel":
+                    results.append(await coordinator.cancel(workflow, key))
+                else:
+                    results.append(await coordinator.flush(workflow, key))
+        stats = coordinator.statistics()
+        assert stats.fires == len(fires)
+        assert stats.pending_trailing_fires == 0
+        assert stats.running_handlers == 0
+        assert stats.pings == sum(1 for r in results if isinstance(r, tuple))
+        assert stats.coalesced == sum(
+            1 for r in results if isinstance(r, tuple) and r[0] == "coalesce"
+        )
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    converted = [
+        ModelFire(
+            f.fired_at,
+            (f.workflow, f.key),
+            f.payload,
+            f.ping_count,
+            f.edge.value,
+            f.run_id,
+            f.first_ping_at,
+        )
+        for f in fires
+    ]
+    return results, converted
+
+
+def _order(f: ModelFire) -> tuple[Any, ...]:
+    return (f.fired_at, f.key, f.run_id, f.edge)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(timelines())
+def test_coordinator_matches_model(case: tuple[dict[int, str], list[Op]]) -> None:
+    _, timeline = case
+    expected_results, expected_fires = run_model(timeline)
+    results, fires = run_real(timeline)
+    assert results == expected_results
+    assert sorted(fires, key=_order) == sorted(expected_fires, key=_order)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_model_and_coordinator_agree_on_a_known_burst(mode: str) -> None:
+    # A fixed timeline as a sanity anchor for the property above: 3 pings 1s apart,
+    # delay 2, then silence.
+    timeline = [
+        Op(0.0, "ping", 0, mode, 2.0, None, 0.0),
+        Op(1.0, "ping", 0, mode, 2.0, None, 0.0),
+        Op(1.0, "ping", 0, mode, 2.0, None, 0.0),
+    ]
+    expected_results, expected_fires = run_model(timeline)
+    results, fires = run_real(timeline)
+    assert results == expected_results
+    assert sorted(fires, key=_order) == sorted(expected_fires, key=_order)
+    edges = sorted(f.edge for f in fires)
+    assert edges == {"trailing": ["trailing"], "leading": ["leading"], "both": ["leading", "trailing"]}[mode]
+    trailing = [f for f in fires if f.edge == "trailing"]
+    for f in trailing:
+        assert (f.fired_at, f.payload, f.ping_count) == (4.0, 2, 3)

@@ -1,0 +1,39 @@
+"""Trio-native debouncing: run a job once per burst of triggers, not once per trigger.
+
+The entry point is :func:`open_coordinator`; see the docs for the exact semantics.
+"""
+
+from __future__ import annotations
+
+from ._coordinator import Coordinator as Coordinator
+from ._coordinator import OnExit as OnExit
+from ._coordinator import open_coordinator as open_coordinator
+from ._types import CoordinatorStatistics as CoordinatorStatistics
+from ._types import DebounceResult as DebounceResult
+from ._types import Edge as Edge
+from ._types import ErrorCallback as ErrorCallback
+from ._types import Fire as Fire
+from ._types import Handler as Handler
+from ._types import Mode as Mode
+from ._types import Outcome as Outcome
+from ._version import __version__ as __version__
+
+
+def _fixup_module_metadata() -> None:
+    # Make reprs, tracebacks and docs say trio_debounce.X, not trio_debounce._mod.X,
+    # as trio does.
+    for obj in (
+        Coordinator,
+        CoordinatorStatistics,
+        DebounceResult,
+        Edge,
+        Fire,
+        Mode,
+        Outcome,
+        open_coordinator,
+    ):
+        obj.__module__ = __name__
+
+
+_fixup_module_metadata()
+del _fixup_module_metadata

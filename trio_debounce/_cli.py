@@ -1,0 +1,247 @@
+"""The ``trio-debounce`` command line: ``replay``, ``run`` and ``events git``.
+
+Exit statuses: 0 success; 2 bad input or bad options (the reason on stderr, nothing
+printed as if it had worked); 130 interrupted (Ctrl-C); ``run`` exits 2 after end of
+input if it rejected any line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import IO, NoReturn
+
+import trio
+
+from . import _validate
+from ._events import EventError
+from ._git_events import GitEventsError, git_events
+from ._live import LiveOptions, run_live
+from ._replay import read_events, replay
+from ._types import Mode
+from ._version import __version__
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+_MODES = [m.value for m in Mode]
+
+
+def _add_debounce_options(parser: argparse.ArgumentParser, unit: str) -> None:
+    parser.add_argument(
+        "--delay",
+        required=True,
+        type=float,
+        metavar="S",
+        help=f"quiet period that ends a window ({unit}; finite, >= 0)",
+    )
+    parser.add_argument(
+        "--max-delay",
+        type=float,
+        metavar="S",
+        help=f"cap on a window's length from its first ping ({unit}; >= --delay)",
+    )
+    parser.add_argument(
+        "--mode", choices=_MODES, default="trailing", help="edges that fire (default: trailing)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trio-debounce",
+        description="Debounce event streams with trio_debounce's coordinator.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+
+    rp = commands.add_parser(
+        "replay",
+        help="replay a JSON-lines event log on a virtual clock",
+        description=(
+            "Drive every event of a JSON-lines log through the real coordinator on a "
+            "virtual clock (trio.testing.MockClock). Durations are in the input's time "
+            "unit."
+        ),
+    )
+    rp.add_argument("file", metavar="FILE", help="JSON-lines input, or - for stdin")
+    _add_debounce_options(rp, "input time units")
+    rp.add_argument("--key-field", default="key", metavar="F", help="default: key")
+    rp.add_argument("--time-field", default="ts", metavar="F", help="default: ts")
+    rp.add_argument("--format", choices=["jsonl", "summary"], default="jsonl")
+    rp.add_argument(
+        "--sort", action="store_true", help="sort events by time (stable) instead of failing"
+    )
+    rp.set_defaults(func=_cmd_replay)
+
+    run = commands.add_parser(
+        "run",
+        help="debounce a live stream of lines from stdin",
+        description=(
+            "Debounce lines from stdin on the real clock. Each fire prints a JSON line, "
+            "or runs COMMAND with the payload on its stdin and TRIO_DEBOUNCE_KEY and "
+            "TRIO_DEBOUNCE_PINGS in its environment."
+        ),
+    )
+    _add_debounce_options(run, "seconds")
+    run.add_argument(
+        "--key-field",
+        metavar="F",
+        help="lines are JSON objects keyed by this field (default: the line is the key)",
+    )
+    run.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="commands run at once (default: 1)"
+    )
+    run.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="command to run per fire")
+    run.set_defaults(func=_cmd_run)
+
+    events = commands.add_parser("events", help="make event logs from other sources")
+    sources = events.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    git = sources.add_parser(
+        "git",
+        help="one event per commit and top-level path, from a git repository's history",
+        description=(
+            "Print one JSON line per commit reachable from HEAD and top-level path it "
+            'touched: {"ts": committer time, "key": top-level path, "id": sha[:12]}, '
+            "sorted by (ts, key, id). Merge commits contribute no paths."
+        ),
+    )
+    git.add_argument("path", nargs="?", default=".", metavar="PATH")
+    git.set_defaults(func=_cmd_events_git)
+    return parser
+
+
+def _check_durations(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[float, float | None]:
+    try:
+        delay = _validate.duration("--delay", args.delay)
+        max_delay = (
+            None if args.max_delay is None else _validate.duration("--max-delay", args.max_delay)
+        )
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    if max_delay is not None and max_delay < delay:
+        parser.error(f"--max-delay must be >= --delay, got {max_delay!r} < {delay!r}")
+    return delay, max_delay
+
+
+def _input_lines(stream: IO[bytes]) -> Iterator[str]:
+    for number, raw in enumerate(stream, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EventError(number, f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        yield text.removesuffix("\n").removesuffix("\r")
+
+
+def _cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    delay, max_delay = _check_durations(parser, args)
+    for option in ("key_field", "time_field"):
+        if not getattr(args, option):
+            parser.error(f"--{option.replace('_', '-')} must not be empty")
+    try:
+        stream: IO[bytes] = (
+            sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+        )
+    except OSError as exc:
+        _error(f"cannot read {args.file!r}: {exc.strerror or exc}")
+        return EXIT_USAGE
+    try:
+        events = read_events(
+            _input_lines(stream),
+            key_field=args.key_field,
+            time_field=args.time_field,
+            sort=args.sort,
+        )
+        result = replay(events, delay=delay, max_delay=max_delay, mode=args.mode)
+    except EventError as exc:
+        _error(f"{_display_name(args.file)}: {exc}")
+        return EXIT_USAGE
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    out = sys.stdout
+    if args.format == "summary":
+        out.write(json.dumps(result.summary()) + "\n")
+    else:
+        for fire in result.fires:
+            out.write(json.dumps(fire.to_json()) + "\n")
+    out.flush()
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    delay, max_delay = _check_durations(parser, args)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.key_field is not None and not args.key_field:
+        parser.error("--key-field must not be empty")
+    options = LiveOptions(
+        delay=delay,
+        max_delay=max_delay,
+        mode=Mode(args.mode),
+        key_field=args.key_field,
+        jobs=args.jobs,
+        command=tuple(args.cmd),
+    )
+    return trio.run(run_live, options, sys.stdin.buffer, sys.stdout, sys.stderr)
+
+
+def _cmd_events_git(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        events = git_events(args.path)
+    except GitEventsError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    out = sys.stdout
+    for event in events:
+        out.write(json.dumps(event.to_json()) + "\n")
+    out.flush()
+    return 0
+
+
+def _display_name(path: str) -> str:
+    return "<stdin>" if path == "-" else path
+
+
+def _error(message: str) -> None:
+    sys.stderr.write(f"trio-debounce: error: {message}\n")
+    sys.stderr.flush()
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        matched, _ = exc.split(KeyboardInterrupt)
+        return matched is not None
+    return False
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Entry point of the ``trio-debounce`` console script; exits with its status."""
+    logging.basicConfig(level=logging.WARNING, format="trio-debounce: %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status = args.func(args, parser)
+    except BaseException as exc:
+        if _is_interrupt(exc):
+            sys.stderr.write("trio-debounce: interrupted\n")
+            status = EXIT_INTERRUPTED
+        elif isinstance(exc, BrokenPipeError):
+            # Downstream closed the pipe (e.g. `| head`): exit quietly, as Python's docs
+            # recommend, without a second error when stdout is flushed at exit.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            status = 1
+        else:
+            raise
+    sys.exit(status)

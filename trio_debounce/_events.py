@@ -1,0 +1,88 @@
+"""Parsing of JSON-lines event input for the ``trio-debounce`` CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+class EventError(ValueError):
+    """A line of event input is malformed; ``str()`` names the line and the reason.
+
+    Attributes:
+      line_number (int): 1-based line number in the input.
+      reason (str): what is wrong with the line.
+    """
+
+    def __init__(self, line_number: int, reason: str) -> None:
+        super().__init__(f"line {line_number}: {reason}")
+        self.line_number = line_number
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One parsed event: its time (input's unit), key, the whole object, and line."""
+
+    ts: float
+    key: str
+    payload: Any
+    line_number: int
+
+
+def _describe(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_json_object(text: str, line_number: int) -> dict[str, Any]:
+    """Parse one line as a JSON object, or raise :class:`EventError`."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EventError(line_number, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(value, dict):
+        raise EventError(line_number, f"expected a JSON object, got {_describe(value)}")
+    return value
+
+
+def event_key(obj: dict[str, Any], key_field: str, line_number: int) -> str:
+    """Return ``obj[key_field]`` if it is a non-empty JSON string, else raise."""
+    if key_field not in obj:
+        raise EventError(line_number, f"missing key field {key_field!r}")
+    key = obj[key_field]
+    if not isinstance(key, str):
+        raise EventError(
+            line_number, f"key field {key_field!r} must be a JSON string, got {_describe(key)}"
+        )
+    if not key:
+        raise EventError(line_number, f"key field {key_field!r} is an empty string")
+    return key
+
+
+def event_time(obj: dict[str, Any], time_field: str, line_number: int) -> float:
+    """Return ``obj[time_field]`` if it is a finite JSON number, else raise."""
+    if time_field not in obj:
+        raise EventError(line_number, f"missing time field {time_field!r}")
+    ts = obj[time_field]
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
+        raise EventError(
+            line_number, f"time field {time_field!r} must be a JSON number, got {_describe(ts)}"
+        )
+    try:
+        seconds = float(ts)
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise EventError(line_number, f"time field {time_field!r} must be finite, got {ts!r}")
+    return seconds
+
+
+def parse_event(text: str, line_number: int, *, key_field: str, time_field: str) -> Event:
+    """Parse one JSON-lines event with a string key and a numeric time."""
+    obj = parse_json_object(text, line_number)
+    key = event_key(obj, key_field, line_number)
+    ts = event_time(obj, time_field, line_number)
+    return Event(ts, key, obj, line_number)

@@ -1,0 +1,147 @@
+"""Value types shared by the coordinator, the CLI and the tests."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class Mode(str, enum.Enum):
+    """Which edges of a debounce window fire.
+
+    The values are the strings that :meth:`Coordinator.debounce` also accepts.
+    """
+
+    #: Fire once, ``delay`` seconds after the last ping of a burst, with the latest
+    #: payload (lodash's ``trailing: true``).
+    TRAILING = "trailing"
+    #: Fire the first ping of a burst at once and drop the rest until ``delay`` seconds
+    #: of silence (lodash's ``leading: true, trailing: false``).
+    LEADING = "leading"
+    #: Fire the first ping at once and, if the window received more than one ping, fire
+    #: again at the end of the burst with the latest payload.
+    BOTH = "both"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Edge(str, enum.Enum):
+    """Which edge of its window a :class:`Fire` belongs to."""
+
+    #: The fire of a window's first ping, committed at ping time.
+    LEADING = "leading"
+    #: The fire at the end of a window (its deadline, or a flush).
+    TRAILING = "trailing"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Outcome(str, enum.Enum):
+    """What one ping did; see :class:`DebounceResult`."""
+
+    #: The ping opened a trailing window; its fire is pending at ``scheduled_at``.
+    SCHEDULE_TRAILING = "schedule-trailing"
+    #: The ping opened a leading or both-edges window and fired at once.
+    FIRE_IMMEDIATE = "fire-immediate"
+    #: The ping landed in an open window and was absorbed by it.
+    COALESCE = "coalesce"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class DebounceResult(NamedTuple):
+    """What :meth:`Coordinator.debounce` did with one ping (immutable).
+
+    A :class:`~typing.NamedTuple`, so building one on the hot path costs a tuple
+    allocation, not a frozen dataclass's ``object.__setattr__`` calls.
+
+    Attributes:
+      outcome (Outcome): what the ping did.
+      active_run_id (str): the run id of the window the ping landed in (the window it
+        opened, or the open window that absorbed it).
+      scheduled_at (float | None): the pending trailing fire time, an absolute time on
+        Trio's clock (:func:`trio.current_time`), or ``None`` when no trailing fire is
+        pending (leading mode, or a both-edges window with a single ping).
+      ping_count (int): pings absorbed by the window so far, this one included.
+    """
+
+    outcome: Outcome
+    active_run_id: str
+    scheduled_at: float | None
+    ping_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """One firing of a debounce window, passed to its handler.
+
+    Attributes:
+      workflow (str): the window's workflow name.
+      key (str): the window's debounce key.
+      payload (Any): the latest payload the window received before it fired (for a
+        leading fire, the first ping's payload).
+      run_id (str): the window's run id. The leading and trailing fires of a
+        both-edges window share it and differ by :attr:`edge`.
+      ping_count (int): pings the window had absorbed when it fired, the leading ping
+        included.
+      first_ping_at (float): the time of the window's first ping, on Trio's clock.
+      fired_at (float): the *logical* fire time on Trio's clock: the deadline of a
+        trailing fire, the ping time of a leading fire, or the time of the
+        :meth:`~Coordinator.flush` call. It is never a fresh clock reading taken when
+        the handler starts, so it is exact even when a :class:`trio.testing.MockClock`
+        autojump lands a few ulps past the deadline.
+      edge (Edge): :attr:`Edge.LEADING` or :attr:`Edge.TRAILING`.
+    """
+
+    workflow: str
+    key: str
+    payload: Any
+    run_id: str
+    ping_count: int
+    first_ping_at: float
+    fired_at: float
+    edge: Edge
+
+
+#: The type of a fire handler: ``async def handler(fire: Fire) -> None``.
+Handler = Callable[[Fire], Awaitable[None]]
+
+#: The type of an ``on_error`` callback: ``def on_error(fire: Fire, exc: Exception)``.
+ErrorCallback = Callable[[Fire, Exception], object]
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStatistics:
+    """A snapshot of a coordinator's state, from :meth:`Coordinator.statistics`.
+
+    Counters (``pings`` to ``handler_errors``) count from the coordinator's opening.
+
+    Attributes:
+      open_windows (int): windows in the coordinator's table, as :func:`len` counts
+        them (may include a window due at this very instant whose task has not run).
+      pending_trailing_fires (int): trailing fires that will happen unless cancelled:
+        open trailing windows, both-edges windows with two or more pings, and windows
+        that are due or flushed whose handler has not started yet.
+      running_handlers (int): handler calls that have started and not yet returned.
+      pings (int): pings taken (``debounce`` / ``debounce_nowait`` calls that returned).
+      coalesced (int): pings absorbed by an open window (outcome ``coalesce``).
+      fires (int): handler calls started, leading and trailing.
+      cancelled (int): windows closed by :meth:`Coordinator.cancel`, plus pending
+        trailing fires dropped when the coordinator exited without firing them.
+      handler_errors (int): handler calls that raised an :class:`Exception`, plus fires
+        that found no handler.
+    """
+
+    open_windows: int
+    pending_trailing_fires: int
+    running_handlers: int
+    pings: int
+    coalesced: int
+    fires: int
+    cancelled: int
+    handler_errors: int

@@ -1,0 +1,74 @@
+"""Argument checks, in the style of :func:`trio.move_on_after`: the error names the value."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._types import Mode
+
+_MODES = ", ".join(repr(m.value) for m in Mode)
+
+
+def duration(name: str, value: object) -> float:
+    """Return ``value`` as a float number of seconds, or raise.
+
+    Raises:
+      TypeError: ``value`` is not an :class:`int` or :class:`float` (``bool`` is
+        refused too).
+      ValueError: ``value`` is negative, NaN or infinite.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds (float), not {value!r}")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got {value!r}") from None
+    if math.isnan(seconds):
+        raise ValueError(f"{name} must not be NaN, got {value!r}")
+    if math.isinf(seconds):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if seconds < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return seconds
+
+
+def name(what: str, value: object) -> str:
+    """Return ``value`` if it is a non-empty :class:`str`, else raise.
+
+    Raises:
+      TypeError: ``value`` is not a :class:`str`.
+      ValueError: ``value`` is empty.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {value!r}")
+    if not value:
+        raise ValueError(f"{what} must be a non-empty str, got {value!r}")
+    return value
+
+
+def mode(value: object) -> Mode:
+    """Return ``value`` as a :class:`Mode`, accepting the enum or its string value.
+
+    Raises:
+      ValueError: ``value`` is not one of the three modes.
+    """
+    if isinstance(value, Mode):
+        return value
+    try:
+        return Mode(value)
+    except ValueError:
+        raise ValueError(f"mode must be one of {_MODES}, got {value!r}") from None
+
+
+def run_id(value: object) -> str | None:
+    """Return ``value`` if it is ``None`` or a non-empty :class:`str`, else raise."""
+    if value is None:
+        return None
+    return name("run_id", value)
+
+
+def handler(what: str, value: Any) -> None:
+    """Raise :class:`TypeError` unless ``value`` is ``None`` or callable."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{what} must be an async callable taking a Fire, not {value!r}")

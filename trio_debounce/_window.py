@@ -1,0 +1,79 @@
+"""The state of one open debounce window.
+
+A window is a plain slotted object owned by the coordinator's table; its task (see
+``Coordinator._window_task``) only sleeps until the window is due and then fires it.
+A ping that lands in an open window writes a few attributes here and nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import trio
+
+    from ._types import Handler, Mode
+
+# Window states. ``OPEN`` windows fire when their deadline is reached; ``FLUSHED`` ones
+# fire at ``flushed_at`` as soon as their task runs; ``CLOSED`` ones never fire again.
+OPEN = 0
+FLUSHED = 1
+CLOSED = 2
+
+
+class Window:
+    """One debounce window, identified by ``(workflow, key)``."""
+
+    __slots__ = (
+        "cap",
+        "count",
+        "deadline",
+        "first_ping_at",
+        "flushed_at",
+        "ident",
+        "mode",
+        "on_fire",
+        "payload",
+        "run_id",
+        "scope",
+        "state",
+        "trailing",
+    )
+
+    def __init__(
+        self,
+        ident: tuple[str, str],
+        mode: Mode,
+        trailing: bool,
+        now: float,
+        deadline: float,
+        cap: float,
+        payload: Any,
+        run_id: str,
+        on_fire: Handler | None,
+    ) -> None:
+        self.ident = ident
+        self.mode = mode
+        #: True while a trailing fire is pending: always in trailing mode, from the
+        #: second ping in both mode, never in leading mode.
+        self.trailing = trailing
+        self.first_ping_at = now
+        #: When the window is due, on Trio's clock: min(t + delay, first_ping_at + cap).
+        self.deadline = deadline
+        #: first_ping_at + max_delay, or inf.
+        self.cap = cap
+        self.payload = payload
+        self.count = 1
+        self.run_id = run_id
+        #: The latest non-None on_fire among the window's pings.
+        self.on_fire = on_fire
+        #: The cancel scope the window's task is sleeping in, while it sleeps.
+        self.scope: trio.CancelScope | None = None
+        self.state = OPEN
+        self.flushed_at = 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"<Window {self.ident!r} mode={self.mode.value} pings={self.count} "
+            f"deadline={self.deadline!r} state={self.state}>"
+        )
