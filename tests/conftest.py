@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from trio_debounce import Fire
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+NATS_PY_LOG = SHARED_DATA / "nats-py-commits.jsonl"
+
+#: Set (by .ci/run) to turn the skip of tests that need ../shared into a failure.
+REQUIRE_SHARED_ENV = "TRIO_DEBOUNCE_REQUIRE_SHARED"
+
+
+class Recorder:
+    """A fire handler that records every fire and can take time to run."""
+
+    def __init__(self, duration: float = 0.0) -> None:
+        self.fires: list[Fire] = []
+        self.duration = duration
+        self.running = 0
+        self.max_running = 0
+
+    async def __call__(self, fire: Fire) -> None:
+        self.fires.append(fire)
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            await trio.sleep(self.duration)
+        finally:
+            self.running -= 1
+
+    def summary(self) -> list[tuple[float, str, object, int, str]]:
+        return [(f.fired_at, f.key, f.payload, f.ping_count, f.edge.value) for f in self.fires]
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def nats_py_log() -> Path:
+    if not NATS_PY_LOG.exists():
+        reason = f"reference data {NATS_PY_LOG} is absent (../shared is not beside the project)"
+        if os.environ.get(REQUIRE_SHARED_ENV):
+            pytest.fail(f"{reason}, and {REQUIRE_SHARED_ENV} is set")
+        pytest.skip(reason)
+    return NATS_PY_LOG

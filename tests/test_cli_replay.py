@@ -1,0 +1,237 @@
+"""``trio-debounce replay``: reference figures on real data, output format, bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trio_debounce._cli import main
+
+
+def run_cli(
+    args: list[str], capsys: pytest.CaptureFixture[str], stdin: str | None = None,
+    monkeypatch: pytest.MonkeyPatch | None = None,
+) -> tuple[int, str, str]:
+    if stdin is not None:
+        assert monkeypatch is not None
+        fake = io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")))
+        monkeypatch.setattr(sys, "stdin", fake)
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    out, err = capsys.readouterr()
+    code = info.value.code
+    assert isinstance(code, int)
+    return code, out, err
+
+
+def write_lines(path: Path, events: list[Any]) -> Path:
+    path.write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in events))
+    return path
+
+
+# The table in ../shared/README.md, computed by an independent model of the rules.
+REFERENCE = [
+    (["--mode", "trailing", "--delay", "600", "--max-delay", "3600"], 1162, 600, 1625),
+    (["--mode", "trailing", "--delay", "3600", "--max-delay", "7200"], 1041, 3600, 7200),
+    (["--mode", "trailing", "--delay", "3600"], 1039, 3600, 12287),
+    (["--mode", "leading", "--delay", "3600", "--max-delay", "7200"], 1041, 0, 0),
+    (["--mode", "both", "--delay", "3600", "--max-delay", "7200"], 1212, 0, 7200),
+]
+
+
+@pytest.mark.parametrize(("options", "fires", "p50", "latency_max"), REFERENCE)
+def test_replay_of_the_reference_log_matches_every_row(
+    nats_py_log: Path,
+    capsys: pytest.CaptureFixture[str],
+    options: list[str],
+    fires: int,
+    p50: int,
+    latency_max: int,
+) -> None:
+    code, out, err = run_cli(["replay", str(nats_py_log), *options, "--format", "summary"], capsys)
+    assert (code, err) == (0, "")
+    summary = json.loads(out)
+    assert summary["events"] == 1321
+    assert (summary["fires"], summary["latency_p50"], summary["latency_max"]) == (
+        fires,
+        p50,
+        latency_max,
+    )
+    assert summary["coalescing_ratio"] == pytest.approx(1 - fires / 1321)
+    # The jsonl output agrees with the summary, in order, with whole events as payloads.
+    code, out, _ = run_cli(["replay", str(nats_py_log), *options], capsys)
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert len(lines) == fires
+    assert max(f["fired_at"] - f["first_ping_at"] for f in lines) == latency_max
+    order = [(f["fired_at"], f["key"]) for f in lines]
+    assert order == sorted(order)
+    assert all(set(f["payload"]) == {"ts", "key", "id"} for f in lines)
+    if options[1] == "trailing":
+        # every event lands in exactly one window, and every trailing window fires once
+        assert sum(f["pings"] for f in lines) == 1321
+
+
+def test_jsonl_output_shape_and_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = write_lines(
+        tmp_path / "log.jsonl",
+        [
+            {"ts": 100, "key": "b", "n": 1},
+            {"ts": 100, "key": "a", "n": 2},
+            {"ts": 101, "key": "b", "n": 3},
+            {"ts": 110, "key": "a", "n": 4},  # a's first window is due at 110: new window
+        ],
+    )
+    code, out, err = run_cli(["replay", str(log), "--delay", "10"], capsys)
+    assert (code, err) == (0, "")
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"key": "a", "fired_at": 110, "first_ping_at": 100,
+         "payload": {"ts": 100, "key": "a", "n": 2}, "pings": 1, "edge": "trailing"},
+        {"key": "b", "fired_at": 111, "first_ping_at": 100,
+         "payload": {"ts": 101, "key": "b", "n": 3}, "pings": 2, "edge": "trailing"},
+        {"key": "a", "fired_at": 120, "first_ping_at": 110,
+         "payload": {"ts": 110, "key": "a", "n": 4}, "pings": 1, "edge": "trailing"},
+    ]
+
+
+def test_equal_keys_same_time_fire_in_window_opening_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # delay 0: every event is its own window; equal (fired_at, key) keep input order.
+    log = write_lines(tmp_path / "log.jsonl", [{"ts": 5, "key": "k", "n": n} for n in range(5)])
+    code, out, _ = run_cli(["replay", str(log), "--delay", "0", "--mode", "both"], capsys)
+    assert code == 0
+    fires = [json.loads(line) for line in out.splitlines()]
+    assert [f["payload"]["n"] for f in fires] == [0, 1, 2, 3, 4]
+    assert {f["edge"] for f in fires} == {"leading"}
+
+
+def test_custom_fields_fractional_and_negative_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = write_lines(
+        tmp_path / "log.jsonl",
+        [{"when": -10.5, "id": "x"}, {"when": -10.25, "id": "x"}, {"when": 3, "id": "y"}],
+    )
+    code, out, _ = run_cli(
+        ["replay", str(log), "--delay", "0.5", "--key-field", "id", "--time-field", "when"],
+        capsys,
+    )
+    assert code == 0
+    fires = [json.loads(line) for line in out.splitlines()]
+    assert [(f["key"], f["fired_at"], f["first_ping_at"], f["pings"]) for f in fires] == [
+        ("x", -9.75, -10.5, 2),
+        ("y", 3.5, 3, 1),
+    ]
+
+
+def test_summary_of_empty_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "empty.jsonl"
+    log.write_text("")
+    code, out, _ = run_cli(["replay", str(log), "--delay", "1", "--format", "summary"], capsys)
+    assert code == 0
+    assert json.loads(out) == {
+        "events": 0, "fires": 0, "coalescing_ratio": None,
+        "latency_p50": None, "latency_p95": None, "latency_max": None,
+    }
+
+
+def test_stdin_input(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = '{"ts": 1, "key": "k"}\n{"ts": 2, "key": "k"}\n'
+    code, out, _ = run_cli(
+        ["replay", "-", "--delay", "5", "--format", "summary"], capsys, stdin=text,
+        monkeypatch=monkeypatch,
+    )
+    assert code == 0
+    summary = json.loads(out)
+    assert (summary["events"], summary["fires"], summary["latency_max"]) == (2, 1, 6)
+
+
+def test_decreasing_time_is_an_error_unless_sort(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = write_lines(
+        tmp_path / "log.jsonl",
+        [{"ts": 10, "key": "a", "n": 0}, {"ts": 5, "key": "a", "n": 1},
+         {"ts": 5, "key": "a", "n": 2}],
+    )
+    code, out, err = run_cli(["replay", str(log), "--delay", "1"], capsys)
+    assert (code, out) == (2, "")
+    assert "line 2" in err and "--sort" in err
+    code, out, err = run_cli(["replay", str(log), "--delay", "1", "--sort"], capsys)
+    assert code == 0
+    fires = [json.loads(line) for line in out.splitlines()]
+    # stable: the two events at ts 5 keep their input order, so n=2 is the latest
+    assert [(f["fired_at"], f["payload"]["n"], f["pings"]) for f in fires] == [(6, 2, 2), (11, 0, 1)]
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"key": "a"}', "missing time field 'ts'"),
+        ('{"ts": 1}', "missing key field 'key'"),
+        ('{"ts": "1", "key": "a"}', "time field 'ts' must be a JSON number"),
+        ('{"ts": true, "key": "a"}', "time field 'ts' must be a JSON number"),
+        ('{"ts": NaN, "key": "a"}', "must be finite"),
+        ('{"ts": 1e999, "key": "a"}', "must be finite"),
+        ('{"ts": 1, "key": 7}', "key field 'key' must be a JSON string"),
+        ('{"ts": 1, "key": null}', "key field 'key' must be a JSON string"),
+        ('{"ts": 1, "key": ""}', "empty string"),
+        ("", "not valid JSON"),
+    ],
+)
+def test_bad_lines_exit_2_naming_line_and_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, reason: str
+) -> None:
+    log = write_lines(tmp_path / "log.jsonl", [{"ts": 0, "key": "ok"}, line])
+    code, out, err = run_cli(["replay", str(log), "--delay", "1"], capsys)
+    assert (code, out) == (2, "")
+    assert "line 2:" in err
+    assert reason in err
+
+
+def test_non_utf8_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(b'{"ts": 0, "key": "a"}\n{"ts": 1, "key": "\xff"}\n')
+    code, out, err = run_cli(["replay", str(log), "--delay", "1"], capsys)
+    assert (code, out) == (2, "")
+    assert "line 2: not UTF-8" in err
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--delay", "-1"], "--delay must be >= 0"),
+        (["--delay", "nan"], "--delay must not be NaN"),
+        (["--delay", "inf"], "--delay must be finite"),
+        (["--delay", "abc"], "invalid float value"),
+        (["--delay", "5", "--max-delay", "1"], "--max-delay must be >= --delay"),
+        (["--delay", "1", "--mode", "middle"], "invalid choice"),
+        (["--delay", "1", "--key-field", ""], "--key-field must not be empty"),
+        ([], "--delay"),
+    ],
+)
+def test_bad_options_exit_2_with_usage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], message: str
+) -> None:
+    log = write_lines(tmp_path / "log.jsonl", [{"ts": 0, "key": "ok"}])
+    code, out, err = run_cli(["replay", str(log), *options], capsys)
+    assert (code, out) == (2, "")
+    assert "usage:" in err
+    assert message in err
+
+
+def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["replay", str(tmp_path / "nope.jsonl"), "--delay", "1"], capsys)
+    assert (code, out) == (2, "")
+    assert "nope.jsonl" in err
