@@ -14,7 +14,9 @@ from trio_debounce._cli import main
 
 
 def run_cli(
-    args: list[str], capsys: pytest.CaptureFixture[str], stdin: str | None = None,
+    args: list[str],
+    capsys: pytest.CaptureFixture[str],
+    stdin: str | None = None,
     monkeypatch: pytest.MonkeyPatch | None = None,
 ) -> tuple[int, str, str]:
     if stdin is not None:
@@ -76,9 +78,7 @@ def test_replay_of_the_reference_log_matches_every_row(
         assert sum(f["pings"] for f in lines) == 1321
 
 
-def test_jsonl_output_shape_and_order(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_jsonl_output_shape_and_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = write_lines(
         tmp_path / "log.jsonl",
         [
@@ -91,12 +91,30 @@ def test_jsonl_output_shape_and_order(
     code, out, err = run_cli(["replay", str(log), "--delay", "10"], capsys)
     assert (code, err) == (0, "")
     assert [json.loads(line) for line in out.splitlines()] == [
-        {"key": "a", "fired_at": 110, "first_ping_at": 100,
-         "payload": {"ts": 100, "key": "a", "n": 2}, "pings": 1, "edge": "trailing"},
-        {"key": "b", "fired_at": 111, "first_ping_at": 100,
-         "payload": {"ts": 101, "key": "b", "n": 3}, "pings": 2, "edge": "trailing"},
-        {"key": "a", "fired_at": 120, "first_ping_at": 110,
-         "payload": {"ts": 110, "key": "a", "n": 4}, "pings": 1, "edge": "trailing"},
+        {
+            "key": "a",
+            "fired_at": 110,
+            "first_ping_at": 100,
+            "payload": {"ts": 100, "key": "a", "n": 2},
+            "pings": 1,
+            "edge": "trailing",
+        },
+        {
+            "key": "b",
+            "fired_at": 111,
+            "first_ping_at": 100,
+            "payload": {"ts": 101, "key": "b", "n": 3},
+            "pings": 2,
+            "edge": "trailing",
+        },
+        {
+            "key": "a",
+            "fired_at": 120,
+            "first_ping_at": 110,
+            "payload": {"ts": 110, "key": "a", "n": 4},
+            "pings": 1,
+            "edge": "trailing",
+        },
     ]
 
 
@@ -137,17 +155,21 @@ def test_summary_of_empty_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
     code, out, _ = run_cli(["replay", str(log), "--delay", "1", "--format", "summary"], capsys)
     assert code == 0
     assert json.loads(out) == {
-        "events": 0, "fires": 0, "coalescing_ratio": None,
-        "latency_p50": None, "latency_p95": None, "latency_max": None,
+        "events": 0,
+        "fires": 0,
+        "coalescing_ratio": None,
+        "latency_p50": None,
+        "latency_p95": None,
+        "latency_max": None,
     }
 
 
-def test_stdin_input(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_stdin_input(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     text = '{"ts": 1, "key": "k"}\n{"ts": 2, "key": "k"}\n'
     code, out, _ = run_cli(
-        ["replay", "-", "--delay", "5", "--format", "summary"], capsys, stdin=text,
+        ["replay", "-", "--delay", "5", "--format", "summary"],
+        capsys,
+        stdin=text,
         monkeypatch=monkeypatch,
     )
     assert code == 0
@@ -160,17 +182,24 @@ def test_decreasing_time_is_an_error_unless_sort(
 ) -> None:
     log = write_lines(
         tmp_path / "log.jsonl",
-        [{"ts": 10, "key": "a", "n": 0}, {"ts": 5, "key": "a", "n": 1},
-         {"ts": 5, "key": "a", "n": 2}],
+        [
+            {"ts": 10, "key": "a", "n": 0},
+            {"ts": 5, "key": "a", "n": 1},
+            {"ts": 5, "key": "a", "n": 2},
+        ],
     )
     code, out, err = run_cli(["replay", str(log), "--delay", "1"], capsys)
     assert (code, out) == (2, "")
-    assert "line 2" in err and "--sort" in err
+    assert "line 2" in err
+    assert "--sort" in err
     code, out, err = run_cli(["replay", str(log), "--delay", "1", "--sort"], capsys)
     assert code == 0
     fires = [json.loads(line) for line in out.splitlines()]
     # stable: the two events at ts 5 keep their input order, so n=2 is the latest
-    assert [(f["fired_at"], f["payload"]["n"], f["pings"]) for f in fires] == [(6, 2, 2), (11, 0, 1)]
+    assert [(f["fired_at"], f["payload"]["n"], f["pings"]) for f in fires] == [
+        (6, 2, 2),
+        (11, 0, 1),
+    ]
 
 
 @pytest.mark.parametrize(

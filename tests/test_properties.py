@@ -65,7 +65,7 @@ def timelines(draw: st.DrawFn) -> tuple[dict[int, str], list[Op]]:
     clash = draw(st.lists(st.booleans(), min_size=len(timeline), max_size=len(timeline)))
     fixed = [
         op if c and op.kind == "ping" else Op(**{**op.__dict__, "mode": key_modes[op.key]})
-        for op, c in zip(timeline, clash)
+        for op, c in zip(timeline, clash, strict=True)
     ]
     return key_modes, fixed
 
@@ -79,9 +79,7 @@ def run_model(timeline: list[Op]) -> tuple[list[Any], list[ModelFire]]:
         ident = KEYS[op.key]
         if op.kind == "ping":
             try:
-                results.append(
-                    model.ping(t, ident, i, op.delay, op.max_delay, op.mode, f"run-{i}")
-                )
+                results.append(model.ping(t, ident, i, op.delay, op.max_delay, op.mode, f"run-{i}"))
             except ValueError:
                 results.append("ValueError")
         elif op.kind == "cancel":
@@ -191,7 +189,10 @@ def test_model_and_coordinator_agree_on_a_known_burst(mode: str) -> None:
     assert results == expected_results
     assert sorted(fires, key=_order) == sorted(expected_fires, key=_order)
     edges = sorted(f.edge for f in fires)
-    assert edges == {"trailing": ["trailing"], "leading": ["leading"], "both": ["leading", "trailing"]}[mode]
+    assert (
+        edges
+        == {"trailing": ["trailing"], "leading": ["leading"], "both": ["leading", "trailing"]}[mode]
+    )
     trailing = [f for f in fires if f.edge == "trailing"]
     for f in trailing:
         assert (f.fired_at, f.payload, f.ping_count) == (4.0, 2, 3)

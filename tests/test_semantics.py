@@ -74,8 +74,11 @@ async def test_max_delay_equal_to_delay_is_a_fixed_window(
         for i in range(7):
             await c.debounce(WF, "k", i, delay=3.0, max_delay=3.0)
             await trio.sleep(1.0)
-    assert recorder.summary() == [(t0 + 3, "k", 2, 3, "trailing"), (t0 + 6, "k", 5, 3, "trailing"),
-                                  (t0 + 9, "k", 6, 1, "trailing")]
+    assert recorder.summary() == [
+        (t0 + 3, "k", 2, 3, "trailing"),
+        (t0 + 6, "k", 5, 3, "trailing"),
+        (t0 + 9, "k", 6, 1, "trailing"),
+    ]
 
 
 async def test_shorter_delay_moves_the_deadline_earlier(
@@ -192,7 +195,7 @@ async def test_ping_at_the_deadline_opens_a_new_window_even_before_the_old_task_
         (t0 + 2.0, "k", "old2", 2, "trailing"),
         (t0 + 4.0, "k", "new", 1, "trailing"),
     ]
-    new = [f for f in recorder.fires if f.run_id == "new"][0]
+    new = next(f for f in recorder.fires if f.run_id == "new")
     assert new.first_ping_at == t0 + 2.0  # nothing of the old window leaks
 
 
@@ -373,4 +376,3 @@ async def test_a_handler_that_pings_during_exit_is_served(
     async with open_coordinator(handlers={WF: chain}) as c:
         await c.debounce(WF, "first", None, delay=1.0)
     assert fired == [(t0 + 1.0, "first"), (t0 + 4.0, "second")]
-

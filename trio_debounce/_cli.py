@@ -191,7 +191,7 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         jobs=args.jobs,
         command=tuple(args.cmd),
     )
-    return trio.run(run_live, options, sys.stdin.buffer, sys.stdout, sys.stderr)
+    return trio.run(run_live, options, sys.stdin.fileno(), sys.stdout, sys.stderr)
 
 
 def _cmd_events_git(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

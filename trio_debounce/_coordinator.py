@@ -220,12 +220,11 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 max_delay = _validate.duration("max_delay", max_delay)
             if max_delay < delay:
                 raise ValueError(
-                    f"max_delay must be >= delay, got max_delay={max_delay!r} "
-                    f"and delay={delay!r}"
+                    f"max_delay must be >= delay, got max_delay={max_delay!r} and delay={delay!r}"
                 )
         if run_id is not None and (type(run_id) is not str or not run_id):
             _validate.run_id(run_id)
-        if on_fire is not None and not callable(on_fire):
+        if on_fire is not None:
             _validate.handler("on_fire", on_fire)
 
         now = _current_time()
@@ -261,12 +260,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 scheduled_at = None
             self._pings += 1
             self._coalesced += 1
-            return _new_tuple(  # type: ignore[no-any-return]
+            return _new_tuple(
                 DebounceResult, (_COALESCE, window.run_id, scheduled_at, window.count)
             )
-        return self._open_window(
-            ident, now, payload, delay, max_delay, mode, run_id, on_fire
-        )
+        return self._open_window(ident, now, payload, delay, max_delay, mode, run_id, on_fire)
 
     def _open_window(
         self,
@@ -300,17 +297,13 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._pings += 1
         if trailing:
             self._pending += 1
-            return _new_tuple(  # type: ignore[no-any-return]
-                DebounceResult, (_SCHEDULE_TRAILING, run_id, deadline, 1)
-            )
+            return _new_tuple(DebounceResult, (_SCHEDULE_TRAILING, run_id, deadline, 1))
         handler = on_fire if on_fire is not None else self._handlers[workflow]
         fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING)
         self._fires += 1
         self._running += 1
         self._nursery.start_soon(self._call_handler, handler, fire)
-        return _new_tuple(  # type: ignore[no-any-return]
-            DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1)
-        )
+        return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1))
 
     def _no_handler(self, workflow: str) -> LookupError:
         return LookupError(

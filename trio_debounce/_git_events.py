@@ -102,21 +102,30 @@ def git_events(path: str | os.PathLike[str] = ".") -> list[GitEvent]:
     """
     if not os.path.isdir(path):
         raise GitEventsError(f"{os.fspath(path)!r} is not a directory")
+    where = os.fspath(path)
+    check = _git(where, "rev-parse", "--git-dir")
+    if check.returncode != 0:
+        message = check.stderr.decode("utf-8", "replace").strip()
+        raise GitEventsError(f"{where!r} is not a git repository: {message}")
+    if _git(where, "rev-parse", "--verify", "--quiet", "HEAD^{commit}").returncode != 0:
+        raise GitEventsError(f"{where!r}: the repository has no commits")
+    proc = _git(where, *_GIT_LOG)
+    if proc.returncode != 0:
+        message = proc.stderr.decode("utf-8", "replace").strip()
+        raise GitEventsError(f"git log failed in {where!r}: {message}")
+    events = parse_git_log(proc.stdout)
+    if not events:
+        raise GitEventsError(f"{where!r}: the history touches no paths")
+    return events
+
+
+def _git(where: str, *args: str) -> subprocess.CompletedProcess[bytes]:
     try:
-        proc = subprocess.run(
-            ["git", "-C", os.fspath(path), *_GIT_LOG],
+        return subprocess.run(
+            ["git", "-C", where, *args],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             check=False,
         )
     except FileNotFoundError:
         raise GitEventsError("git is not installed (no 'git' on PATH)") from None
-    if proc.returncode != 0:
-        message = proc.stderr.decode("utf-8", "replace").strip()
-        if "does not have any commits" in message or "unknown revision" in message:
-            raise GitEventsError(f"{os.fspath(path)!r}: the repository has no commits")
-        raise GitEventsError(f"{os.fspath(path)!r} is not a git repository: {message}")
-    events = parse_git_log(proc.stdout)
-    if not events:
-        raise GitEventsError(f"{os.fspath(path)!r}: the history touches no paths")
-    return events

@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, TextIO
+from typing import Any, TextIO
 
 import trio
 
@@ -15,7 +15,7 @@ from ._coordinator import open_coordinator
 from ._events import EventError, event_key, parse_json_object
 from ._replay import json_number
 from ._types import Fire, Mode
-from ._wallclock import trio_to_wall
+from ._wallclock import WallClock
 
 logger = logging.getLogger("trio_debounce.cli")
 
@@ -39,17 +39,20 @@ class _Line:
     payload: Any
 
 
-async def _read_lines(stream: BinaryIO) -> AsyncIterator[tuple[int, bytes]]:
-    """Yield (line number, text) from a blocking binary stream, without blocking Trio.
+async def _read_lines(fd: int) -> AsyncIterator[tuple[int, bytes]]:
+    """Yield (line number, raw line) from a blocking file descriptor, without blocking Trio.
 
-    Each read runs in a worker thread that is abandoned on cancellation, so Ctrl-C is
-    seen at once even while the read blocks.
+    Each ``os.read`` runs in a worker thread that is abandoned on cancellation, so
+    Ctrl-C is seen at once even while the read blocks. (``os.read`` on the descriptor,
+    not ``sys.stdin.buffer.read``: an abandoned thread blocked inside the buffered
+    reader would hold its lock and abort the interpreter at exit. Trio's ``FdStream``
+    is no option either: it makes the descriptor non-blocking, which would leak into
+    the terminal or pipe that the process shares with its parent.)
     """
     buffer = b""
     number = 0
-    read = getattr(stream, "read1", stream.read)
     while True:
-        chunk = await trio.to_thread.run_sync(read, _READ_SIZE, abandon_on_cancel=True)
+        chunk = await trio.to_thread.run_sync(os.read, fd, _READ_SIZE, abandon_on_cancel=True)
         if not chunk:
             break
         buffer += chunk
@@ -74,13 +77,13 @@ def _line_event(raw: bytes, number: int, key_field: str | None) -> tuple[str, _L
     return event_key(obj, key_field, number), _Line(text, obj)
 
 
-def _fire_json(fire: Fire) -> str:
+def _fire_json(fire: Fire, wall: WallClock) -> str:
     line: _Line = fire.payload
     return json.dumps(
         {
             "key": fire.key,
-            "fired_at": json_number(trio_to_wall(fire.fired_at)),
-            "first_ping_at": json_number(trio_to_wall(fire.first_ping_at)),
+            "fired_at": json_number(wall.from_trio(fire.fired_at)),
+            "first_ping_at": json_number(wall.from_trio(fire.first_ping_at)),
             "payload": line.payload,
             "pings": fire.ping_count,
             "edge": fire.edge.value,
@@ -97,13 +100,17 @@ async def _kill_fast(process: trio.Process) -> None:
     process.kill()
 
 
-async def run_live(options: LiveOptions, stdin: BinaryIO, stdout: TextIO, stderr: TextIO) -> int:
-    """Debounce ``stdin`` until end of input; return the exit status (0, or 2)."""
+async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: TextIO) -> int:
+    """Debounce lines read from ``stdin_fd`` until end of input; return the exit status.
+
+    The status is 0, or 2 if any line was rejected.
+    """
     rejected = 0
+    wall = WallClock.now()
     limiter = trio.CapacityLimiter(options.jobs)
 
     async def print_fire(fire: Fire) -> None:
-        stdout.write(_fire_json(fire) + "\n")
+        stdout.write(_fire_json(fire, wall) + "\n")
         stdout.flush()
 
     async def run_command(fire: Fire) -> None:
@@ -125,13 +132,12 @@ async def run_live(options: LiveOptions, stdin: BinaryIO, stdout: TextIO, stderr
                 return
         if result.returncode != 0:
             stderr.write(
-                f"trio-debounce: key {fire.key!r}: command exited with status "
-                f"{result.returncode}\n"
+                f"trio-debounce: key {fire.key!r}: command exited with status {result.returncode}\n"
             )
 
     handler = run_command if options.command else print_fire
     async with open_coordinator(handlers={_WORKFLOW: handler}) as coordinator:
-        async for number, raw in _read_lines(stdin):
+        async for number, raw in _read_lines(stdin_fd):
             try:
                 key, line = _line_event(raw, number, options.key_field)
             except EventError as exc:
@@ -147,4 +153,3 @@ async def run_live(options: LiveOptions, stdin: BinaryIO, stdout: TextIO, stderr
                 mode=options.mode,
             )
     return 2 if rejected else 0
-

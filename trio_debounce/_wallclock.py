@@ -8,14 +8,32 @@ now, shared and persisted times in later backends.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import trio
 
 
-def trio_to_wall(trio_time: float) -> float:
-    """Convert an absolute time on Trio's clock to wall-clock epoch seconds.
+@dataclass(frozen=True, slots=True)
+class WallClock:
+    """A fixed offset between Trio's clock and wall-clock epoch seconds.
 
-    Both clocks are read now, so the result is as good as ``time.time()`` is at this
-    moment; must be called inside a Trio run.
+    The offset is read once (:meth:`now`), so converting two Trio times keeps their
+    difference exact; the price is that a later step of the wall clock (NTP, a manual
+    change) is not followed, which is what local timing wants.
     """
-    return time.time() - (trio.current_time() - trio_time)
+
+    offset: float
+
+    @classmethod
+    def now(cls, wall_time: Callable[[], float] = time.time) -> WallClock:
+        """Measure the offset now; must be called inside a Trio run."""
+        return cls(wall_time() - trio.current_time())
+
+    def from_trio(self, trio_time: float) -> float:
+        """An absolute time on Trio's clock as wall-clock epoch seconds."""
+        return trio_time + self.offset
+
+    def to_trio(self, wall_time: float) -> float:
+        """Wall-clock epoch seconds as an absolute time on Trio's clock."""
+        return wall_time - self.offset

@@ -1,0 +1,37 @@
+"""Developer sessions: ``nox -s tests``, ``lint``, ``typing``, ``docs``."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typing", "docs"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole test suite, as .ci/run runs it."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint rules (with the ASYNC set) and formatting."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typing(session: nox.Session) -> None:
+    """mypy --strict over the package, the tests and this file."""
+    session.install("-e", ".[test]", "nox")
+    session.run("mypy", "--strict")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the Sphinx docs with warnings as errors."""
+    session.install("-e", ".[docs]")
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")

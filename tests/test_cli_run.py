@@ -1,0 +1,154 @@
+"""``trio-debounce run``: a live stream on the real clock, in a real process.
+
+These tests need a real process and real time (stdin, signals, commands), so they are
+the suite's only tests that sleep for real; the delays are short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and sh"),
+]
+
+CLI = [sys.executable, "-m", "trio_debounce"]
+
+
+def run(args: list[str], stdin: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "run", *args], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_plain_lines_are_keys_and_payloads() -> None:
+    before = time.time()
+    proc = run(["--delay", "0.2"], "a\nb\na\n")
+    after = time.time()
+    assert (proc.returncode, proc.stderr) == (0, "")
+    fires = sorted((json.loads(line) for line in proc.stdout.splitlines()), key=lambda f: f["key"])
+    assert [(f["key"], f["payload"], f["pings"], f["edge"]) for f in fires] == [
+        ("a", "a", 2, "trailing"),
+        ("b", "b", 1, "trailing"),
+    ]
+    for f in fires:
+        # wall-clock epoch seconds
+        assert before <= f["first_ping_at"] < f["fired_at"] <= after
+        assert f["fired_at"] - f["first_ping_at"] >= 0.2 - 1e-6
+
+
+def test_json_lines_with_a_key_field_and_a_bad_line() -> None:
+    lines = [
+        json.dumps({"k": "x", "n": 1}),
+        "{broken",
+        json.dumps({"k": 5}),
+        json.dumps({"k": "x", "n": 2}),
+        "",
+    ]
+    proc = run(["--delay", "0.1", "--mode", "both", "--key-field", "k"], "\n".join(lines) + "\n")
+    assert proc.returncode == 2  # some lines were rejected; the stream went on
+    assert "line 2: not valid JSON" in proc.stderr
+    assert "line 3: key field 'k' must be a JSON string" in proc.stderr
+    assert "line 5: not valid JSON" in proc.stderr
+    fires = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(f["edge"], f["payload"], f["pings"]) for f in fires] == [
+        ("leading", {"k": "x", "n": 1}, 1),
+        ("trailing", {"k": "x", "n": 2}, 2),
+    ]
+
+
+def test_command_per_fire_with_payload_and_environment(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    script = f'cat >> "{out}"; echo "$TRIO_DEBOUNCE_KEY $TRIO_DEBOUNCE_PINGS" >> "{out}"'
+    proc = run(["--delay", "0.1", "--", "sh", "-c", script], "k1\nk1\nk1\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert out.read_text() == "k1\nk1 3\n"
+
+
+def test_a_failing_command_is_reported_and_the_stream_goes_on(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    script = f'read line; echo "$line" >> "{out}"; [ "$line" != bad ] || exit 3'
+    proc = run(["--delay", "0", "--", "sh", "-c", script], "bad\ngood\n")
+    assert proc.returncode == 0
+    assert "key 'bad': command exited with status 3" in proc.stderr
+    assert sorted(out.read_text().split()) == ["bad", "good"]
+    missing = run(["--delay", "0", "--", str(tmp_path / "no-such-command")], "a\n")
+    assert missing.returncode == 0
+    assert "cannot run command" in missing.stderr
+
+
+@pytest.mark.parametrize(("jobs", "overlap"), [(1, False), (3, True)])
+def test_jobs_bounds_concurrent_commands(tmp_path: Path, jobs: int, overlap: bool) -> None:
+    lock, log = tmp_path / "lock", tmp_path / "log"
+    script = (
+        f'mkdir "{lock}" 2>/dev/null || echo overlap >> "{log}"; '
+        f'sleep 0.3; rmdir "{lock}" 2>/dev/null; true'
+    )
+    proc = run(["--delay", "0", "--jobs", str(jobs), "--", "sh", "-c", script], "a\nb\nc\n")
+    assert proc.returncode == 0
+    assert log.exists() == overlap
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--delay", "-1"], "--delay must be >= 0"),
+        (["--delay", "1", "--jobs", "0"], "--jobs must be >= 1"),
+        (["--delay", "2", "--max-delay", "1"], "--max-delay must be >= --delay"),
+    ],
+)
+def test_bad_options_exit_2(options: list[str], message: str) -> None:
+    proc = run(options, "")
+    assert proc.returncode == 2
+    assert "usage:" in proc.stderr
+    assert message in proc.stderr
+
+
+def _start(args: list[str]) -> subprocess.Popen[str]:
+    # Used as a context manager, which closes the pipes and reaps the process.
+    return subprocess.Popen(
+        [*CLI, "run", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_ctrl_c_while_blocked_reading_stdin_exits_130_within_a_second() -> None:
+    with _start(["--delay", "0"]) as proc:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        proc.stdin.write("ready\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["key"] == "ready"
+        # stdin stays open: the process is blocked reading it
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=5) == 130
+        assert time.monotonic() - start < 1.0
+
+
+def test_ctrl_c_while_a_command_runs_exits_130(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    with _start(["--delay", "0", "--", "sh", "-c", f'touch "{started}"; sleep 30']) as proc:
+        assert proc.stdin is not None
+        proc.stdin.write("k\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 10
+        while not started.exists():
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.01)
+        start = time.monotonic()
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=5) == 130
+        assert time.monotonic() - start < 1.0
