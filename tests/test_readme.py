@@ -1,0 +1,25 @@
+"""The README's example runs and prints what its comment says (on MockClock)."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+import trio
+import trio.testing
+
+from .conftest import ROOT
+
+
+def test_readme_example(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (ROOT / "README.md").read_text()
+    [code] = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    real_run = trio.run
+    monkeypatch.setattr(
+        trio, "run", functools.partial(real_run, clock=trio.testing.MockClock(autojump_threshold=0))
+    )
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out == "rebuilding docs after 3 changes: docs/a.rst\n"
