@@ -35,3 +35,12 @@ def docs(session: nox.Session) -> None:
     """Build the Sphinx docs with warnings as errors."""
     session.install("-e", ".[docs]")
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks against same-run baselines (pyperf); never part of the test suite."""
+    session.install("-e", ".[bench]")
+    out = session.create_tmp() + "/bench-core.json"
+    session.run("python", "bench/bench_core.py", "--quiet", "-o", out, *session.posargs)
+    session.run("python", "bench/report.py", out)
