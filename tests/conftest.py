@@ -43,11 +43,16 @@ def recorder() -> Recorder:
     return Recorder()
 
 
-@pytest.fixture
-def nats_py_log() -> Path:
-    if not NATS_PY_LOG.exists():
-        reason = f"reference data {NATS_PY_LOG} is absent (../shared is not beside the project)"
+def shared_file(path: Path) -> Path:
+    """Return ``path`` if it exists; else skip, or fail when CI requires ../shared."""
+    if not path.exists():
+        reason = f"reference data {path} is absent (../shared is not beside the project)"
         if os.environ.get(REQUIRE_SHARED_ENV):
             pytest.fail(f"{reason}, and {REQUIRE_SHARED_ENV} is set")
         pytest.skip(reason)
-    return NATS_PY_LOG
+    return path
+
+
+@pytest.fixture
+def nats_py_log() -> Path:
+    return shared_file(NATS_PY_LOG)

@@ -12,6 +12,8 @@ import pytest
 
 from trio_debounce._cli import main
 
+from .conftest import REQUIRE_SHARED_ENV, shared_file
+
 
 def run_cli(
     args: list[str],
@@ -264,3 +266,15 @@ def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     code, out, err = run_cli(["replay", str(tmp_path / "nope.jsonl"), "--delay", "1"], capsys)
     assert (code, out) == (2, "")
     assert "nope.jsonl" in err
+
+
+def test_missing_shared_data_skips_or_fails_in_ci(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "shared" / "data" / "absent.jsonl"
+    monkeypatch.delenv(REQUIRE_SHARED_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="absent"):
+        shared_file(missing)
+    monkeypatch.setenv(REQUIRE_SHARED_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=REQUIRE_SHARED_ENV):
+        shared_file(missing)

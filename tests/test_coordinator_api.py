@@ -465,3 +465,24 @@ async def test_methods_after_exit(autojump_clock: trio.testing.MockClock) -> Non
     assert c.statistics().fires == 1
     await c.wait_idle()
     assert "closed" in repr(c)
+
+
+async def test_wait_idle_outside_the_block_returns_when_the_body_raises(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    woke: list[float] = []
+
+    async def waiter(c: Coordinator) -> None:
+        await c.wait_idle()
+        woke.append(trio.current_time())
+
+    t0 = trio.current_time()
+    with trio.fail_after(100):  # a lost wake-up would hang the waiter
+        async with trio.open_nursery() as outer:
+            with pytest.raises(KeyError):  # noqa: PT012
+                async with open_coordinator(handlers={WF: noop}) as c:
+                    await c.debounce(WF, "k", delay=10.0)
+                    outer.start_soon(waiter, c)
+                    await trio.testing.wait_all_tasks_blocked()
+                    raise KeyError("boom")
+    assert woke == [t0]

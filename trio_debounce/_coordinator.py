@@ -549,6 +549,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._pending = 0
         self._windows.clear()
         self._nursery.cancel_scope.cancel()
+        self._check_idle()  # running handlers, now cancelled, check again as they end
 
 
 @asynccontextmanager
