@@ -52,6 +52,8 @@ BAD_PINGS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"key": ""}, ValueError, "key"),
     ({"key": b"k"}, TypeError, "b'k'"),
     ({"key": None}, TypeError, "None"),
+    ({"key": ["k"]}, TypeError, "['k']"),
+    ({"workflow": {}}, TypeError, "{}"),
 ]
 
 
@@ -486,3 +488,15 @@ async def test_wait_idle_outside_the_block_returns_when_the_body_raises(
                     await trio.testing.wait_all_tasks_blocked()
                     raise KeyError("boom")
     assert woke == [t0]
+
+
+@pytest.mark.parametrize("method", ["cancel", "flush"])
+@pytest.mark.parametrize(
+    ("workflow", "key", "error"), [("", "k", ValueError), (WF, ["k"], TypeError)]
+)
+async def test_cancel_and_flush_validate_names(
+    autojump_clock: trio.testing.MockClock, method: str, workflow: Any, key: Any, error: type
+) -> None:
+    async with open_coordinator(handlers={WF: noop}) as c:
+        with pytest.raises(error):
+            await getattr(c, method)(workflow, key)

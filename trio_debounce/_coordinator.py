@@ -231,7 +231,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
         now = self._now()
         ident = (workflow, key)
-        window = self._windows.get(ident)
+        try:
+            window = self._windows.get(ident)
+        except TypeError:  # unhashable: say which argument is bad
+            _validate.name("workflow", workflow)
+            _validate.name("key", key)
+            raise
         if window is not None and now < window.deadline:
             # The ping lands in an open window: O(1) attribute writes.
             if mode is not window.mode and mode != window.mode:
@@ -328,10 +333,13 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
         Raises:
           trio.ClosedResourceError: the coordinator's ``async with`` block has exited.
+          TypeError, ValueError: ``workflow`` or ``key`` is not a non-empty str.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._closed:
             raise _closed_error()
+        _validate.name("workflow", workflow)
+        _validate.name("key", key)
         window = self._windows.get((workflow, key))
         cancelled = window is not None and self._now() < window.deadline
         if cancelled:
@@ -356,10 +364,13 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
         Raises:
           trio.ClosedResourceError: the coordinator's ``async with`` block has exited.
+          TypeError, ValueError: ``workflow`` or ``key`` is not a non-empty str.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._closed:
             raise _closed_error()
+        _validate.name("workflow", workflow)
+        _validate.name("key", key)
         now = self._now()
         window = self._windows.get((workflow, key))
         flushed = False
