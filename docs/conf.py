@@ -18,7 +18,9 @@ extensions = [
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_type_aliases = {"Handler": "trio_debounce.Handler", "OnExit": "trio_debounce.OnExit"}
+# Only for parameters the docstring documents: Coordinator's no-public-constructor
+# metaclass would otherwise show (*args, **kwargs) -> NoReturn.
+autodoc_typehints_description_target = "documented"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 nitpicky = False

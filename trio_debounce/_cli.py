@@ -1,8 +1,8 @@
 """The ``trio-debounce`` command line: ``replay``, ``run`` and ``events git``.
 
-Exit statuses: 0 success; 2 bad input or bad options (the reason on stderr, nothing
-printed as if it had worked); 130 interrupted (Ctrl-C); ``run`` exits 2 after end of
-input if it rejected any line.
+Exit statuses: 0 success; 2 bad options, or bad input (``replay`` and ``events git``
+print the reason on stderr and nothing on stdout; ``run`` skips bad lines and exits 2
+at the end); 130 interrupted (Ctrl-C); 1 when stdout is closed early (``| head``).
 """
 
 from __future__ import annotations
@@ -74,11 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_debounce_options(rp, "input time units")
     rp.add_argument("--key-field", default="key", metavar="F", help="default: key")
     rp.add_argument("--time-field", default="ts", metavar="F", help="default: ts")
-    rp.add_argument("--format", choices=["jsonl", "summary"], default="jsonl")
+    rp.add_argument(
+        "--format",
+        choices=["jsonl", "summary"],
+        default="jsonl",
+        help="one JSON line per fire, or one summary object (default: jsonl)",
+    )
     rp.add_argument(
         "--sort", action="store_true", help="sort events by time (stable) instead of failing"
     )
-    rp.set_defaults(func=_cmd_replay)
+    rp.set_defaults(func=_cmd_replay, parser=rp)
 
     run = commands.add_parser(
         "run",
@@ -99,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs", type=int, default=1, metavar="N", help="commands run at once (default: 1)"
     )
     run.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="command to run per fire")
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=_cmd_run, parser=run)
 
     events = commands.add_parser("events", help="make event logs from other sources")
     sources = events.add_subparsers(dest="source", required=True, metavar="SOURCE")
@@ -112,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
             "sorted by (ts, key, id). Merge commits contribute no paths."
         ),
     )
-    git.add_argument("path", nargs="?", default=".", metavar="PATH")
-    git.set_defaults(func=_cmd_events_git)
+    git.add_argument("path", nargs="?", default=".", metavar="PATH", help="repository (default: .)")
+    git.set_defaults(func=_cmd_events_git, parser=git)
     return parser
 
 
@@ -231,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        status = args.func(args, parser)
+        # each command reports option errors with its own usage line
+        status = args.func(args, args.parser)
     except BaseException as exc:
         if _is_interrupt(exc):
             sys.stderr.write("trio-debounce: interrupted\n")

@@ -581,7 +581,7 @@ async def open_coordinator(
       handlers (Mapping[str, Handler] | None): the initial handler of each workflow,
         ``{workflow: async def handler(fire: Fire) -> None}``; see
         :meth:`Coordinator.set_handler`.
-      on_error: ``def on_error(fire: Fire, exc: Exception) -> None``, called (sync)
+      on_error: ``def on_error(fire: Fire, exc: Exception) -> object``, called (sync)
         after a handler raised an :class:`Exception` and the error was logged on the
         ``trio_debounce`` logger. If it raises, that is logged too. Handler errors never
         cancel the coordinator or other windows.
@@ -599,11 +599,12 @@ async def open_coordinator(
     propagates from the nursery in an exception group).
 
     After the block exits, ``debounce``, ``debounce_nowait``, ``cancel`` and
-    ``flush`` raise :exc:`trio.ClosedResourceError`; ``has``, ``len`` and
-    ``statistics`` keep working.
+    ``flush`` raise :exc:`trio.ClosedResourceError`; ``has``, ``len``, ``statistics``
+    and ``wait_idle`` keep working.
 
     Raises:
-      ValueError: ``on_exit`` is not one of the three values.
+      ValueError: ``on_exit`` is not one of the three values, or a workflow name in
+        ``handlers`` is empty.
       TypeError: a handler or ``on_error`` is not callable, or a workflow name is not
         a str.
     """

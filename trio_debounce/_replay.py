@@ -108,7 +108,8 @@ def read_events(
         if event.ts < previous:
             raise EventError(
                 event.line_number,
-                f"time {event.ts!r} is before the previous event's {previous!r} "
+                f"time {json_number(event.ts)!r} is before the previous event's "
+                f"{json_number(previous)!r} "
                 "(pass --sort to sort the input)",
             )
         previous = event.ts

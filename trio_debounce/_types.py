@@ -11,17 +11,21 @@ from typing import Any, NamedTuple
 class Mode(str, enum.Enum):
     """Which edges of a debounce window fire.
 
-    The values are the strings that :meth:`Coordinator.debounce` also accepts.
+    ``Mode.TRAILING`` (``"trailing"``)
+      Fire once, ``delay`` seconds after the last ping of a burst, with the latest
+      payload (lodash's ``trailing: true``).
+    ``Mode.LEADING`` (``"leading"``)
+      Fire the first ping of a burst at once and drop the rest until ``delay`` seconds
+      of silence (lodash's ``leading: true, trailing: false``).
+    ``Mode.BOTH`` (``"both"``)
+      Fire the first ping at once and, if the window received more than one ping, fire
+      again at the end of the burst with the latest payload.
+
+    :meth:`Coordinator.debounce` accepts the enum or its string value.
     """
 
-    #: Fire once, ``delay`` seconds after the last ping of a burst, with the latest
-    #: payload (lodash's ``trailing: true``).
     TRAILING = "trailing"
-    #: Fire the first ping of a burst at once and drop the rest until ``delay`` seconds
-    #: of silence (lodash's ``leading: true, trailing: false``).
     LEADING = "leading"
-    #: Fire the first ping at once and, if the window received more than one ping, fire
-    #: again at the end of the burst with the latest payload.
     BOTH = "both"
 
     def __str__(self) -> str:
@@ -29,11 +33,15 @@ class Mode(str, enum.Enum):
 
 
 class Edge(str, enum.Enum):
-    """Which edge of its window a :class:`Fire` belongs to."""
+    """Which edge of its window a :class:`Fire` belongs to.
 
-    #: The fire of a window's first ping, committed at ping time.
+    ``Edge.LEADING`` (``"leading"``)
+      The fire of a window's first ping, committed at ping time.
+    ``Edge.TRAILING`` (``"trailing"``)
+      The fire at the end of a window (its deadline, or a flush).
+    """
+
     LEADING = "leading"
-    #: The fire at the end of a window (its deadline, or a flush).
     TRAILING = "trailing"
 
     def __str__(self) -> str:
@@ -41,13 +49,18 @@ class Edge(str, enum.Enum):
 
 
 class Outcome(str, enum.Enum):
-    """What one ping did; see :class:`DebounceResult`."""
+    """What one ping did; see :class:`DebounceResult`.
 
-    #: The ping opened a trailing window; its fire is pending at ``scheduled_at``.
+    ``Outcome.SCHEDULE_TRAILING`` (``"schedule-trailing"``)
+      The ping opened a trailing window; its fire is pending at ``scheduled_at``.
+    ``Outcome.FIRE_IMMEDIATE`` (``"fire-immediate"``)
+      The ping opened a leading or both-edges window and fired at once.
+    ``Outcome.COALESCE`` (``"coalesce"``)
+      The ping landed in an open window and was absorbed by it.
+    """
+
     SCHEDULE_TRAILING = "schedule-trailing"
-    #: The ping opened a leading or both-edges window and fired at once.
     FIRE_IMMEDIATE = "fire-immediate"
-    #: The ping landed in an open window and was absorbed by it.
     COALESCE = "coalesce"
 
     def __str__(self) -> str:
@@ -111,7 +124,8 @@ class Fire:
 #: The type of a fire handler: ``async def handler(fire: Fire) -> None``.
 Handler = Callable[[Fire], Awaitable[None]]
 
-#: The type of an ``on_error`` callback: ``def on_error(fire: Fire, exc: Exception)``.
+#: The type of an ``on_error`` callback: ``def on_error(fire: Fire, exc: Exception) -> object``
+#: (the return value is ignored).
 ErrorCallback = Callable[[Fire, Exception], object]
 
 
