@@ -258,7 +258,7 @@ def test_bad_options_exit_2_with_usage(
     log = write_lines(tmp_path / "log.jsonl", [{"ts": 0, "key": "ok"}])
     code, out, err = run_cli(["replay", str(log), *options], capsys)
     assert (code, out) == (2, "")
-    assert "usage:" in err
+    assert "usage: trio-debounce replay" in err
     assert message in err
 
 
@@ -278,3 +278,22 @@ def test_missing_shared_data_skips_or_fails_in_ci(
     monkeypatch.setenv(REQUIRE_SHARED_ENV, "1")
     with pytest.raises(pytest.fail.Exception, match=REQUIRE_SHARED_ENV):
         shared_file(missing)
+
+
+@pytest.mark.slow
+def test_closed_stdout_exits_1_quietly(nats_py_log: Path) -> None:
+    import subprocess
+
+    with subprocess.Popen(
+        [sys.executable, "-m", "trio_debounce", "replay", str(nats_py_log), "--delay", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()  # like `| head -1`
+        err = proc.stderr.read()
+        assert proc.wait(timeout=30) == 1
+    assert json.loads(first)["key"] == "readme.md"
+    assert err == b""
