@@ -500,3 +500,63 @@ async def test_cancel_and_flush_validate_names(
     async with open_coordinator(handlers={WF: noop}) as c:
         with pytest.raises(error):
             await getattr(c, method)(workflow, key)
+
+
+async def test_a_due_or_flushed_window_does_not_fire_after_the_body_raised(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    recorder = Recorder()
+    with pytest.raises(RuntimeError):  # noqa: PT012
+        async with open_coordinator(handlers={WF: recorder}) as c:
+            c.debounce_nowait(WF, "flushed", delay=10.0)
+            # flush commits the fire; its task may or may not run at flush's checkpoint
+            assert await c.flush(WF, "flushed")
+            c.debounce_nowait(WF, "due", delay=0.0)  # due now; its task has not run
+            raise RuntimeError
+    assert "due" not in [f.key for f in recorder.fires]
+    stats = c.statistics()
+    assert (stats.pending_trailing_fires, stats.running_handlers) == (0, 0)
+    assert stats.fires == len(recorder.fires)
+    assert stats.fires + stats.cancelled == 2  # each window: fired or dropped, never both
+    with trio.fail_after(1):
+        await c.wait_idle()
+
+
+@pytest.mark.parametrize("on_exit", ["flush", "cancel"])
+async def test_pings_made_by_handlers_during_exit_follow_on_exit(
+    autojump_clock: trio.testing.MockClock, on_exit: trio_debounce.OnExit
+) -> None:
+    fired: list[tuple[str, float]] = []
+    t0 = trio.current_time()
+
+    async def chain(fire: Fire) -> None:
+        fired.append((fire.key, fire.fired_at))
+        if fire.key == "first":
+            c.debounce_nowait(WF, "second", delay=3600.0)
+            c.debounce_nowait(WF, "both", delay=3600.0, mode="both")
+            c.debounce_nowait(WF, "both", delay=3600.0, mode="both")
+
+    async with open_coordinator(handlers={WF: chain}, on_exit=on_exit) as c:
+        await c.debounce(WF, "first", delay=3600.0, mode="leading")
+    assert trio.current_time() == t0
+    if on_exit == "flush":
+        assert sorted(fired) == [("both", t0), ("both", t0), ("first", t0), ("second", t0)]
+    else:
+        assert sorted(fired) == [("both", t0), ("first", t0)]  # leading fires only
+        assert c.statistics().cancelled == 2
+
+
+async def test_an_exception_during_the_exit_wait_propagates_as_itself(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def interrupted_drain(self: Coordinator, on_exit: str) -> None:
+        await trio.sleep(1.0)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Coordinator, "_drain", interrupted_drain)
+    recorder = Recorder()
+    with pytest.raises(KeyboardInterrupt):
+        async with open_coordinator(handlers={WF: recorder}) as c:
+            await c.debounce(WF, "k", delay=10.0)
+    assert recorder.fires == []
+    assert c.statistics().cancelled == 1

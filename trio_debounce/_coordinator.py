@@ -82,6 +82,11 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._on_error = on_error
         self._windows: dict[tuple[str, str], Window] = {}
         self._closed = False
+        # Set when the block raised or was cancelled: due windows must not fire.
+        self._aborted = False
+        # Set while a normal exit with on_exit="flush"/"cancel" waits: a new pending
+        # trailing fire must wake the exit loop, which flushes or cancels it.
+        self._wake_exit_on_pending = False
         self._idle_lot = trio.lowlevel.ParkingLot()
         # The run's clock, bound once: trio.current_time() looks the run up in a
         # thread-local on every call, which would double the cost of a ping.
@@ -262,6 +267,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             elif window.mode is _BOTH:
                 window.trailing = True
                 self._pending += 1
+                if self._wake_exit_on_pending:
+                    self._idle_lot.unpark_all()
                 scheduled_at = deadline
             else:
                 scheduled_at = None
@@ -304,6 +311,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._pings += 1
         if trailing:
             self._pending += 1
+            if self._wake_exit_on_pending:
+                self._idle_lot.unpark_all()
             return _new_tuple(DebounceResult, (_SCHEDULE_TRAILING, run_id, deadline, 1))
         handler = on_fire if on_fire is not None else self._handlers[workflow]
         fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING)
@@ -415,7 +424,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 window.scope = scope
                 await trio.sleep_forever()
             window.scope = None
-        if window.state == CLOSED:
+        if window.state == CLOSED or self._aborted:
             return
         if window.state == OPEN:
             # Due at its deadline. A ping at this instant may already have replaced
@@ -532,6 +541,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     async def _drain(self, on_exit: OnExit) -> None:
         """The normal exit of the async with block, per ``on_exit``."""
+        self._wake_exit_on_pending = on_exit != "wait"
         while True:
             if on_exit == "flush":
                 now = self._now()
@@ -556,6 +566,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
     def _abort(self) -> None:
         """The body raised or was cancelled: drop pending fires, cancel everything."""
         self._closed = True
+        self._aborted = True
         self._cancelled += self._pending
         self._pending = 0
         self._windows.clear()
@@ -624,15 +635,12 @@ async def open_coordinator(
         coordinator: Coordinator = Coordinator._create(nursery, handler_map, on_error)
         try:
             yield coordinator
+            await coordinator._drain(on_exit)
         except BaseException as exc:
+            # From the body, or from the exit wait (cancelled from outside, Ctrl-C):
+            # re-raised as itself once the nursery is closed, never in a group.
             body_error = exc
             coordinator._abort()
-        else:
-            try:
-                await coordinator._drain(on_exit)
-            finally:
-                if not coordinator._closed:
-                    coordinator._abort()
     if body_error is not None:
         try:
             raise body_error
