@@ -162,3 +162,17 @@ def test_readme_main_job_on_this_clone() -> None:
     assert summary["events"] == len(events.splitlines()) > 0
     assert 1 <= summary["fires"] <= summary["events"]
     assert 0 <= summary["latency_max"] <= 7200
+
+
+def test_git_dir_in_the_environment_does_not_redirect(
+    repo: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, _ = repo
+    baseline = git_events(path)
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q")
+    (other / "x").write_text("x")
+    commit(other, "other", 5000)
+    monkeypatch.setenv("GIT_DIR", str(other / ".git"))  # as inside a git hook
+    assert git_events(path) == baseline

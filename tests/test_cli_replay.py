@@ -213,8 +213,13 @@ def test_decreasing_time_is_an_error_unless_sort(
         ('{"ts": 1}', "missing key field 'key'"),
         ('{"ts": "1", "key": "a"}', "time field 'ts' must be a JSON number"),
         ('{"ts": true, "key": "a"}', "time field 'ts' must be a JSON number"),
-        ('{"ts": NaN, "key": "a"}', "must be finite"),
-        ('{"ts": 1e999, "key": "a"}', "must be finite"),
+        ('{"ts": NaN, "key": "a"}', "NaN is not a JSON value"),
+        ('{"ts": 1e999, "key": "a"}', "out of range"),
+        ('{"ts": 1, "key": "a", "x": -Infinity}', "-Infinity is not a JSON value"),
+        ('{"ts": 1, "key": "a", "x": ' + "[" * 100000 + "]" * 100000 + "}", "nested too deeply"),
+        ('{"ts": 1, "key": "a", "x": ' + "9" * 5000 + "}", "not valid JSON"),
+        ('{"ts": 9007199254740992, "key": "a"}', "below 2**53"),
+        ('{"ts": 1e300, "key": "a"}', "below 2**53"),
         ('{"ts": 1, "key": 7}', "key field 'key' must be a JSON string"),
         ('{"ts": 1, "key": null}', "key field 'key' must be a JSON string"),
         ('{"ts": 1, "key": ""}', "empty string"),
@@ -297,3 +302,35 @@ def test_closed_stdout_exits_1_quietly(nats_py_log: Path) -> None:
         assert proc.wait(timeout=30) == 1
     assert json.loads(first)["key"] == "readme.md"
     assert err == b""
+
+
+@pytest.mark.parametrize(
+    ("events", "options", "reason"),
+    [
+        # 4.5e15 + 0.25 rounds back to 4.5e15: the delay would be lost silently
+        ([{"ts": 4.5e15, "key": "a"}], ["--delay", "0.25"], "cannot be represented"),
+        ([{"ts": 0, "key": "a"}, {"ts": 2**52, "key": "a"}], ["--delay", "0.5"], "line 2"),
+        ([{"ts": 4.5e15, "key": "a"}], ["--delay", "0", "--max-delay", "0.25"], "max delay"),
+    ],
+)
+def test_times_beyond_float_resolution_are_refused(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    events: list[Any],
+    options: list[str],
+    reason: str,
+) -> None:
+    log = write_lines(tmp_path / "log.jsonl", events)
+    code, out, err = run_cli(["replay", str(log), *options], capsys)
+    assert (code, out) == (2, "")
+    assert reason in err
+
+
+def test_huge_but_representable_durations_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = write_lines(tmp_path / "log.jsonl", [{"ts": 0, "key": "a"}, {"ts": 2**52, "key": "a"}])
+    code, out, _ = run_cli(["replay", str(log), "--delay", "1e308"], capsys)
+    assert code == 0
+    [fire] = [json.loads(line) for line in out.splitlines()]
+    assert (fire["pings"], fire["fired_at"]) == (2, 1e308)

@@ -152,3 +152,63 @@ def test_ctrl_c_while_a_command_runs_exits_130(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=5) == 130
         assert time.monotonic() - start < 1.0
+
+
+def test_closed_stdout_stops_the_stream_with_status_1() -> None:
+    with subprocess.Popen(
+        [*CLI, "run", "--delay", "0"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdin.write("first\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["key"] == "first"
+        proc.stdout.close()  # like `| head -1`
+        proc.stdin.write("second\n")  # its fire finds no reader; stdin stays open
+        proc.stdin.flush()
+        assert proc.wait(timeout=10) == 1
+        assert proc.stderr.read() == ""
+
+
+def test_a_key_that_cannot_go_into_the_environment_is_reported(tmp_path: Path) -> None:
+    line = json.dumps({"k": "nul\u0000byte"})
+    proc = run(["--delay", "0", "--key-field", "k", "--", "true"], line + "\n")
+    assert proc.returncode == 0
+    assert "cannot run command" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_closed_stdin_is_an_error() -> None:
+    proc = subprocess.run(
+        [*CLI, "run", "--delay", "0"],
+        stdin=None,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert proc.returncode == 2
+    assert "stdin is closed" in proc.stderr
+
+
+def test_ctrl_c_while_replay_reads_stdin_exits_130() -> None:
+    with subprocess.Popen(
+        [*CLI, "replay", "-", "--delay", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdin is not None
+        proc.stdin.write('{"key": "a", "ts": 1}\n')
+        proc.stdin.flush()
+        time.sleep(0.5)  # blocked reading the rest of stdin
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=5) == 130
+        assert proc.stderr is not None
+        assert "Traceback" not in proc.stderr.read()

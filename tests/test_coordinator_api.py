@@ -114,6 +114,8 @@ async def test_no_handler_is_a_lookup_error_at_ping_time(
         ({"handlers": {WF: 42}}, TypeError),
         ({"handlers": {WF: None}}, TypeError),
         ({"on_error": "log"}, TypeError),
+        ({"on_error": noop}, TypeError),  # async: it would never be awaited
+        ({"handlers": 5}, TypeError),
     ],
 )
 async def test_open_coordinator_rejects_bad_options(
@@ -560,3 +562,14 @@ async def test_an_exception_during_the_exit_wait_propagates_as_itself(
             await c.debounce(WF, "k", delay=10.0)
     assert recorder.fires == []
     assert c.statistics().cancelled == 1
+
+
+async def test_has_is_false_for_anything_but_an_open_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_coordinator(handlers={WF: noop}) as c:
+        await c.debounce(WF, "k", delay=1.0)
+        assert c.has(WF, "k")
+        assert not c.has(1, 2)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=re.escape("['k']")):
+            c.has(WF, ["k"])  # type: ignore[arg-type]

@@ -12,8 +12,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from typing import IO, NoReturn
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NoReturn
 
 import trio
 
@@ -137,13 +137,13 @@ def _check_durations(
     return delay, max_delay
 
 
-def _input_lines(stream: IO[bytes]) -> Iterator[str]:
-    for number, raw in enumerate(stream, start=1):
+def _input_lines(lines: Iterable[bytes]) -> Iterator[str]:
+    for number, raw in enumerate(lines, start=1):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise EventError(number, f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-        yield text.removesuffix("\n").removesuffix("\r")
+        yield text.removesuffix("\r")
 
 
 def _cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -151,16 +151,28 @@ def _cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     for option in ("key_field", "time_field"):
         if not getattr(args, option):
             parser.error(f"--{option.replace('_', '-')} must not be empty")
+    # The whole input is read before the virtual-clock run starts: plain blocking I/O,
+    # outside Trio. (A read that blocks on a pipe inside the run is where Ctrl-C would
+    # land; read here, it is an ordinary KeyboardInterrupt.) Lines are parsed lazily.
     try:
-        stream: IO[bytes] = (
-            sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
-        )
+        if args.file == "-":
+            if sys.stdin is None:
+                _error("stdin is closed")
+                return EXIT_USAGE
+            raw = sys.stdin.buffer.read()
+        else:
+            with open(args.file, "rb") as stream:
+                raw = stream.read()
     except OSError as exc:
         _error(f"cannot read {args.file!r}: {exc.strerror or exc}")
         return EXIT_USAGE
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the final newline ends the last line; it does not start one
+    del raw
     try:
         events = read_events(
-            _input_lines(stream),
+            _input_lines(lines),
             key_field=args.key_field,
             time_field=args.time_field,
             sort=args.sort,
@@ -169,9 +181,6 @@ def _cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     except EventError as exc:
         _error(f"{_display_name(args.file)}: {exc}")
         return EXIT_USAGE
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
     out = sys.stdout
     if args.format == "summary":
         out.write(json.dumps(result.summary()) + "\n")
@@ -188,6 +197,9 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.key_field is not None and not args.key_field:
         parser.error("--key-field must not be empty")
+    if sys.stdin is None:
+        _error("stdin is closed")
+        return EXIT_USAGE
     options = LiveOptions(
         delay=delay,
         max_delay=max_delay,
@@ -235,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     logging.basicConfig(level=logging.WARNING, format="trio-debounce: %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if sys.stdout is None and not (args.func is _cmd_run and args.cmd):
+        _error("stdout is closed")
+        sys.exit(EXIT_USAGE)
     try:
         # each command reports option errors with its own usage line
         status = args.func(args, args.parser)
@@ -247,6 +262,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             # recommend, without a second error when stdout is flushed at exit.
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
+            status = 1
+        elif isinstance(exc, OSError) and exc.filename is None:
+            # Writing the output failed (a full disk, say); input errors are handled
+            # by the commands with exit status 2.
+            _error(f"cannot write output: {exc.strerror or exc}")
             status = 1
         else:
             raise

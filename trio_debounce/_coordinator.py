@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import uuid
@@ -498,9 +499,15 @@ class Coordinator(metaclass=_NoPublicConstructor):
         """Return True if the window ``(workflow, key)`` is open now.
 
         Follows the time rule exactly: False at or after the window's deadline, even
-        if its task has not run yet.
+        if its task has not run yet. Any pair that names no open window gives False.
+
+        Raises:
+          TypeError: ``workflow`` or ``key`` is unhashable (so cannot name a window).
         """
-        window = self._windows.get((workflow, key))
+        try:
+            window = self._windows.get((workflow, key))
+        except TypeError:
+            raise TypeError(f"workflow and key must be str, got {workflow!r} and {key!r}") from None
         return window is not None and self._now() < window.deadline
 
     def __len__(self) -> int:
@@ -530,6 +537,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         Always a checkpoint. Open leading windows (and both-edges windows with one
         ping) have nothing pending and do not keep this waiting. Returns at once if
         the coordinator is idle; it does not raise after the coordinator has closed.
+        Do not call it from a handler: it would wait for that handler to return.
         """
         if self._pending == 0 and self._running == 0:
             await trio.lowlevel.checkpoint()
@@ -621,7 +629,12 @@ async def open_coordinator(
     """
     if on_exit not in _ON_EXIT:
         raise ValueError(f"on_exit must be one of 'wait', 'flush', 'cancel', got {on_exit!r}")
-    handler_map = dict(handlers or {})
+    try:
+        handler_map = dict(handlers or {})
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"handlers must be a mapping of workflow names to handlers, not {handlers!r}"
+        ) from None
     for workflow, handler in handler_map.items():
         _validate.name("workflow", workflow)
         _validate.handler(f"handlers[{workflow!r}]", handler)
@@ -629,6 +642,8 @@ async def open_coordinator(
             raise TypeError(f"handlers[{workflow!r}] must be an async callable, not None")
     if on_error is not None and not callable(on_error):
         raise TypeError(f"on_error must be callable, not {on_error!r}")
+    if inspect.iscoroutinefunction(on_error):
+        raise TypeError(f"on_error is called synchronously; pass a sync function, not {on_error!r}")
 
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:

@@ -7,6 +7,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+#: Times at or beyond 2**53 are not exact as floats: integer times would be rounded.
+_EXACT_LIMIT = 2.0**53
+
 
 class EventError(ValueError):
     """A line of event input is malformed; ``str()`` names the line and the reason.
@@ -37,12 +40,41 @@ def _describe(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+class _NotJSON(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    # Python's json accepts NaN, Infinity and -Infinity; JSON does not.
+    raise _NotJSON(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotJSON(f"the number {text[:40]} is out of range for a float")
+    return value
+
+
+_decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def parse_json_object(text: str, line_number: int) -> dict[str, Any]:
-    """Parse one line as a JSON object, or raise :class:`EventError`."""
+    """Parse one line as a strict JSON object, or raise :class:`EventError`.
+
+    Strict: ``NaN``, ``Infinity`` and numbers beyond the float range are refused, so
+    whatever is accepted can be written back out as valid JSON.
+    """
     try:
-        value = json.loads(text)
+        value = _decoder.decode(text)
     except json.JSONDecodeError as exc:
         raise EventError(line_number, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except _NotJSON as exc:
+        raise EventError(line_number, f"not valid JSON ({exc})") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise EventError(line_number, f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise EventError(line_number, "not valid JSON (nested too deeply)") from None
     if not isinstance(value, dict):
         raise EventError(line_number, f"expected a JSON object, got {_describe(value)}")
     return value
@@ -77,6 +109,12 @@ def event_time(obj: dict[str, Any], time_field: str, line_number: int) -> float:
         seconds = math.inf
     if not math.isfinite(seconds):
         raise EventError(line_number, f"time field {time_field!r} must be finite, got {ts!r}")
+    if abs(seconds) >= _EXACT_LIMIT:
+        raise EventError(
+            line_number,
+            f"time field {time_field!r} is {ts!r}: times must be below 2**53 in magnitude "
+            "to be exact as float seconds (use a coarser unit)",
+        )
     return seconds
 
 

@@ -119,13 +119,32 @@ def git_events(path: str | os.PathLike[str] = ".") -> list[GitEvent]:
     return events
 
 
+# Variables that point git at another repository than PATH (set inside git hooks, say).
+_REPOSITORY_VARIABLES = frozenset(
+    {
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_COMMON_DIR",
+        "GIT_NAMESPACE",
+        "GIT_REPLACE_REF_BASE",
+        "GIT_GRAFT_FILE",
+        "GIT_SHALLOW_FILE",
+    }
+)
+
+
 def _git(where: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if k not in _REPOSITORY_VARIABLES}
     try:
         return subprocess.run(
             ["git", "-C", where, *args],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             check=False,
+            env=env,
         )
     except FileNotFoundError:
         raise GitEventsError("git is not installed (no 'git' on PATH)") from None

@@ -49,19 +49,25 @@ async def _read_lines(fd: int) -> AsyncIterator[tuple[int, bytes]]:
     is no option either: it makes the descriptor non-blocking, which would leak into
     the terminal or pipe that the process shares with its parent.)
     """
-    buffer = b""
+    partial: list[bytes] = []  # pieces of a line not yet ended; joined once, so linear
     number = 0
     while True:
         chunk = await trio.to_thread.run_sync(os.read, fd, _READ_SIZE, abandon_on_cancel=True)
         if not chunk:
             break
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        for raw in complete:
+        pieces = chunk.split(b"\n")
+        if len(pieces) == 1:
+            partial.append(chunk)
+            continue
+        partial.append(pieces[0])
+        number += 1
+        yield number, b"".join(partial)
+        for raw in pieces[1:-1]:
             number += 1
             yield number, raw
-    if buffer:
-        yield number + 1, buffer
+        partial = [pieces[-1]] if pieces[-1] else []
+    if partial:
+        yield number + 1, b"".join(partial)
 
 
 def _line_event(raw: bytes, number: int, key_field: str | None) -> tuple[str, _Line]:
@@ -100,18 +106,34 @@ async def _kill_fast(process: trio.Process) -> None:
     process.kill()
 
 
+def _show(key: str) -> str:
+    """A key for an error message: its repr, cut short."""
+    text = repr(key)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: TextIO) -> int:
     """Debounce lines read from ``stdin_fd`` until end of input; return the exit status.
 
     The status is 0, or 2 if any line was rejected.
+
+    Raises:
+      BrokenPipeError: stdout was closed by the reader (``| head``); the stream stops.
     """
     rejected = 0
+    output_closed = False
     wall = WallClock.now()
     limiter = trio.CapacityLimiter(options.jobs)
 
     async def print_fire(fire: Fire) -> None:
-        stdout.write(_fire_json(fire, wall) + "\n")
-        stdout.flush()
+        nonlocal output_closed
+        try:
+            stdout.write(_fire_json(fire, wall) + "\n")
+            stdout.flush()
+        except BrokenPipeError:
+            # Nobody reads the fires any more: stop the stream (the CLI exits 1).
+            output_closed = True
+            stream_scope.cancel()
 
     async def run_command(fire: Fire) -> None:
         line: _Line = fire.payload
@@ -127,29 +149,33 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
                     check=False,
                     deliver_cancel=_kill_fast,
                 )
-            except OSError as exc:
-                stderr.write(f"trio-debounce: key {fire.key!r}: cannot run command: {exc}\n")
+            except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the key
+                stderr.write(f"trio-debounce: key {_show(fire.key)}: cannot run command: {exc}\n")
                 return
         if result.returncode != 0:
             stderr.write(
-                f"trio-debounce: key {fire.key!r}: command exited with status {result.returncode}\n"
+                f"trio-debounce: key {_show(fire.key)}: command exited with status "
+                f"{result.returncode}\n"
             )
 
     handler = run_command if options.command else print_fire
-    async with open_coordinator(handlers={_WORKFLOW: handler}) as coordinator:
-        async for number, raw in _read_lines(stdin_fd):
-            try:
-                key, line = _line_event(raw, number, options.key_field)
-            except EventError as exc:
-                rejected += 1
-                stderr.write(f"trio-debounce: {exc}; skipped\n")
-                continue
-            coordinator.debounce_nowait(
-                _WORKFLOW,
-                key,
-                line,
-                delay=options.delay,
-                max_delay=options.max_delay,
-                mode=options.mode,
-            )
+    with trio.CancelScope() as stream_scope:
+        async with open_coordinator(handlers={_WORKFLOW: handler}) as coordinator:
+            async for number, raw in _read_lines(stdin_fd):
+                try:
+                    key, line = _line_event(raw, number, options.key_field)
+                except EventError as exc:
+                    rejected += 1
+                    stderr.write(f"trio-debounce: {exc}; skipped\n")
+                    continue
+                coordinator.debounce_nowait(
+                    _WORKFLOW,
+                    key,
+                    line,
+                    delay=options.delay,
+                    max_delay=options.max_delay,
+                    mode=options.mode,
+                )
+    if output_closed:
+        raise BrokenPipeError("stdout was closed")
     return 2 if rejected else 0

@@ -116,6 +116,17 @@ def read_events(
         yield event
 
 
+def _check_resolution(event: Event, at: float, duration: float, what: str) -> None:
+    """Refuse a time where adding ``duration`` overflows or is lost to float rounding."""
+    end = at + duration
+    if not math.isfinite(end) or (duration > 0 and end == at):
+        raise EventError(
+            event.line_number,
+            f"time {json_number(event.ts)!r} plus the {what} {duration!r} cannot be "
+            "represented as a float: the values are too large for each other",
+        )
+
+
 def replay(
     events: Iterable[Event],
     *,
@@ -155,7 +166,11 @@ def replay(
                         clock.jump(event.ts)
                     else:
                         offset = event.ts
-                await trio.sleep_until(event.ts - offset)
+                at = event.ts - offset
+                _check_resolution(event, at, delay, "delay")
+                if max_delay is not None:
+                    _check_resolution(event, at, max_delay, "max delay")
+                await trio.sleep_until(at)
                 coordinator.debounce_nowait(
                     _WORKFLOW,
                     event.key,
