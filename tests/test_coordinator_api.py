@@ -47,6 +47,8 @@ BAD_PINGS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"delay": 1.0, "run_id": ""}, ValueError, "''"),
     ({"delay": 1.0, "run_id": 7}, TypeError, "7"),
     ({"delay": 1.0, "on_fire": "not callable"}, TypeError, "'not callable'"),
+    ({"delay": 1.0, "on_fire": print}, TypeError, "built-in function print"),
+    ({"delay": 1.0, "on_fire": lambda fire: None}, TypeError, "async def"),
     ({"workflow": ""}, ValueError, "workflow"),
     ({"workflow": 5}, TypeError, "5"),
     ({"key": ""}, ValueError, "key"),

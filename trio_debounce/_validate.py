@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -69,6 +70,15 @@ def run_id(value: object) -> str | None:
 
 
 def handler(what: str, value: Any) -> None:
-    """Raise :class:`TypeError` unless ``value`` is ``None`` or callable."""
-    if value is not None and not callable(value):
+    """Raise :class:`TypeError` unless ``value`` is ``None`` or an async callable.
+
+    A plain (sync) function, method or builtin is refused here, where the mistake is made, not
+    when the window fires. Other callables (an object with an async ``__call__``, a
+    ``functools.partial``) cannot be told apart cheaply and are accepted.
+    """
+    if value is None:
+        return
+    if not callable(value):
         raise TypeError(f"{what} must be an async callable taking a Fire, not {value!r}")
+    if inspect.isroutine(value) and not inspect.iscoroutinefunction(value):
+        raise TypeError(f"{what} must be an async function (async def), not {value!r}")
