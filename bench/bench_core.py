@@ -10,11 +10,15 @@ pyperf: every figure is the mean of several worker processes, with its spread.
 * ``open-window``: ``debounce_nowait`` opening a new trailing window, until its task
   sleeps. Baseline ``spawn-sleeper``: ``nursery.start_soon`` of a task that sleeps on a
   deadline, until it sleeps.
+* ``replay-reference``: replaying ``../shared/data/nats-py-commits.jsonl`` (1,321 events,
+  trailing, delay 3600, max delay 7200) through the coordinator on a virtual clock, per
+  event. Baseline ``parse-reference``: parsing the same lines, per event.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pyperf
@@ -22,6 +26,12 @@ import trio
 import trio.testing
 
 import trio_debounce
+from trio_debounce._events import parse_event
+from trio_debounce._replay import replay
+
+REFERENCE = (
+    Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "nats-py-commits.jsonl"
+)
 
 WF = "wf"
 
@@ -120,6 +130,28 @@ def spawn_sleeper(loops: int) -> float:
     return trio.run(main)
 
 
+def _reference_lines() -> list[str]:
+    return REFERENCE.read_text().splitlines()
+
+
+def replay_reference(loops: int) -> float:
+    lines = _reference_lines()
+    t0 = time.perf_counter()
+    for _ in range(loops):
+        events = (parse_event(t, n, key_field="key", time_field="ts") for n, t in enumerate(lines))
+        replay(events, delay=3600.0, max_delay=7200.0)
+    return time.perf_counter() - t0
+
+
+def parse_reference(loops: int) -> float:
+    lines = _reference_lines()
+    t0 = time.perf_counter()
+    for _ in range(loops):
+        for n, text in enumerate(lines):
+            parse_event(text, n, key_field="key", time_field="ts")
+    return time.perf_counter() - t0
+
+
 if __name__ == "__main__":
     runner = pyperf.Runner()
     runner.metadata["description"] = __doc__.splitlines()[0]
@@ -128,3 +160,8 @@ if __name__ == "__main__":
     runner.bench_time_func("naive-rearm", naive_rearm)
     runner.bench_time_func("open-window", open_window)
     runner.bench_time_func("spawn-sleeper", spawn_sleeper)
+    if REFERENCE.exists():
+        # per event: pyperf divides by loops and by inner_loops
+        events = len(_reference_lines())
+        runner.bench_time_func("replay-reference", replay_reference, inner_loops=events)
+        runner.bench_time_func("parse-reference", parse_reference, inner_loops=events)

@@ -12,6 +12,7 @@ PAIRS = [
     ("coalescing-ping", "checkpoint"),
     ("coalescing-ping", "naive-rearm"),
     ("open-window", "spawn-sleeper"),
+    ("replay-reference", "parse-reference"),
 ]
 
 
