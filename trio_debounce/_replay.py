@@ -2,10 +2,10 @@
 
 The replay runs :func:`open_coordinator` under :class:`trio.testing.MockClock` with
 ``autojump_threshold=0``: whenever every task is blocked, Trio's clock jumps to the next
-deadline, so years of history replay in seconds (about 5,000 events a second on a
-slow 2-core machine) and the result does not depend on the machine. Input is read with plain blocking I/O between pings: an
-awaited read would block the run, and the autojump clock would then jump virtual time
-past the next event.
+deadline, so years of history replay in seconds (about 5,000 events a second on a slow
+2-core machine) and the result does not depend on the machine. Events come from a
+plain iterator, never from awaited I/O: the autojump clock would jump virtual time past
+the next event while an awaited read waits.
 """
 
 from __future__ import annotations
