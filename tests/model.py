@@ -96,6 +96,19 @@ class Model:
         self.fires.append(ModelFire(t, ident, w.payload, w.count, "trailing", w.run_id, w.t0))
         return True
 
-    def finish(self) -> None:
-        """A normal exit with on_exit="wait": every pending fire happens at its deadline."""
-        self.advance(math.inf)
+    def finish(self, t: float, on_exit: str = "wait") -> None:
+        """A normal exit at time t.
+
+        "wait": every pending fire happens at its deadline; "flush": fires due by t
+        happen at their deadlines, the rest at t; "cancel": the rest are dropped.
+        """
+        if on_exit == "wait":
+            self.advance(math.inf)
+            return
+        self.advance(t)
+        for ident, w in list(self.windows.items()):
+            del self.windows[ident]
+            if w.pending and on_exit == "flush":
+                self.fires.append(
+                    ModelFire(t, ident, w.payload, w.count, "trailing", w.run_id, w.t0)
+                )

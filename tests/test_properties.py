@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trio_debounce
-from trio_debounce import Fire
+from trio_debounce import Fire, OnExit
 
 from .model import Model, ModelFire
 
@@ -70,7 +70,7 @@ def timelines(draw: st.DrawFn) -> tuple[dict[int, str], list[Op]]:
     return key_modes, fixed
 
 
-def run_model(timeline: list[Op]) -> tuple[list[Any], list[ModelFire]]:
+def run_model(timeline: list[Op], on_exit: str = "wait") -> tuple[list[Any], list[ModelFire]]:
     model = Model()
     results: list[Any] = []
     t = 0.0
@@ -86,11 +86,11 @@ def run_model(timeline: list[Op]) -> tuple[list[Any], list[ModelFire]]:
             results.append(model.cancel(t, ident))
         else:
             results.append(model.flush(t, ident))
-    model.finish()
+    model.finish(t, on_exit)
     return results, model.fires
 
 
-def run_real(timeline: list[Op]) -> tuple[list[Any], list[ModelFire]]:
+def run_real(timeline: list[Op], on_exit: OnExit = "wait") -> tuple[list[Any], list[ModelFire]]:
     results: list[Any] = []
     fires: list[Fire] = []
     handler_times = {f"run-{i}": op.handler_time for i, op in enumerate(timeline)}
@@ -104,7 +104,7 @@ def run_real(timeline: list[Op]) -> tuple[list[Any], list[ModelFire]]:
     async def main() -> None:
         t = 0.0
         async with trio_debounce.open_coordinator(
-            handlers={"wf": handler, "other": handler}
+            handlers={"wf": handler, "other": handler}, on_exit=on_exit
         ) as coordinator:
             for i, op in enumerate(timeline):
                 t += op.dt
@@ -166,11 +166,11 @@ def _order(f: ModelFire) -> tuple[Any, ...]:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(timelines())
-def test_coordinator_matches_model(case: tuple[dict[int, str], list[Op]]) -> None:
+@given(timelines(), st.sampled_from(("wait", "wait", "flush", "cancel")))
+def test_coordinator_matches_model(case: tuple[dict[int, str], list[Op]], on_exit: OnExit) -> None:
     _, timeline = case
-    expected_results, expected_fires = run_model(timeline)
-    results, fires = run_real(timeline)
+    expected_results, expected_fires = run_model(timeline, on_exit)
+    results, fires = run_real(timeline, on_exit)
     assert results == expected_results
     assert sorted(fires, key=_order) == sorted(expected_fires, key=_order)
 
