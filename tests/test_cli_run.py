@@ -113,10 +113,10 @@ def test_bad_options_exit_2(options: list[str], message: str) -> None:
     assert message in proc.stderr
 
 
-def _start(args: list[str]) -> subprocess.Popen[str]:
+def _start(args: list[str], command: str = "run") -> subprocess.Popen[str]:
     # Used as a context manager, which closes the pipes and reaps the process.
     return subprocess.Popen(
-        [*CLI, "run", *args],
+        [*CLI, command, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -155,13 +155,7 @@ def test_ctrl_c_while_a_command_runs_exits_130(tmp_path: Path) -> None:
 
 
 def test_closed_stdout_stops_the_stream_with_status_1() -> None:
-    with subprocess.Popen(
-        [*CLI, "run", "--delay", "0"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as proc:
+    with _start(["--delay", "0"]) as proc:
         assert proc.stdin is not None
         assert proc.stdout is not None
         assert proc.stderr is not None
@@ -197,13 +191,7 @@ def test_closed_stdin_is_an_error() -> None:
 
 
 def test_ctrl_c_while_replay_reads_stdin_exits_130() -> None:
-    with subprocess.Popen(
-        [*CLI, "replay", "-", "--delay", "1"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as proc:
+    with _start(["-", "--delay", "1"], command="replay") as proc:
         assert proc.stdin is not None
         proc.stdin.write('{"key": "a", "ts": 1}\n')
         proc.stdin.flush()
