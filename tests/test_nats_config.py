@@ -1,0 +1,102 @@
+"""NatsConfig: validation, from_env, and secrets kept out of repr and errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from trio_debounce.nats import NatsConfig
+
+
+def test_defaults() -> None:
+    config = NatsConfig()
+    assert config.servers == ("nats://127.0.0.1:4222",)
+    assert (config.op_timeout, config.process_lease, config.replicas) == (2.0, 60.0, 1)
+    assert repr(config) == "NatsConfig()"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"servers": "nats://a:1"}, TypeError, "sequence of URLs"),
+        ({"servers": ()}, ValueError, "at least one"),
+        ({"servers": ("http://a",)}, ValueError, "http://a"),
+        ({"op_timeout": 0}, ValueError, "op_timeout must be > 0"),
+        ({"process_lease": -1.0}, ValueError, "process_lease"),
+        ({"connect_timeout": float("nan")}, ValueError, "NaN"),
+        ({"bucket": "a.b"}, ValueError, "'a.b'"),
+        ({"replicas": 7}, ValueError, "7"),
+        ({"replicas": True}, TypeError, "True"),
+        ({"token": "t", "user": "u", "password": "p"}, ValueError, "at most one"),
+        ({"user": "u"}, ValueError, "user and password"),
+        ({"tls_cert": "c"}, ValueError, "tls_cert and tls_key"),
+        ({"js_domain": "d", "js_api_prefix": "p"}, ValueError, "not both"),
+    ],
+)
+def test_bad_fields(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        NatsConfig(**kwargs)
+
+
+def test_from_env_reads_only_given_variables() -> None:
+    config = NatsConfig.from_env(
+        {
+            "TRIO_DEBOUNCE_NATS_SERVERS": "nats://a:1, tls://b:2,",
+            "TRIO_DEBOUNCE_NATS_USER": "alice",
+            "TRIO_DEBOUNCE_NATS_PASSWORD": "hunter2",
+            "TRIO_DEBOUNCE_NATS_BUCKET": "builds",
+            "TRIO_DEBOUNCE_NATS_REPLICAS": "3",
+            "TRIO_DEBOUNCE_NATS_TLS_HANDSHAKE_FIRST": "yes",
+            "TRIO_DEBOUNCE_LEASE": "30",
+            "TRIO_DEBOUNCE_OP_TIMEOUT": "5.5",
+            "UNRELATED": "x",
+        }
+    )
+    assert config == NatsConfig(
+        servers=("nats://a:1", "tls://b:2"),
+        user="alice",
+        password="hunter2",
+        bucket="builds",
+        replicas=3,
+        tls_handshake_first=True,
+        process_lease=30.0,
+        op_timeout=5.5,
+    )
+    assert NatsConfig.from_env({}) == NatsConfig()
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"TRIO_DEBOUNCE_LEASE": "soon"}, "TRIO_DEBOUNCE_LEASE"),
+        ({"TRIO_DEBOUNCE_NATS_REPLICAS": "three"}, "TRIO_DEBOUNCE_NATS_REPLICAS"),
+        ({"TRIO_DEBOUNCE_NATS_TLS_HANDSHAKE_FIRST": "maybe"}, "HANDSHAKE_FIRST"),
+        ({"TRIO_DEBOUNCE_NATS_SERVERS": ""}, "at least one"),
+    ],
+)
+def test_from_env_errors_name_the_variable(env: dict[str, str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        NatsConfig.from_env(env)
+
+
+def test_secrets_never_in_repr_or_errors() -> None:
+    for config in (
+        NatsConfig(token="t0ken-secret"),
+        NatsConfig(user="u", password="pa55-secret"),
+        NatsConfig(nkey_seed="seed-secret"),
+    ):
+        assert "secret" not in repr(config)
+        assert "<hidden>" in repr(config)
+    with pytest.raises(ValueError, match="at most one") as info:
+        NatsConfig(token="t0ken-secret", user="u", password="pa55-secret")
+    assert "secret" not in str(info.value)
+
+
+def test_importing_the_library_does_not_load_the_nats_submodule() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, trio_debounce; print('trio_debounce.nats' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
