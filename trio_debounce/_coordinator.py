@@ -5,12 +5,17 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import sys
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal, NoReturn
 
 import trio
+from trio.lowlevel import disable_ki_protection, enable_ki_protection
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
 
 from . import _validate
 from ._types import (
@@ -54,6 +59,18 @@ class _NoPublicConstructor(type):
         return super().__call__(*args, **kwargs)
 
 
+@disable_ki_protection
+async def _invoke(handler: Handler, fire: Fire) -> None:
+    """Run a user's handler without the coordinator's KI protection."""
+    await handler(fire)
+
+
+@disable_ki_protection
+def _report(on_error: ErrorCallback, fire: Fire, exc: Exception) -> None:
+    """Run a user's on_error callback without the coordinator's KI protection."""
+    on_error(fire, exc)
+
+
 def _closed_error() -> trio.ClosedResourceError:
     return trio.ClosedResourceError("this coordinator's async with block has exited")
 
@@ -83,8 +100,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._on_error = on_error
         self._windows: dict[tuple[str, str], Window] = {}
         self._closed = False
-        # Set when the block raised or was cancelled: due windows must not fire.
+        # Set when the block raised or was cancelled, and when.
         self._aborted = False
+        self._aborted_at = 0.0
         # Set while a normal exit with on_exit="flush"/"cancel" waits: a new pending
         # trailing fire must wake the exit loop, which flushes or cancels it.
         self._wake_exit_on_pending = False
@@ -107,6 +125,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     # ------------------------------------------------------------------ handlers
 
+    @enable_ki_protection
     def set_handler(self, workflow: str, handler: Handler | None) -> None:
         """Register the handler for ``workflow``'s fires, replacing any previous one.
 
@@ -134,6 +153,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     # --------------------------------------------------------------------- pings
 
+    @enable_ki_protection
     async def debounce(
         self,
         workflow: str,
@@ -167,6 +187,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         await trio.lowlevel.cancel_shielded_checkpoint()
         return result
 
+    @enable_ki_protection
     def debounce_nowait(
         self,
         workflow: str,
@@ -330,6 +351,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     # ------------------------------------------------------------ cancel / flush
 
+    @enable_ki_protection
     async def cancel(self, workflow: str, key: str) -> bool:
         """Close the open window ``(workflow, key)`` without firing it.
 
@@ -359,6 +381,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         await trio.lowlevel.cancel_shielded_checkpoint()
         return cancelled
 
+    @enable_ki_protection
     async def flush(self, workflow: str, key: str) -> bool:
         """Fire the pending trailing fire of ``(workflow, key)`` now and close the window.
 
@@ -414,18 +437,33 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     # ---------------------------------------------------------------- the tasks
 
+    @enable_ki_protection
     async def _window_task(self, window: Window) -> None:
         # Sleep until the window is due. A ping that moves the deadline later only
         # writes window.deadline; we notice when we wake and sleep again.
-        while window.state == OPEN:
-            deadline = window.deadline
-            if self._now() >= deadline:
-                break
-            with trio.CancelScope(deadline=deadline) as scope:
-                window.scope = scope
-                await trio.sleep_forever()
+        try:
+            while window.state == OPEN:
+                deadline = window.deadline
+                if self._now() >= deadline:
+                    break
+                with trio.CancelScope(deadline=deadline) as scope:
+                    window.scope = scope
+                    await trio.sleep_forever()
+                window.scope = None
+        except trio.Cancelled:
+            # Only the cancellation of the coordinator's nursery gets here: an abort,
+            # or the final close (when nothing is pending).
             window.scope = None
-        if window.state == CLOSED or self._aborted:
+            committed = self._settle_after_abort(window)
+            if committed is not None:
+                self._nursery.start_soon(self._call_handler, *committed)
+            raise
+        if self._aborted:
+            committed = self._settle_after_abort(window)
+            if committed is not None:
+                await self._call_handler(*committed)
+            return
+        if window.state == CLOSED:
             return
         if window.state == OPEN:
             # Due at its deadline. A ping at this instant may already have replaced
@@ -439,8 +477,47 @@ class Coordinator(metaclass=_NoPublicConstructor):
         if not window.trailing:
             return  # leading-only: the window closes without a fire
         window.trailing = False
+        fire = self._trailing_fire(window, fired_at)
+        self._pending -= 1
+        self._running += 1
+        self._fires += 1
+        await self._call_handler(self._handler_for(window), fire)
+
+    def _settle_after_abort(self, window: Window) -> tuple[Handler | None, Fire] | None:
+        """Decide, by time, what an abort does to a window's pending trailing fire.
+
+        A fire that was due when the block aborted (its deadline reached) or committed
+        by :meth:`flush` still starts, under the cancelled nursery, exactly as if its
+        task had run before the body raised; a fire whose time had not come is dropped
+        and counted as cancelled. Returns ``(handler, fire)`` for a fire to start.
+        """
+        if not self._aborted or window.state == CLOSED or not window.trailing:
+            return None
+        state = window.state
+        window.state = CLOSED
+        window.trailing = False
+        self._pending -= 1
+        if state == FLUSHED:
+            fired_at = window.flushed_at
+        elif window.deadline <= self._aborted_at:
+            fired_at = window.deadline
+        else:
+            self._cancelled += 1
+            self._check_idle()
+            return None
+        self._running += 1
+        self._fires += 1
+        return self._handler_for(window), self._trailing_fire(window, fired_at)
+
+    def _handler_for(self, window: Window) -> Handler | None:
+        handler = window.on_fire
+        if handler is None:
+            handler = self._handlers.get(window.ident[0])
+        return handler
+
+    def _trailing_fire(self, window: Window, fired_at: float) -> Fire:
         workflow, key = window.ident
-        fire = Fire(
+        return Fire(
             workflow,
             key,
             window.payload,
@@ -450,22 +527,18 @@ class Coordinator(metaclass=_NoPublicConstructor):
             fired_at,
             Edge.TRAILING,
         )
-        handler = window.on_fire
-        if handler is None:
-            handler = self._handlers.get(workflow)
-        self._pending -= 1
-        self._running += 1
-        self._fires += 1
-        await self._call_handler(handler, fire)
 
+    @enable_ki_protection
     async def _call_handler(self, handler: Handler | None, fire: Fire) -> None:
+        # KI-protected, so Ctrl-C cannot land between the counters and the try; the
+        # handler and on_error run unprotected (see _invoke and _report).
         try:
             if handler is None:
                 raise LookupError(
                     f"no handler for workflow {fire.workflow!r} when its window "
                     f"{fire.key!r} fired (run {fire.run_id})"
                 )
-            await handler(fire)
+            await _invoke(handler, fire)
         except Exception as exc:
             self._handler_errors += 1
             logger.error(
@@ -478,7 +551,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             )
             if self._on_error is not None:
                 try:
-                    self._on_error(fire, exc)
+                    _report(self._on_error, fire, exc)
                 except Exception as callback_exc:
                     logger.error(
                         "on_error callback raised while reporting run %s",
@@ -547,6 +620,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     # ------------------------------------------------------------------- exit
 
+    @enable_ki_protection
     async def _drain(self, on_exit: OnExit) -> None:
         """The normal exit of the async with block, per ``on_exit``."""
         self._wake_exit_on_pending = on_exit != "wait"
@@ -571,15 +645,19 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._windows.clear()
         self._nursery.cancel_scope.cancel()
 
+    @enable_ki_protection
     def _abort(self) -> None:
-        """The body raised or was cancelled: drop pending fires, cancel everything."""
+        """The body raised or was cancelled: cancel everything.
+
+        Each window's task then settles its pending fire by time (see
+        _settle_after_abort) as it sees the cancellation.
+        """
         self._closed = True
         self._aborted = True
-        self._cancelled += self._pending
-        self._pending = 0
+        self._aborted_at = self._now()
         self._windows.clear()
         self._nursery.cancel_scope.cancel()
-        self._check_idle()  # running handlers, now cancelled, check again as they end
+        self._check_idle()
 
 
 @asynccontextmanager
@@ -646,18 +724,40 @@ async def open_coordinator(
         raise TypeError(f"on_error is called synchronously; pass a sync function, not {on_error!r}")
 
     body_error: BaseException | None = None
-    async with trio.open_nursery() as nursery:
-        coordinator: Coordinator = Coordinator._create(nursery, handler_map, on_error)
-        try:
-            yield coordinator
-            await coordinator._drain(on_exit)
-        except BaseException as exc:
-            # From the body, or from the exit wait (cancelled from outside, Ctrl-C):
-            # re-raised as itself once the nursery is closed, never in a group.
-            body_error = exc
-            coordinator._abort()
-    if body_error is not None:
-        try:
+    nursery_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            coordinator: Coordinator = Coordinator._create(nursery, handler_map, on_error)
+            try:
+                yield coordinator
+                await coordinator._drain(on_exit)
+            except BaseException as exc:
+                # From the body, or from the exit wait (cancelled from outside,
+                # Ctrl-C): re-raised as itself once the nursery is closed.
+                body_error = exc
+                coordinator._abort()
+    except BaseException as exc:
+        # A task raised: a BaseException from a handler, or the cancellations of an
+        # outside cancel scope on their way out.
+        nursery_error = exc
+    try:
+        if nursery_error is not None:
+            if body_error is None:
+                raise nursery_error
+            if not _only_cancellations(nursery_error):
+                # Keep both, as a plain nursery would.
+                raise BaseExceptionGroup(
+                    "the coordinator's block and its tasks raised", [body_error, nursery_error]
+                )
+        if body_error is not None:
             raise body_error
-        finally:
-            del body_error
+    finally:
+        del body_error, nursery_error
+
+
+def _only_cancellations(exc: BaseException) -> bool:
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return False
