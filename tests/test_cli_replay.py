@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trio_debounce._cli import main
+from trio_debounce._events import Event
+from trio_debounce._replay import replay
 
 from .conftest import REQUIRE_SHARED_ENV, shared_file
+from .model import Model
 
 
 def run_cli(
@@ -334,3 +340,52 @@ def test_huge_but_representable_durations_replay(
     assert code == 0
     [fire] = [json.loads(line) for line in out.splitlines()]
     assert (fire["pings"], fire["fired_at"]) == (2, 1e308)
+
+
+def test_a_ping_exactly_at_a_fractional_deadline_opens_a_new_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1.671 + 0.3 == 1.971 exactly in binary floating point, so the third event lands on
+    # the window's deadline and must open a new window; times print as they came in.
+    assert 1.671 + 0.3 == 1.971
+    log = write_lines(
+        tmp_path / "log.jsonl",
+        [{"ts": 0.3, "key": "x"}, {"ts": 1.671, "key": "a"}, {"ts": 1.971, "key": "a"}],
+    )
+    code, out, _ = run_cli(["replay", str(log), "--delay", "0.3"], capsys)
+    assert code == 0
+    fires = [json.loads(line) for line in out.splitlines()]
+    assert [(f["key"], f["first_ping_at"], f["fired_at"], f["pings"]) for f in fires] == [
+        ("x", 0.3, 0.3 + 0.3, 1),
+        ("a", 1.671, 1.971, 1),
+        ("a", 1.971, 1.971 + 0.3, 1),
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(-3000, 3000), st.sampled_from("abc")), min_size=1, max_size=30),
+    st.sampled_from(["trailing", "leading", "both"]),
+    st.integers(0, 1500),
+    st.one_of(st.none(), st.integers(0, 3000)),
+)
+def test_replay_matches_the_model_on_fractional_and_negative_times(
+    raw: list[tuple[int, str]], mode: str, delay_ms: int, extra_ms: int | None
+) -> None:
+    # Times in thousandths: decimal fractions that binary floats cannot hold exactly.
+    events = [Event(ts / 1000, key, {"n": i}, i + 1) for i, (ts, key) in enumerate(sorted(raw))]
+    delay = delay_ms / 1000
+    max_delay = None if extra_ms is None else delay + extra_ms / 1000
+    model = Model()
+    for i, e in enumerate(events):
+        model.ping(e.ts, ("replay", e.key), e.payload, delay, max_delay, mode, str(i))
+    model.finish(math.inf)
+    expected = sorted(
+        (f.fired_at, f.key[1], f.first_ping_at, f.ping_count, f.edge, f.payload["n"])
+        for f in model.fires
+    )
+    result = replay(events, delay=delay, max_delay=max_delay, mode=mode)
+    got = sorted(
+        (f.fired_at, f.key, f.first_ping_at, f.pings, f.edge, f.payload["n"]) for f in result.fires
+    )
+    assert got == expected

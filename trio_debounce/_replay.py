@@ -1,22 +1,22 @@
 """Replay an event log through the real coordinator on a virtual clock.
 
-The replay runs :func:`open_coordinator` under :class:`trio.testing.MockClock` with
-``autojump_threshold=0``: whenever every task is blocked, Trio's clock jumps to the next
-deadline, so years of history replay in seconds (about 5,000 events a second on a slow
-2-core machine) and the result does not depend on the machine. Events come from a
-plain iterator, never from awaited I/O: the autojump clock would jump virtual time past
-the next event while an awaited read waits.
+The replay runs :func:`open_coordinator` on a virtual clock (:class:`ReplayClock`, an
+exact variant of ``trio.testing.MockClock(autojump_threshold=0)``): whenever every task
+is blocked, Trio's clock jumps to the next deadline, so years of history replay in
+seconds (about 5,000 events a second on a slow 2-core machine) and the result does not
+depend on the machine. Events come from a plain iterator, never from awaited I/O: the
+autojump would jump virtual time past the next event while an awaited read waits.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import trio
-import trio.testing
 
 from ._coordinator import open_coordinator
 from ._events import Event, EventError, parse_event
@@ -116,10 +116,40 @@ def read_events(
         yield event
 
 
-def _check_resolution(event: Event, at: float, duration: float, what: str) -> None:
+class ReplayClock(trio.abc.Clock):
+    """Virtual time for replays: it jumps *exactly* to the next deadline when idle.
+
+    It behaves like ``trio.testing.MockClock(autojump_threshold=0)``: whenever no task
+    can run, time jumps to the next deadline, so a replay never waits. MockClock jumps
+    by adding ``deadline - now``, which in floating point can land a few ulps past the
+    deadline; a replayed ping would then happen later than its event's time, and the
+    time rule (a ping at a window's deadline opens a new window) could flip. This clock
+    sets its time to the deadline itself, so every ping happens at its event's exact
+    time, in the input's own epoch (negative times included).
+    """
+
+    def __init__(self, start: float) -> None:
+        self._now = start
+
+    def start_clock(self) -> None:
+        pass
+
+    def current_time(self) -> float:
+        return self._now
+
+    def deadline_to_sleep_time(self, deadline: float) -> float:
+        # Trio asks only when no task is runnable: jump, and sleep not at all.
+        if deadline == math.inf:
+            return math.inf
+        if deadline > self._now:
+            self._now = deadline
+        return 0.0
+
+
+def _check_resolution(event: Event, duration: float, what: str) -> None:
     """Refuse a time where adding ``duration`` overflows or is lost to float rounding."""
-    end = at + duration
-    if not math.isfinite(end) or (duration > 0 and end == at):
+    end = event.ts + duration
+    if not math.isfinite(end) or (duration > 0 and end == event.ts):
         raise EventError(
             event.line_number,
             f"time {json_number(event.ts)!r} plus the {what} {duration!r} cannot be "
@@ -149,28 +179,21 @@ def replay(
     """
     fires: list[Fire] = []
     count = 0
-    # Virtual time equals the input's time when the first event is >= 0 (the clock
-    # starts at 0 and jumps there exactly); otherwise everything is shifted by it.
-    offset = 0.0
-    clock = trio.testing.MockClock(autojump_threshold=0)
+    stream = iter(events)
+    first = next(stream, None)
+    clock = ReplayClock(0.0 if first is None else first.ts)
 
     async def record(fire: Fire) -> None:
         fires.append(fire)
 
     async def main() -> None:
-        nonlocal count, offset
+        nonlocal count
         async with open_coordinator(handlers={_WORKFLOW: record}) as coordinator:
-            for event in events:
-                if count == 0:
-                    if event.ts >= 0:
-                        clock.jump(event.ts)
-                    else:
-                        offset = event.ts
-                at = event.ts - offset
-                _check_resolution(event, at, delay, "delay")
+            for event in itertools.chain(() if first is None else (first,), stream):
+                _check_resolution(event, delay, "delay")
                 if max_delay is not None:
-                    _check_resolution(event, at, max_delay, "max delay")
-                await trio.sleep_until(at)
+                    _check_resolution(event, max_delay, "max delay")
+                await trio.sleep_until(event.ts)
                 coordinator.debounce_nowait(
                     _WORKFLOW,
                     event.key,
@@ -186,8 +209,8 @@ def replay(
     out = [
         ReplayFire(
             key=f.key,
-            fired_at=f.fired_at + offset,
-            first_ping_at=f.first_ping_at + offset,
+            fired_at=f.fired_at,
+            first_ping_at=f.first_ping_at,
             payload=f.payload,
             pings=f.ping_count,
             edge=f.edge.value,
