@@ -200,3 +200,34 @@ def test_ctrl_c_while_replay_reads_stdin_exits_130() -> None:
         assert proc.wait(timeout=5) == 130
         assert proc.stderr is not None
         assert "Traceback" not in proc.stderr.read()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_that_cannot_be_written_stops_with_status_1() -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [*CLI, "run", "--delay", "0"],
+            input="a\nb\n",
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+        )
+    assert proc.returncode == 1
+    assert "cannot write output" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_non_blocking_stdin_is_read_all_the_same() -> None:
+    r, w = os.pipe()
+    os.set_blocking(r, False)  # as some parents leave it
+    with subprocess.Popen(
+        [*CLI, "run", "--delay", "0"], stdin=r, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
+        os.close(r)
+        time.sleep(0.3)  # the reader finds no data yet
+        os.write(w, b"a\nb\n")
+        os.close(w)
+        out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, err) == (0, b"")
+    assert sorted(json.loads(line)["key"] for line in out.splitlines()) == ["a", "b"]

@@ -20,7 +20,7 @@ import trio
 from . import _validate
 from ._events import EventError
 from ._git_events import GitEventsError, git_events
-from ._live import LiveOptions, run_live
+from ._live import InputError, LiveOptions, run_live
 from ._replay import read_events, replay
 from ._types import Mode
 from ._version import __version__
@@ -253,6 +253,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     try:
         # each command reports option errors with its own usage line
         status = args.func(args, args.parser)
+    except InputError as exc:
+        _error(str(exc))
+        status = EXIT_USAGE
     except BaseException as exc:
         if _is_interrupt(exc):
             sys.stderr.write("trio-debounce: interrupted\n")

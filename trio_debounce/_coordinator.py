@@ -687,13 +687,15 @@ async def open_coordinator(
         fires them at once; ``"cancel"`` drops them. In every case the exit then waits
         for running handlers to finish, and pings made meanwhile (by handlers, say) are
         accepted and treated the same way. Leading windows with nothing left to fire
-        are closed at once.
+        are not waited for: they stay open while the exit waits, then close.
 
-    If the block raises, or is cancelled from outside, pending fires are dropped and
-    running handlers are cancelled; the block's exception propagates as itself, not
-    wrapped in an :class:`ExceptionGroup` (the coordinator's own tasks never raise;
-    a :class:`BaseException` escaping a handler, such as :exc:`KeyboardInterrupt`,
-    propagates from the nursery in an exception group).
+    If the block raises, or is cancelled from outside, running handlers are cancelled,
+    fires whose deadline had been reached (or that ``flush`` committed) still start,
+    and fires whose time had not come are dropped; see :doc:`/semantics`. The block's
+    exception propagates as itself, not wrapped in an :class:`ExceptionGroup` (the
+    coordinator's own tasks never raise; a :class:`BaseException` escaping a handler,
+    such as :exc:`KeyboardInterrupt`, propagates in an exception group, together with
+    the block's exception if there is one).
 
     After the block exits, ``debounce``, ``debounce_nowait``, ``cancel`` and
     ``flush`` raise :exc:`trio.ClosedResourceError`; ``has``, ``len``, ``statistics``

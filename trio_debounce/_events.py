@@ -62,7 +62,7 @@ _decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite
 def parse_json_object(text: str, line_number: int) -> dict[str, Any]:
     """Parse one line as a strict JSON object, or raise :class:`EventError`.
 
-    Strict: ``NaN``, ``Infinity`` and numbers beyond the float range are refused, so
+    Strict: ``NaN``, ``Infinity`` and floats beyond the float range are refused, so
     whatever is accepted can be written back out as valid JSON.
     """
     try:

@@ -33,6 +33,10 @@ class LiveOptions:
     command: Sequence[str]
 
 
+class InputError(Exception):
+    """Reading the input failed (not a bad line: the stream itself)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Line:
     text: str
@@ -52,7 +56,14 @@ async def _read_lines(fd: int) -> AsyncIterator[tuple[int, bytes]]:
     partial: list[bytes] = []  # pieces of a line not yet ended; joined once, so linear
     number = 0
     while True:
-        chunk = await trio.to_thread.run_sync(os.read, fd, _READ_SIZE, abandon_on_cancel=True)
+        try:
+            chunk = await trio.to_thread.run_sync(os.read, fd, _READ_SIZE, abandon_on_cancel=True)
+        except BlockingIOError:
+            # A parent left the descriptor non-blocking: wait until it has data.
+            await trio.lowlevel.wait_readable(fd)
+            continue
+        except OSError as exc:
+            raise InputError(f"cannot read stdin: {exc.strerror or exc}") from exc
         if not chunk:
             break
         pieces = chunk.split(b"\n")
@@ -118,21 +129,25 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
     The status is 0, or 2 if any line was rejected.
 
     Raises:
-      BrokenPipeError: stdout was closed by the reader (``| head``); the stream stops.
+      OSError: writing a fire to ``stdout`` failed (``BrokenPipeError`` when its reader
+        closed it, as ``| head`` does); the stream stops at the first failure.
+      InputError: reading ``stdin_fd`` failed.
     """
     rejected = 0
-    output_closed = False
+    output_error: OSError | None = None
     wall = WallClock.now()
     limiter = trio.CapacityLimiter(options.jobs)
 
     async def print_fire(fire: Fire) -> None:
-        nonlocal output_closed
+        nonlocal output_error
         try:
             stdout.write(_fire_json(fire, wall) + "\n")
             stdout.flush()
-        except BrokenPipeError:
-            # Nobody reads the fires any more: stop the stream (the CLI exits 1).
-            output_closed = True
+        except OSError as exc:
+            # The fires cannot be written (a closed pipe, a full disk): stop the
+            # stream; the CLI exits 1 (quietly for a closed pipe).
+            if output_error is None:
+                output_error = exc
             stream_scope.cancel()
 
     async def run_command(fire: Fire) -> None:
@@ -176,6 +191,6 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
                     max_delay=options.max_delay,
                     mode=options.mode,
                 )
-    if output_closed:
-        raise BrokenPipeError("stdout was closed")
+    if output_error is not None:
+        raise output_error
     return 2 if rejected else 0

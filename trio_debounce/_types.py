@@ -144,7 +144,8 @@ class CoordinatorStatistics:
       running_handlers (int): handler calls that have started and not yet returned.
       pings (int): pings taken (``debounce`` / ``debounce_nowait`` calls that returned).
       coalesced (int): pings absorbed by an open window (outcome ``coalesce``).
-      fires (int): handler calls started, leading and trailing.
+      fires (int): fires started, leading and trailing (a fire that finds no handler
+        counts here and in ``handler_errors``).
       cancelled (int): windows closed by :meth:`Coordinator.cancel`, plus pending
         trailing fires dropped when the coordinator exited without firing them.
       handler_errors (int): handler calls that raised an :class:`Exception`, plus fires
