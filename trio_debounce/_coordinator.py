@@ -62,7 +62,13 @@ class _NoPublicConstructor(type):
 @disable_ki_protection
 async def _invoke(handler: Handler, fire: Fire) -> None:
     """Run a user's handler without the coordinator's KI protection."""
-    await handler(fire)
+    result: object = handler(fire)
+    if not inspect.isawaitable(result):
+        raise TypeError(
+            f"the handler {handler!r} returned {result!r}, not an awaitable: handlers are "
+            "async functions (async def handler(fire): ...)"
+        )
+    await result
 
 
 @disable_ki_protection

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -43,7 +44,7 @@ class _Line:
     payload: Any
 
 
-async def _read_lines(fd: int) -> AsyncIterator[tuple[int, bytes]]:
+async def _read_lines(fd: int) -> AsyncGenerator[tuple[int, bytes], None]:
     """Yield (line number, raw line) from a blocking file descriptor, without blocking Trio.
 
     Each ``os.read`` runs in a worker thread that is abandoned on cancellation, so
@@ -175,8 +176,13 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
 
     handler = run_command if options.command else print_fire
     with trio.CancelScope() as stream_scope:
-        async with open_coordinator(handlers={_WORKFLOW: handler}) as coordinator:
-            async for number, raw in _read_lines(stdin_fd):
+        # aclosing: the reader generator is closed here, not by the GC, if the stream
+        # stops early (Trio's rule for async generators).
+        async with (
+            open_coordinator(handlers={_WORKFLOW: handler}) as coordinator,
+            aclosing(_read_lines(stdin_fd)) as lines,
+        ):
+            async for number, raw in lines:
                 try:
                     key, line = _line_event(raw, number, options.key_field)
                 except EventError as exc:

@@ -70,15 +70,15 @@ def run_id(value: object) -> str | None:
 
 
 def handler(what: str, value: Any) -> None:
-    """Raise :class:`TypeError` unless ``value`` is ``None`` or an async callable.
+    """Raise :class:`TypeError` unless ``value`` is ``None`` or may be an async callable.
 
-    A plain (sync) function, method or builtin is refused here, where the mistake is made, not
-    when the window fires. Other callables (an object with an async ``__call__``, a
-    ``functools.partial``) cannot be told apart cheaply and are accepted.
+    Refused here: what is not callable, and builtins (``print``), which never return an
+    awaitable. Any other callable may return one (a sync wrapper or a lambda around an
+    async function does), so, as in Trio, it is only checked when called: a handler
+    that returns no awaitable is reported as a handler error with a
+    :class:`TypeError`.
     """
     if value is None:
         return
-    if not callable(value):
+    if not callable(value) or inspect.isbuiltin(value):
         raise TypeError(f"{what} must be an async callable taking a Fire, not {value!r}")
-    if inspect.isroutine(value) and not inspect.iscoroutinefunction(value):
-        raise TypeError(f"{what} must be an async function (async def), not {value!r}")
