@@ -6,11 +6,14 @@ the suite's only tests that sleep for real; the delays are short.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -113,6 +116,10 @@ def test_bad_options_exit_2(options: list[str], message: str) -> None:
     assert message in proc.stderr
 
 
+def _unread(fd: int) -> int:
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
+
+
 def _start(args: list[str], command: str = "run") -> subprocess.Popen[str]:
     # Used as a context manager, which closes the pipes and reaps the process.
     return subprocess.Popen(
@@ -195,7 +202,13 @@ def test_ctrl_c_while_replay_reads_stdin_exits_130() -> None:
         assert proc.stdin is not None
         proc.stdin.write('{"key": "a", "ts": 1}\n')
         proc.stdin.flush()
-        time.sleep(0.5)  # blocked reading the rest of stdin
+        # Wait until the process has read the line, so it is past start-up and blocked
+        # reading the rest of stdin (FIONREAD on a pipe: bytes not yet read).
+        deadline = time.monotonic() + 20
+        while _unread(proc.stdin.fileno()):
+            assert time.monotonic() < deadline, "replay never read its input"
+            time.sleep(0.01)
+        time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=5) == 130
         assert proc.stderr is not None
