@@ -18,7 +18,7 @@ from typing import NoReturn
 import trio
 
 from . import _validate
-from ._events import EventError
+from ._events import EventError, decode_line
 from ._git_events import GitEventsError, git_events
 from ._live import InputError, LiveOptions, run_live
 from ._replay import read_events, replay
@@ -139,11 +139,7 @@ def _check_durations(
 
 def _input_lines(lines: Iterable[bytes]) -> Iterator[str]:
     for number, raw in enumerate(lines, start=1):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise EventError(number, f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-        yield text.removesuffix("\r")
+        yield decode_line(raw, number)
 
 
 def _cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

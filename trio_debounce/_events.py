@@ -40,19 +40,24 @@ def _describe(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-class _NotJSON(ValueError):
-    pass
+def decode_line(raw: bytes, line_number: int) -> str:
+    """One input line as text: UTF-8, without a trailing ``\r``; else :class:`EventError`."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EventError(line_number, f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    return text.removesuffix("\r")
 
 
 def _reject_constant(name: str) -> Any:
     # Python's json accepts NaN, Infinity and -Infinity; JSON does not.
-    raise _NotJSON(f"{name} is not a JSON value")
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if math.isinf(value):
-        raise _NotJSON(f"the number {text[:40]} is out of range for a float")
+        raise ValueError(f"the number {text[:40]} is out of range for a float")
     return value
 
 
@@ -69,9 +74,7 @@ def parse_json_object(text: str, line_number: int) -> dict[str, Any]:
         value = _decoder.decode(text)
     except json.JSONDecodeError as exc:
         raise EventError(line_number, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-    except _NotJSON as exc:
-        raise EventError(line_number, f"not valid JSON ({exc})") from None
-    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+    except ValueError as exc:  # NaN, Infinity, 1e999, an integer too long to convert
         raise EventError(line_number, f"not valid JSON ({exc})") from None
     except RecursionError:
         raise EventError(line_number, "not valid JSON (nested too deeply)") from None

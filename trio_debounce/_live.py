@@ -13,8 +13,8 @@ from typing import Any, TextIO
 import trio
 
 from ._coordinator import open_coordinator
-from ._events import EventError, event_key, parse_json_object
-from ._replay import json_number
+from ._events import EventError, decode_line, event_key, parse_json_object
+from ._replay import fire_line
 from ._types import Fire, Mode
 from ._wallclock import WallClock
 
@@ -83,10 +83,7 @@ async def _read_lines(fd: int) -> AsyncGenerator[tuple[int, bytes], None]:
 
 
 def _line_event(raw: bytes, number: int, key_field: str | None) -> tuple[str, _Line]:
-    try:
-        text = raw.decode("utf-8").removesuffix("\r")
-    except UnicodeDecodeError as exc:
-        raise EventError(number, f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    text = decode_line(raw, number)
     if key_field is None:
         if not text:
             raise EventError(number, "empty line (the key would be empty)")
@@ -98,14 +95,14 @@ def _line_event(raw: bytes, number: int, key_field: str | None) -> tuple[str, _L
 def _fire_json(fire: Fire, wall: WallClock) -> str:
     line: _Line = fire.payload
     return json.dumps(
-        {
-            "key": fire.key,
-            "fired_at": json_number(wall.from_trio(fire.fired_at)),
-            "first_ping_at": json_number(wall.from_trio(fire.first_ping_at)),
-            "payload": line.payload,
-            "pings": fire.ping_count,
-            "edge": fire.edge.value,
-        }
+        fire_line(
+            fire.key,
+            wall.from_trio(fire.fired_at),
+            wall.from_trio(fire.first_ping_at),
+            line.payload,
+            fire.ping_count,
+            fire.edge.value,
+        )
     )
 
 

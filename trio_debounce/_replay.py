@@ -43,14 +43,23 @@ class ReplayFire:
         return self.fired_at - self.first_ping_at
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "fired_at": json_number(self.fired_at),
-            "first_ping_at": json_number(self.first_ping_at),
-            "payload": self.payload,
-            "pings": self.pings,
-            "edge": self.edge,
-        }
+        return fire_line(
+            self.key, self.fired_at, self.first_ping_at, self.payload, self.pings, self.edge
+        )
+
+
+def fire_line(
+    key: str, fired_at: float, first_ping_at: float, payload: Any, pings: int, edge: str
+) -> dict[str, Any]:
+    """The JSON object the CLI prints for one fire (``replay`` and ``run`` alike)."""
+    return {
+        "key": key,
+        "fired_at": json_number(fired_at),
+        "first_ping_at": json_number(first_ping_at),
+        "payload": payload,
+        "pings": pings,
+        "edge": edge,
+    }
 
 
 @dataclass(frozen=True, slots=True)

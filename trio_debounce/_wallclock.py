@@ -33,7 +33,3 @@ class WallClock:
     def from_trio(self, trio_time: float) -> float:
         """An absolute time on Trio's clock as wall-clock epoch seconds."""
         return trio_time + self.offset
-
-    def to_trio(self, wall_time: float) -> float:
-        """Wall-clock epoch seconds as an absolute time on Trio's clock."""
-        return wall_time - self.offset
