@@ -479,15 +479,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 del self._windows[window.ident]
         else:
             fired_at = window.flushed_at
-        window.state = CLOSED
         if not window.trailing:
+            window.state = CLOSED
             return  # leading-only: the window closes without a fire
-        window.trailing = False
-        fire = self._trailing_fire(window, fired_at)
-        self._pending -= 1
-        self._running += 1
-        self._fires += 1
-        await self._call_handler(self._handler_for(window), fire)
+        await self._call_handler(*self._start_trailing(window, fired_at))
 
     def _settle_after_abort(self, window: Window) -> tuple[Handler | None, Fire] | None:
         """Decide, by time, what an abort does to a window's pending trailing fire.
@@ -499,31 +494,33 @@ class Coordinator(metaclass=_NoPublicConstructor):
         """
         if not self._aborted or window.state == CLOSED or not window.trailing:
             return None
-        state = window.state
+        if window.state == FLUSHED:
+            return self._start_trailing(window, window.flushed_at)
+        if window.deadline <= self._aborted_at:
+            return self._start_trailing(window, window.deadline)
         window.state = CLOSED
         window.trailing = False
         self._pending -= 1
-        if state == FLUSHED:
-            fired_at = window.flushed_at
-        elif window.deadline <= self._aborted_at:
-            fired_at = window.deadline
-        else:
-            self._cancelled += 1
-            self._check_idle()
-            return None
+        self._cancelled += 1
+        self._check_idle()
+        return None
+
+    def _start_trailing(self, window: Window, fired_at: float) -> tuple[Handler | None, Fire]:
+        """Close a window whose trailing fire is pending and turn it into a running fire.
+
+        Moves the fire from pending to running in one step (so wait_idle never sees
+        both at zero in between) and returns ``(handler, fire)`` for _call_handler.
+        """
+        window.state = CLOSED
+        window.trailing = False
+        self._pending -= 1
         self._running += 1
         self._fires += 1
-        return self._handler_for(window), self._trailing_fire(window, fired_at)
-
-    def _handler_for(self, window: Window) -> Handler | None:
+        workflow, key = window.ident
         handler = window.on_fire
         if handler is None:
-            handler = self._handlers.get(window.ident[0])
-        return handler
-
-    def _trailing_fire(self, window: Window, fired_at: float) -> Fire:
-        workflow, key = window.ident
-        return Fire(
+            handler = self._handlers.get(workflow)
+        fire = Fire(
             workflow,
             key,
             window.payload,
@@ -533,6 +530,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             fired_at,
             Edge.TRAILING,
         )
+        return handler, fire
 
     @enable_ki_protection
     async def _call_handler(self, handler: Handler | None, fire: Fire) -> None:
