@@ -655,3 +655,25 @@ async def test_a_sync_handler_is_reported_when_it_fires(
     assert isinstance(exc, TypeError)
     assert "async def" in str(exc)
     assert c.statistics().handler_errors == 1
+
+
+@pytest.mark.parametrize("on_exit", ["wait", "flush", "cancel"])
+async def test_an_outside_cancel_during_the_exit_settles_every_pending_fire(
+    autojump_clock: trio.testing.MockClock, on_exit: trio_debounce.OnExit
+) -> None:
+    # The outer cancellation reaches the windows' tasks directly, possibly before the
+    # block's own abort runs: every pending fire must still be settled exactly once.
+    for _ in range(20):
+        recorder = Recorder()
+        with trio.CancelScope() as outer:
+            async with open_coordinator(handlers={WF: recorder}, on_exit=on_exit) as c:
+                await c.debounce(WF, "b", delay=2.0, mode="both")
+                await c.debounce(WF, "b", delay=2.0, mode="both")
+                await c.debounce(WF, "t", delay=2.0)
+                outer.cancel()
+        stats = c.statistics()
+        assert (stats.pending_trailing_fires, stats.running_handlers) == (0, 0)
+        trailing = [f for f in recorder.fires if f.edge is trio_debounce.Edge.TRAILING]
+        assert len(trailing) + stats.cancelled == 2  # each: started or dropped, once
+        with trio.fail_after(1):
+            await c.wait_idle()

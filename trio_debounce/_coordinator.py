@@ -457,9 +457,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     await trio.sleep_forever()
                 window.scope = None
         except trio.Cancelled:
-            # Only the cancellation of the coordinator's nursery gets here: an abort,
-            # or the final close (when nothing is pending).
+            # The coordinator is going down: its nursery was cancelled (an abort, or the
+            # final close, when nothing is pending), or an enclosing cancel scope was,
+            # which reaches this task before the block's own abort may have run.
             window.scope = None
+            if not self._closed:
+                self._abort()
             committed = self._settle_after_abort(window)
             if committed is not None:
                 self._nursery.start_soon(self._call_handler, *committed)
@@ -654,8 +657,11 @@ class Coordinator(metaclass=_NoPublicConstructor):
         """The body raised or was cancelled: cancel everything.
 
         Each window's task then settles its pending fire by time (see
-        _settle_after_abort) as it sees the cancellation.
+        _settle_after_abort) as it sees the cancellation. Idempotent: the first call
+        fixes the abort time.
         """
+        if self._aborted:
+            return
         self._closed = True
         self._aborted = True
         self._aborted_at = self._now()
