@@ -1,0 +1,51 @@
+"""The library's own exceptions for backend failures.
+
+Backends map their client library's exceptions onto these at their boundary, so
+users never import a NATS (or other client) exception.
+"""
+
+from __future__ import annotations
+
+
+class BackendError(Exception):
+    """A coordination backend failed an operation.
+
+    The base class of every backend error; catch it to handle them all.
+    """
+
+
+class BackendUnavailableError(BackendError):
+    """The backend could not be reached, or did not answer within its deadline.
+
+    Raised by ``open_nats_backend`` when no server answers within ``connect_timeout``,
+    and by :meth:`Coordinator.debounce` under ``on_backend_error="raise"``. An operation
+    that timed out may still have been applied by the server.
+    """
+
+
+class BackendAuthError(BackendError):
+    """The backend refused the credentials or the permissions it needs.
+
+    Misconfiguration is never failed open: this is raised at once, not retried.
+    """
+
+
+class BackendConfigError(BackendError):
+    """The backend's storage exists with settings this library cannot work with
+    (for example a KV bucket that keeps history or expires entries)."""
+
+
+class DocumentTooLargeError(BackendError, ValueError):
+    """A record would exceed the largest message the server accepts.
+
+    Raised before anything is sent: an oversized publish makes a NATS server close the
+    whole connection, failing every call in flight.
+    """
+
+
+class RevisionConflict(BackendError):
+    """A compare-and-swap lost: the key's revision was not the one expected.
+
+    Internal to the protocol, which re-reads and retries; users see it only from a
+    :class:`~trio_debounce.testing.KvStore` they drive directly.
+    """

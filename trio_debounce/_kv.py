@@ -1,0 +1,88 @@
+"""The revisioned key-value store that the coordination protocol runs on.
+
+:class:`KvStore` is the narrow interface between the protocol (``_protocol.py``) and a
+storage technology: NATS JetStream KV (``trio_debounce.nats``) and the in-memory fake
+(``trio_debounce.testing.MemoryStore``). It has the semantics of a JetStream KV bucket
+with history 1:
+
+* Every key has a *revision*: a positive int that grows with every write to the bucket
+  (JetStream's stream sequence). Revisions are never reused.
+* A delete leaves a *delete marker*: an entry with ``value=None`` and its own revision,
+  so a later create can be made conditional on it.
+* Every write is a compare-and-swap on the key's latest revision (``last``), ``0``
+  meaning "the key has no entry at all".
+
+All methods are Trio-side async functions. Each raises
+:class:`~trio_debounce.RevisionConflict` when the expected revision is not the latest,
+:class:`~trio_debounce.BackendUnavailableError` when the store cannot be reached or does
+not answer within the store's own per-call deadline (the call may still have been
+applied), :class:`~trio_debounce.BackendAuthError` on a permission error, and
+:class:`~trio_debounce.BackendError` for anything else. None of them lets a client
+library's exception escape.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class KvEntry:
+    """The latest entry of one key.
+
+    Attributes:
+      key (str): the key.
+      value (bytes | None): the stored bytes, or ``None`` for a delete marker.
+      revision (int): the entry's revision, > 0.
+    """
+
+    key: str
+    value: bytes | None
+    revision: int
+
+
+class KvStore(abc.ABC):
+    """A revisioned key-value store with compare-and-swap writes (JetStream KV semantics).
+
+    Keys are ASCII strings of ``[-/_=.A-Za-z0-9]`` tokens separated by ``.``.
+    """
+
+    #: The largest value, in bytes, that :meth:`put` accepts.
+    max_value_bytes: int
+
+    @abc.abstractmethod
+    async def get(self, key: str) -> KvEntry | None:
+        """The latest entry of ``key``: a value, a delete marker (``value=None``), or
+        ``None`` if the key has no entry (never written, or purged)."""
+
+    @abc.abstractmethod
+    async def put(self, key: str, value: bytes, *, last: int) -> int:
+        """Write ``value`` if the key's latest revision is ``last`` (``0``: no entry).
+
+        ``last`` may be the revision of a delete marker. Atomic. Returns the new
+        revision. Raises :class:`~trio_debounce.RevisionConflict` if ``last`` is not the
+        latest, :class:`~trio_debounce.DocumentTooLargeError` if ``value`` is longer than
+        :attr:`max_value_bytes` (before sending anything).
+        """
+
+    @abc.abstractmethod
+    async def delete(self, key: str, *, last: int) -> int:
+        """Leave a delete marker on ``key`` if its latest revision is ``last``.
+
+        Atomic. Returns the marker's revision. Raises
+        :class:`~trio_debounce.RevisionConflict` otherwise.
+        """
+
+    @abc.abstractmethod
+    async def purge_marker(self, key: str, *, revision: int) -> bool:
+        """Remove the delete marker ``revision`` of ``key`` if it is still the latest entry.
+
+        Revision-checked: entries written after the marker are never touched. Returns
+        True if the marker was removed, False if the key had moved on (nothing done).
+        """
+
+    @abc.abstractmethod
+    async def entries(self, prefix: str) -> list[KvEntry]:
+        """The latest entry of every key that starts with ``prefix`` (delete markers
+        included), in no particular order. ``prefix`` ends with ``.``."""
