@@ -63,3 +63,6 @@ def shared_file(path: Path) -> Path:
 @pytest.fixture
 def nats_py_log() -> Path:
     return shared_file(NATS_PY_LOG)
+
+
+from tests.nats_server import nats_server, nats_server_factory  # noqa: E402, F401

@@ -32,6 +32,10 @@ def test_defaults() -> None:
         ({"user": "u"}, ValueError, "user and password"),
         ({"tls_cert": "c"}, ValueError, "tls_cert and tls_key"),
         ({"js_domain": "d", "js_api_prefix": "p"}, ValueError, "not both"),
+        ({"max_clock_skew": 0}, ValueError, "max_clock_skew must be > 0"),
+        ({"max_clock_skew": -0.5}, ValueError, "max_clock_skew"),
+        ({"max_clock_skew": float("inf")}, ValueError, "max_clock_skew"),
+        ({"create_bucket": "no"}, TypeError, "create_bucket must be a bool"),
     ],
 )
 def test_bad_fields(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
@@ -66,12 +70,29 @@ def test_from_env_reads_only_given_variables() -> None:
     assert NatsConfig.from_env({}) == NatsConfig()
 
 
+def test_create_bucket_and_max_clock_skew() -> None:
+    config = NatsConfig()
+    assert (config.create_bucket, config.max_clock_skew) == (True, 1.0)
+    config = NatsConfig(create_bucket=False, max_clock_skew=2)
+    assert (config.create_bucket, config.max_clock_skew) == (False, 2.0)
+    assert isinstance(config.max_clock_skew, float)
+    assert "create_bucket=False" in repr(config)
+    for raw, expected in (("0", False), ("no", False), ("1", True), (" TRUE ", True)):
+        env = {"TRIO_DEBOUNCE_NATS_CREATE_BUCKET": raw}
+        assert NatsConfig.from_env(env).create_bucket is expected
+    env = {"TRIO_DEBOUNCE_MAX_CLOCK_SKEW": "0.25"}
+    assert NatsConfig.from_env(env).max_clock_skew == 0.25
+
+
 @pytest.mark.parametrize(
     ("env", "match"),
     [
         ({"TRIO_DEBOUNCE_LEASE": "soon"}, "TRIO_DEBOUNCE_LEASE"),
         ({"TRIO_DEBOUNCE_NATS_REPLICAS": "three"}, "TRIO_DEBOUNCE_NATS_REPLICAS"),
         ({"TRIO_DEBOUNCE_NATS_TLS_HANDSHAKE_FIRST": "maybe"}, "HANDSHAKE_FIRST"),
+        ({"TRIO_DEBOUNCE_NATS_CREATE_BUCKET": "sometimes"}, "NATS_CREATE_BUCKET"),
+        ({"TRIO_DEBOUNCE_MAX_CLOCK_SKEW": "1s"}, "TRIO_DEBOUNCE_MAX_CLOCK_SKEW"),
+        ({"TRIO_DEBOUNCE_MAX_CLOCK_SKEW": "0"}, "max_clock_skew must be > 0"),
         ({"TRIO_DEBOUNCE_NATS_SERVERS": ""}, "at least one"),
     ],
 )

@@ -43,9 +43,25 @@ class NatsConfig:
         noticed in a few seconds (nats-py's default is 120).
       bucket (str): the KV bucket shared by cooperating coordinators.
       replicas (int): the bucket's replicas when it is created (1 to 5; 3 for a cluster).
+      create_bucket (bool): create the bucket when it is absent (the default). When
+        False the backend only binds: the bucket must exist (an administrator creates
+        it with history 1, file storage and no max age, e.g. ``nats kv add <bucket>
+        --history=1``), its settings are still validated, and the credentials need no
+        stream-management rights. The minimal permission set is then: publish to
+        ``$KV.<bucket>.>`` (writes), ``$JS.API.STREAM.INFO.KV_<bucket>`` (bind and
+        validate), ``$JS.API.DIRECT.GET.KV_<bucket>.>`` (reads; or
+        ``$JS.API.STREAM.MSG.GET.KV_<bucket>`` if the bucket disallows direct gets),
+        ``$JS.API.STREAM.PURGE.KV_<bucket>`` (removing delete markers),
+        ``$JS.API.CONSUMER.CREATE.KV_<bucket>``, ``$JS.API.CONSUMER.CREATE.KV_<bucket>.>``
+        and ``$JS.API.CONSUMER.INFO.KV_<bucket>.>`` (listing entries with an ephemeral
+        ordered consumer), and subscribe to the inbox prefix (``_INBOX.>`` by default).
+        With True, add ``$JS.API.STREAM.CREATE.KV_<bucket>``.
       process_lease (float): seconds a coordinator's process lease lasts unrenewed.
       op_timeout (float): seconds one backend operation may take, retries included.
       connect_timeout (float): seconds to reach a server at start-up.
+      max_clock_skew (float): seconds of wall-clock disagreement tolerated between the
+        hosts that share the bucket (> 0); wall-clock deadlines written by one host are
+        read by another with this much slack.
 
     Raises:
       ValueError, TypeError: from the constructor, naming the bad field.
@@ -70,6 +86,8 @@ class NatsConfig:
     process_lease: float = 60.0
     op_timeout: float = 2.0
     connect_timeout: float = 5.0
+    create_bucket: bool = True
+    max_clock_skew: float = 1.0
 
     def __post_init__(self) -> None:
         servers: object = self.servers
@@ -84,11 +102,19 @@ class NatsConfig:
         for url in servers:
             if not isinstance(url, str) or not url.startswith(_SCHEMES):
                 raise ValueError(f"server URL must start with one of {_SCHEMES}, got {url!r}")
-        for name in ("ping_interval", "process_lease", "op_timeout", "connect_timeout"):
+        for name in (
+            "ping_interval",
+            "process_lease",
+            "op_timeout",
+            "connect_timeout",
+            "max_clock_skew",
+        ):
             value = _validate.duration(name, getattr(self, name))
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
             object.__setattr__(self, name, value)
+        if not isinstance(self.create_bucket, bool):
+            raise TypeError(f"create_bucket must be a bool, not {self.create_bucket!r}")
         if not isinstance(self.bucket, str) or not _BUCKET.match(self.bucket):
             raise ValueError(f"bucket must match [A-Za-z0-9_-]+, got {self.bucket!r}")
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
@@ -134,9 +160,10 @@ class NatsConfig:
         ``..._NATS_NKEY_SEED``, ``..._NATS_TLS_CA``, ``..._NATS_TLS_CERT``,
         ``..._NATS_TLS_KEY``, ``..._NATS_TLS_HANDSHAKE_FIRST`` (``1``/``0``),
         ``..._NATS_JS_DOMAIN``, ``..._NATS_JS_API_PREFIX``, ``..._NATS_INBOX_PREFIX``,
-        ``..._NATS_PING_INTERVAL``, ``..._NATS_BUCKET``, ``..._NATS_REPLICAS``, and
-        ``TRIO_DEBOUNCE_LEASE``, ``TRIO_DEBOUNCE_OP_TIMEOUT``,
-        ``TRIO_DEBOUNCE_CONNECT_TIMEOUT`` (seconds).
+        ``..._NATS_PING_INTERVAL``, ``..._NATS_BUCKET``, ``..._NATS_REPLICAS``,
+        ``..._NATS_CREATE_BUCKET`` (``1``/``0``), and ``TRIO_DEBOUNCE_LEASE``,
+        ``TRIO_DEBOUNCE_OP_TIMEOUT``, ``TRIO_DEBOUNCE_CONNECT_TIMEOUT``,
+        ``TRIO_DEBOUNCE_MAX_CLOCK_SKEW`` (seconds).
 
         Args:
           environ: the variables to read; :data:`os.environ` when None.
@@ -173,6 +200,7 @@ class NatsConfig:
             "process_lease": "LEASE",
             "op_timeout": "OP_TIMEOUT",
             "connect_timeout": "CONNECT_TIMEOUT",
+            "max_clock_skew": "MAX_CLOCK_SKEW",
         }
         for name, var in numbers.items():
             if _ENV + var in env:
@@ -187,9 +215,13 @@ class NatsConfig:
                 kwargs["replicas"] = int(raw)
             except ValueError:
                 raise ValueError(f"{_ENV}NATS_REPLICAS must be an int, got {raw!r}") from None
-        if _ENV + "NATS_TLS_HANDSHAKE_FIRST" in env:
-            raw = env[_ENV + "NATS_TLS_HANDSHAKE_FIRST"].strip().lower()
-            if raw not in ("1", "0", "true", "false", "yes", "no"):
-                raise ValueError(f"{_ENV}NATS_TLS_HANDSHAKE_FIRST must be 1 or 0, got {raw!r}")
-            kwargs["tls_handshake_first"] = raw in ("1", "true", "yes")
+        for name, var in (
+            ("tls_handshake_first", "NATS_TLS_HANDSHAKE_FIRST"),
+            ("create_bucket", "NATS_CREATE_BUCKET"),
+        ):
+            if _ENV + var in env:
+                raw = env[_ENV + var].strip().lower()
+                if raw not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(f"{_ENV}{var} must be 1 or 0, got {raw!r}")
+                kwargs[name] = raw in ("1", "true", "yes")
         return cls(**kwargs)  # type: ignore[arg-type]

