@@ -1,0 +1,638 @@
+"""The NATS JetStream KV implementation of :class:`~trio_debounce._kv.KvStore`.
+
+nats-py is an asyncio library; :func:`open_nats_store` opens a private trio-asyncio
+loop for it, and every nats-py call crosses the bridge with
+:func:`trio_asyncio.aio_as_trio` under a Trio-side deadline. nats-py's exceptions are
+mapped at this boundary (:func:`_map_error`) onto the library's own
+(:mod:`trio_debounce._errors`), so none escapes.
+
+nats-py's connection callbacks run on the asyncio side of the bridge (in the same
+thread as Trio): they only log to the ``trio_debounce.nats`` logger and set plain state
+that the Trio side reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import nats.errors
+import nats.js.errors
+import trio
+import trio_asyncio
+from nats.aio.client import Client
+from nats.js import api
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
+
+from .._errors import (
+    BackendAuthError,
+    BackendConfigError,
+    BackendError,
+    BackendUnavailableError,
+    DocumentTooLargeError,
+    RevisionConflict,
+)
+from .._kv import KvEntry, KvStore
+from ._config import NatsConfig
+
+logger = logging.getLogger("trio_debounce.nats")
+
+T = TypeVar("T")
+
+#: Bytes kept free under the server's max payload for the headers nats-py adds to a
+#: write (``NATS/1.0``, ``Nats-Expected-Last-Subject-Sequence: <20 digits>``, about
+#: 70 bytes) and a safety margin.
+HEADROOM = 1024 + 128
+
+#: JetStream's error codes for a failed ``Nats-Expected-Last-Subject-Sequence`` check.
+_WRONG_LAST_SEQUENCE = (10071, 10164)
+
+_VALID_KEY = re.compile(r"\A[-/_=.A-Za-z0-9]+\Z")
+_AUTH_MARKERS = (
+    "authorization violation",
+    "authentication expired",
+    "authentication revoked",
+)
+_PERMISSION_MARKER = "permissions violation"
+_URL_USERINFO = re.compile(r"(?<=://)[^/@]*@")
+
+#: Seconds between two log lines with the same connection error message.
+_LOG_REPEAT = 60.0
+
+#: After the Trio side cancels a call, how long (seconds) the asyncio side keeps
+#: re-cancelling a nats-py coroutine that swallowed the cancellation.
+_CANCEL_GRACE = 1.0
+
+
+def _redact(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` without URL credentials and without any of ``secrets``."""
+    text = _URL_USERINFO.sub("<hidden>@", text)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "<hidden>")
+    return text
+
+
+@dataclass
+class _State:
+    """What the asyncio-side callbacks tell the Trio side (same thread, plain fields)."""
+
+    secrets: tuple[str, ...]
+    #: The server refused the credentials (set by the error callback).
+    auth_failed: bool = False
+    #: ``time.monotonic()`` of the last permissions violation the server reported.
+    permission_denied_at: float = -math.inf
+    permission_message: str = ""
+    #: Cancelled by the error callback on an authorization violation during start-up.
+    connect_scope: trio.CancelScope | None = None
+    _last_logged: dict[str, float] = field(default_factory=dict)
+
+    def log_once(self, level: int, message: str) -> None:
+        """Log ``message`` unless the same one was logged in the last minute."""
+        message = _redact(message, self.secrets)
+        now = time.monotonic()
+        if now - self._last_logged.get(message, -math.inf) >= _LOG_REPEAT:
+            self._last_logged[message] = now
+            if len(self._last_logged) > 100:
+                self._last_logged = {message: now}
+            logger.log(level, "%s", message)
+
+    # The nats-py callbacks (asyncio side): log and set state, nothing else.
+
+    async def error_cb(self, exc: Exception) -> None:
+        text = str(exc) or type(exc).__name__
+        lowered = text.lower()
+        if isinstance(exc, nats.errors.AuthorizationError) or any(
+            marker in lowered for marker in _AUTH_MARKERS
+        ):
+            self.auth_failed = True
+            if self.connect_scope is not None:
+                self.connect_scope.cancel()
+            self.log_once(logging.ERROR, f"NATS refused the credentials: {text}")
+        elif _PERMISSION_MARKER in lowered:
+            self.permission_denied_at = time.monotonic()
+            self.permission_message = _redact(text, self.secrets)
+            self.log_once(logging.ERROR, f"NATS denied a permission: {text}")
+        else:
+            self.log_once(logging.WARNING, f"NATS connection error: {text}")
+
+    async def disconnected_cb(self) -> None:
+        self.log_once(logging.WARNING, "disconnected from NATS; reconnecting")
+
+    async def reconnected_cb(self) -> None:
+        self._last_logged.clear()
+        logger.info("reconnected to NATS")
+
+    async def closed_cb(self) -> None:
+        logger.debug("NATS connection closed")
+
+
+def _map_error(exc: BaseException, what: str, state: _State | None = None) -> BackendError:
+    """The library's exception for ``exc``, raised by nats-py during ``what``.
+
+    Args:
+      exc: the exception nats-py (or the bridge) raised.
+      what: the operation, for the message (never holds a secret).
+      state: the connection's state, to tell a permission or authorization failure
+        from a plain timeout or closed connection.
+
+    Returns:
+      :class:`~trio_debounce.RevisionConflict` for a failed compare-and-swap,
+      :class:`~trio_debounce.BackendUnavailableError` when the server cannot be
+      reached or did not answer, :class:`~trio_debounce.BackendAuthError` for a refused
+      credential or permission, :class:`~trio_debounce.BackendError` otherwise.
+    """
+    if isinstance(exc, BackendError):
+        return exc
+    secrets = () if state is None else state.secrets
+    text = _redact(str(exc) or type(exc).__name__, secrets)
+    if isinstance(exc, nats.js.errors.KeyWrongLastSequenceError) or (
+        isinstance(exc, nats.js.errors.APIError) and exc.err_code in _WRONG_LAST_SEQUENCE
+    ):
+        return RevisionConflict(f"{what}: the key's revision is not the expected one ({text})")
+    lowered = text.lower()
+    if isinstance(exc, nats.errors.AuthorizationError) or any(
+        marker in lowered for marker in _AUTH_MARKERS
+    ):
+        return BackendAuthError(f"{what}: NATS refused the credentials ({text})")
+    if _PERMISSION_MARKER in lowered or (
+        isinstance(exc, nats.js.errors.APIError) and exc.code in (401, 403)
+    ):
+        return BackendAuthError(f"{what}: NATS denied a permission ({text})")
+    unavailable = (
+        nats.errors.NoServersError,
+        nats.errors.ConnectionClosedError,
+        nats.errors.TimeoutError,
+        nats.errors.OutboundBufferLimitError,
+        nats.errors.StaleConnectionError,
+        nats.errors.NoRespondersError,
+        nats.errors.ConnectionReconnectingError,
+        nats.errors.ConnectionDrainingError,
+        nats.errors.FlushTimeoutError,
+        nats.js.errors.ServiceUnavailableError,
+        nats.js.errors.NoStreamResponseError,
+        asyncio.TimeoutError,
+        TimeoutError,
+        ConnectionError,
+    )
+    if isinstance(exc, unavailable):
+        if state is not None and state.auth_failed:
+            return BackendAuthError(f"{what}: NATS refused the credentials ({text})")
+        if isinstance(exc, (nats.errors.TimeoutError, asyncio.TimeoutError, TimeoutError)):
+            text += "; it may have been applied"
+        return BackendUnavailableError(f"{what}: NATS is unavailable ({text})")
+    return BackendError(f"{what}: NATS failed ({type(exc).__name__}: {text})")
+
+
+async def _run_cancellable(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    """Await ``fn(*args, **kwargs)`` in its own asyncio task (asyncio side).
+
+    When this coroutine is cancelled (the Trio side's deadline or cancel scope,
+    forwarded by trio-asyncio), the task is cancelled, and cancelled again for up to
+    :data:`_CANCEL_GRACE` seconds if nats-py swallowed the cancellation (some of its
+    internals catch :exc:`asyncio.CancelledError`); then it is abandoned. So a
+    cancelled call never waits for nats-py's own, longer timeouts.
+    """
+    task: asyncio.Future[T] = asyncio.ensure_future(fn(*args, **kwargs))
+    # Retrieve an abandoned task's exception, so asyncio does not log it.
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + _CANCEL_GRACE
+        while not task.done() and loop.time() < give_up:
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.05)
+        raise
+
+
+def _check_key(key: str) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, not {key!r}")
+    if not _VALID_KEY.match(key) or key.startswith(".") or key.endswith("."):
+        raise ValueError(f"not a valid KV key: {key[:80]!r}")
+    return key
+
+
+class NatsKvStore(KvStore):
+    """A JetStream KV bucket with history 1, as a :class:`~trio_debounce._kv.KvStore`.
+
+    Made by :func:`open_nats_store`, never directly. Every method is bounded by the
+    config's ``op_timeout`` (seconds, Trio clock): a call that does not complete in
+    time raises :class:`~trio_debounce.BackendUnavailableError` (and may still have
+    been applied by the server). While the connection is down, writes fail at once
+    instead of being queued for after the reconnect.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: NatsConfig,
+        nc: Client,
+        kv: KeyValue,
+        api_prefix: str,
+        max_value_bytes: int,
+        state: _State,
+    ) -> None:
+        self._config = config
+        self._nc = nc
+        self._kv = kv
+        self._stream = f"KV_{config.bucket}"
+        self._subject_prefix = f"$KV.{config.bucket}."
+        self._api_prefix = api_prefix
+        self._state = state
+        self.max_value_bytes = max_value_bytes
+
+    async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await fn(*args)`` on the asyncio side, within ``op_timeout``; errors mapped."""
+        timeout = self._config.op_timeout
+        started = time.monotonic()
+        try:
+            with trio.fail_after(timeout):
+                result: T = await trio_asyncio.aio_as_trio(_run_cancellable)(fn, *args)
+                return result
+        except trio.TooSlowError:
+            if self._state.permission_denied_at >= started:
+                message = self._state.permission_message
+                raise BackendAuthError(f"{what}: NATS denied a permission ({message})") from None
+            raise BackendUnavailableError(
+                f"{what}: NATS did not answer within {timeout} s; it may have been applied"
+            ) from None
+        except Exception as exc:
+            error = _map_error(exc, what, self._state)
+            if (
+                isinstance(error, BackendUnavailableError)
+                and self._state.permission_denied_at >= started
+            ):
+                error = BackendAuthError(
+                    f"{what}: NATS denied a permission ({self._state.permission_message})"
+                )
+            raise error from exc
+
+    async def get(self, key: str) -> KvEntry | None:
+        """The latest entry of ``key``: a value, a delete marker (``value=None``), or
+        None when the key has no entry.
+
+        Raises:
+          ValueError: ``key`` is not a valid KV key.
+          BackendUnavailableError, BackendAuthError, BackendError: see the module.
+        """
+        _check_key(key)
+        return await self._call(f"get {key!r}", self._aio_get, key)
+
+    async def _aio_get(self, key: str) -> KvEntry | None:
+        try:
+            entry = await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError as exc:
+            marker = exc.entry
+            if marker is not None and exc.op in (KV_DEL, KV_PURGE):
+                assert marker.revision is not None
+                return KvEntry(key=key, value=None, revision=marker.revision)
+            return None
+        assert entry.revision is not None
+        return KvEntry(key=key, value=entry.value or b"", revision=entry.revision)
+
+    async def put(self, key: str, value: bytes, *, last: int) -> int:
+        """Write ``value`` if the key's latest revision is ``last`` (0: no entry at all).
+
+        One JetStream publish with ``Nats-Expected-Last-Subject-Sequence: <last>``, so
+        ``last`` may be a delete marker's revision, and ``last=0`` fails when a marker
+        exists.
+
+        Returns:
+          int: the new revision.
+
+        Raises:
+          DocumentTooLargeError: ``value`` is longer than :attr:`max_value_bytes`
+            (nothing was sent).
+          RevisionConflict: ``last`` is not the latest revision.
+          BackendUnavailableError, BackendAuthError, BackendError: see the module.
+        """
+        _check_key(key)
+        value = bytes(value)
+        if len(value) > self.max_value_bytes:
+            raise DocumentTooLargeError(
+                f"value of {len(value)} bytes for {key[:80]!r} exceeds the "
+                f"{self.max_value_bytes} bytes the NATS server accepts"
+            )
+        if last < 0:
+            raise ValueError(f"last must be >= 0, got {last!r}")
+        return await self._call(f"put {key!r}", self._kv.update, key, value, last)
+
+    async def delete(self, key: str, *, last: int) -> int:
+        """Leave a delete marker on ``key`` if its latest revision is ``last``.
+
+        Returns:
+          int: the marker's revision.
+
+        Raises:
+          RevisionConflict: ``last`` is not the latest revision.
+          BackendUnavailableError, BackendAuthError, BackendError: see the module.
+        """
+        _check_key(key)
+        if last < 0:
+            raise ValueError(f"last must be >= 0, got {last!r}")
+        return await self._call(f"delete {key!r}", self._aio_delete, key, last)
+
+    async def _aio_delete(self, key: str, last: int) -> int:
+        # Not kv.delete(): it returns True instead of the marker's revision.
+        headers = {KV_OP: KV_DEL, api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(last)}
+        ack = await self._kv._js.publish(self._subject_prefix + key, b"", headers=headers)
+        return ack.seq
+
+    async def purge_marker(self, key: str, *, revision: int) -> bool:
+        """Remove the delete marker ``revision`` of ``key`` if it is still the latest.
+
+        One stream purge filtered on the key's subject, of the messages with a
+        sequence below ``revision + 1``: an entry written after the marker survives.
+        In a history-1 bucket such an entry has already replaced the marker, so the
+        purge then removes nothing.
+
+        Returns:
+          bool: True if the marker was removed; False if the key had moved on or the
+          marker was already gone.
+
+        Raises:
+          BackendUnavailableError, BackendAuthError, BackendError: see the module.
+        """
+        _check_key(key)
+        if revision <= 0:
+            raise ValueError(f"revision must be > 0, got {revision!r}")
+        purged = await self._call(f"purge marker of {key!r}", self._aio_purge, key, revision)
+        return purged > 0
+
+    async def _aio_purge(self, key: str, revision: int) -> int:
+        # Not js.purge_stream(): it drops the "purged" count we need.
+        request = json.dumps({"filter": self._subject_prefix + key, "seq": revision + 1})
+        msg = await self._nc.request(
+            f"{self._api_prefix}.STREAM.PURGE.{self._stream}",
+            request.encode(),
+            timeout=self._config.op_timeout,
+        )
+        response = json.loads(msg.data)
+        if "error" in response:
+            nats.js.errors.APIError.from_error(response["error"])
+        purged: int = response.get("purged", 0)
+        return purged
+
+    async def entries(self, prefix: str) -> list[KvEntry]:
+        """The latest entry of every key under ``prefix`` (delete markers included).
+
+        Reads them with an ephemeral ordered consumer (a KV watch delivering the last
+        message per subject) until its initial values are exhausted.
+
+        Raises:
+          ValueError: ``prefix`` does not end with ``.``.
+          BackendUnavailableError, BackendAuthError, BackendError: see the module.
+        """
+        if not prefix.endswith(".") or prefix.startswith("."):
+            raise ValueError(f"prefix must end with '.', got {prefix[:80]!r}")
+        _check_key(prefix[:-1])
+        return await self._call(f"list {prefix!r}", self._aio_entries, prefix)
+
+    async def _aio_entries(self, prefix: str) -> list[KvEntry]:
+        watcher = await self._kv.watch(
+            prefix + ">",
+            include_history=False,
+            inactive_threshold=max(5.0, 2 * self._config.op_timeout),
+        )
+        try:
+            found: list[KvEntry] = []
+            async for update in watcher:
+                if update is None:  # nats-py's end of the initial values
+                    break
+                assert update.revision is not None
+                marker = update.operation in (KV_DEL, KV_PURGE)
+                value = None if marker else (update.value or b"")
+                found.append(KvEntry(key=update.key, value=value, revision=update.revision))
+            return found
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+def _tls_context(config: NatsConfig) -> ssl.SSLContext | None:
+    if config.tls_ca is None and config.tls_cert is None:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=config.tls_ca)
+        if config.tls_cert is not None and config.tls_key is not None:
+            context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise BackendConfigError(
+            f"cannot load the TLS files (tls_ca, tls_cert, tls_key): {exc.strerror or exc}"
+        ) from None
+    return context
+
+
+def _connect_options(config: NatsConfig, state: _State) -> dict[str, Any]:
+    for name in ("creds_file", "nkey_seed"):
+        path = getattr(config, name)
+        if path is not None and not os.path.isfile(path):
+            # the path of an nkey seed is treated as a secret: not echoed
+            raise BackendConfigError(f"{name} does not name a readable file")
+    options: dict[str, Any] = {
+        "servers": list(config.servers),
+        "error_cb": state.error_cb,
+        "disconnected_cb": state.disconnected_cb,
+        "reconnected_cb": state.reconnected_cb,
+        "closed_cb": state.closed_cb,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 1,
+        # No buffer while disconnected: a publish then fails at once
+        # (OutboundBufferLimitError) instead of being sent after the reconnect.
+        "pending_size": 0,
+        "ping_interval": config.ping_interval,
+        "max_outstanding_pings": 2,
+        "connect_timeout": config.connect_timeout,
+        "drain_timeout": config.op_timeout,
+        "flush_timeout": config.op_timeout,
+        "tls_handshake_first": config.tls_handshake_first,
+        "token": config.token,
+        "user": config.user,
+        "password": config.password,
+        "user_credentials": config.creds_file,
+        "nkeys_seed": config.nkey_seed,
+    }
+    tls = _tls_context(config)
+    if tls is not None:
+        options["tls"] = tls
+    if config.inbox_prefix is not None:
+        options["inbox_prefix"] = config.inbox_prefix
+    return options
+
+
+def _api_prefix(config: NatsConfig) -> str:
+    if config.js_domain is not None:
+        return f"$JS.{config.js_domain}.API"
+    if config.js_api_prefix is not None:
+        return config.js_api_prefix.rstrip(".")
+    return api.DEFAULT_PREFIX
+
+
+def _validate_bucket(config: NatsConfig, info: api.StreamInfo) -> None:
+    stream = info.config
+    bucket = config.bucket
+    if stream.max_msgs_per_subject != 1:
+        raise BackendConfigError(
+            f"KV bucket {bucket!r} keeps history {stream.max_msgs_per_subject}; "
+            "trio_debounce needs history 1"
+        )
+    if stream.max_age:
+        raise BackendConfigError(
+            f"KV bucket {bucket!r} expires entries (TTL / max age {stream.max_age} s); "
+            "trio_debounce needs no TTL"
+        )
+
+
+async def _open_bucket(
+    config: NatsConfig, nc: Client, state: _State
+) -> tuple[KeyValue, api.StreamInfo]:
+    """Bind (and create, if allowed and absent) the bucket; asyncio side."""
+    js = nc.jetstream(
+        timeout=config.op_timeout, domain=config.js_domain, prefix=_api_prefix(config)
+    )
+    stream = f"KV_{config.bucket}"
+    try:
+        info = await js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        if not config.create_bucket:
+            raise BackendConfigError(
+                f"KV bucket {config.bucket!r} does not exist and create_bucket is False: "
+                "create it (history 1, no TTL) or allow the backend to"
+            ) from None
+        # BadRequestError: another process created it first, with other settings; the
+        # stream info below shows them to the validation.
+        with contextlib.suppress(nats.js.errors.BadRequestError):
+            await js.create_key_value(
+                bucket=config.bucket,
+                history=1,
+                ttl=None,
+                storage=api.StorageType.FILE,
+                replicas=config.replicas,
+                direct=True,
+            )
+        info = await js.stream_info(stream)
+    _validate_bucket(config, info)
+    return await js.key_value(config.bucket), info
+
+
+@asynccontextmanager
+async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
+    """Connect to NATS and open the config's KV bucket, as a :class:`NatsKvStore`.
+
+    Opens a private trio-asyncio loop and one nats-py connection that reconnects
+    forever, creates the bucket if it is absent and ``config.create_bucket`` (history
+    1, file storage, ``config.replicas``, no TTL), or binds it and checks its settings.
+    On exit the connection is drained and closed, even when cancelled (shielded, for
+    at most about ``2 * config.op_timeout`` seconds).
+
+    Args:
+      config (NatsConfig): servers, credentials, bucket and timeouts.
+
+    Raises:
+      BackendUnavailableError: no server answered within ``config.connect_timeout``
+        seconds (Trio clock), or a bucket request timed out.
+      BackendAuthError: the server refused the credentials (raised at once, without
+        waiting for the timeout) or a permission the backend needs.
+      BackendConfigError: the bucket is missing and ``create_bucket`` is False, it
+        keeps history or expires entries, or a credential or TLS file is unusable.
+      BackendError: any other failure of the server or client.
+    """
+    state = _State(
+        secrets=tuple(s for s in (config.token, config.password) if s),
+    )
+    options = _connect_options(config, state)
+    # trio-asyncio's loop runs its tasks in nurseries, so an exception that crosses
+    # open_loop() comes out wrapped in an ExceptionGroup. Errors (ours and the ones
+    # the caller's block raises) are carried across it instead and re-raised as they
+    # are; Cancelled and KeyboardInterrupt still pass through (a cancel scope unwraps
+    # a group of Cancelled).
+    error: BaseException | None = None
+    async with trio_asyncio.open_loop():
+        nc = Client()
+        try:
+            with trio.move_on_after(config.connect_timeout) as scope:
+                state.connect_scope = scope
+                try:
+                    await trio_asyncio.aio_as_trio(_run_cancellable)(nc.connect, **options)
+                except Exception as exc:
+                    raise _map_error(exc, "connect", state) from exc
+            state.connect_scope = None
+            if state.auth_failed:
+                raise BackendAuthError("connect: NATS refused the credentials")
+            if scope.cancelled_caught:
+                servers = ", ".join(_redact(url, state.secrets) for url in config.servers)
+                raise BackendUnavailableError(
+                    f"connect: no NATS server answered within {config.connect_timeout} s "
+                    f"(tried {servers})"
+                )
+            try:
+                with trio.fail_after(config.op_timeout * 2):
+                    kv, info = await trio_asyncio.aio_as_trio(_run_cancellable)(
+                        _open_bucket, config, nc, state
+                    )
+            except trio.TooSlowError:
+                raise BackendUnavailableError(
+                    f"open bucket {config.bucket!r}: NATS did not answer within "
+                    f"{config.op_timeout * 2} s"
+                ) from None
+            except Exception as exc:
+                raise _map_error(exc, f"open bucket {config.bucket!r}", state) from exc
+            limit = nc.max_payload
+            max_msg_size = info.config.max_msg_size
+            if max_msg_size is not None and max_msg_size > 0:
+                limit = min(limit, max_msg_size)
+            yield NatsKvStore(
+                config=config,
+                nc=nc,
+                kv=kv,
+                api_prefix=_api_prefix(config),
+                max_value_bytes=limit - HEADROOM,
+                state=state,
+            )
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:
+            error = exc
+        finally:
+            state.connect_scope = None
+            with trio.CancelScope(shield=True), trio.move_on_after(config.op_timeout * 2):
+                await trio_asyncio.aio_as_trio(_shutdown)(nc, config.op_timeout)
+    if error is not None:
+        raise error
+
+
+async def _shutdown(nc: Client, seconds: float) -> None:
+    """Drain (if connected) and close ``nc``, within about ``seconds``; asyncio side."""
+    try:
+        if nc.is_connected and not nc.is_draining:
+            await asyncio.wait_for(nc.drain(), seconds)
+    except Exception as exc:
+        logger.debug("NATS drain failed: %s", type(exc).__name__)
+    finally:
+        if not nc.is_closed:
+            try:
+                await asyncio.wait_for(nc.close(), seconds)
+            except Exception as exc:
+                logger.debug("NATS close failed: %s", type(exc).__name__)
+        # A connect attempt cancelled inside nats-py's own cleanup (start-up timeout,
+        # refused credentials) can leave the client marked closed with its socket
+        # open; close the socket in any case (idempotent).
+        transport = nc._transport
+        if transport is not None:
+            transport.close()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(transport.wait_closed(), seconds)  # type: ignore[no-untyped-call]
