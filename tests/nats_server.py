@@ -171,11 +171,31 @@ class NatsServer:
         """Freeze the process (``SIGSTOP``): connections stay open, nothing answers."""
         self._signal(signal.SIGSTOP)
         self.paused = True
+        self._wait_for_state(stopped=True)
+
+    def _wait_for_state(self, *, stopped: bool) -> None:
+        """Wait until the kernel shows the process stopped (or not): a signal is
+        delivered asynchronously, and a server answering right after pause() would
+        make a test flaky. Linux's ``/proc``; elsewhere a short sleep."""
+        assert self.proc is not None
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                state = stat.read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                time.sleep(0.05)
+                return
+            if (state in ("T", "t")) == stopped:
+                return
+            time.sleep(0.001)
+        raise RuntimeError(f"nats-server did not {'stop' if stopped else 'continue'}")
 
     def resume(self) -> None:
         """Continue a paused process (``SIGCONT``)."""
         self._signal(signal.SIGCONT)
         self.paused = False
+        self._wait_for_state(stopped=False)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Terminate gracefully (``SIGTERM`` by pid) and wait; kill after ``timeout`` s."""
