@@ -5,9 +5,21 @@ The entry point is :func:`open_coordinator`; see the docs for the exact semantic
 
 from __future__ import annotations
 
+from ._backend import Finalization as Finalization
+from ._backend import Finalized as Finalized
+from ._backend import OwnedWindow as OwnedWindow
+from ._backend import Registered as Registered
+from ._backend import Registration as Registration
 from ._coordinator import Coordinator as Coordinator
+from ._coordinator import OnBackendError as OnBackendError
 from ._coordinator import OnExit as OnExit
 from ._coordinator import open_coordinator as open_coordinator
+from ._errors import BackendAuthError as BackendAuthError
+from ._errors import BackendConfigError as BackendConfigError
+from ._errors import BackendError as BackendError
+from ._errors import BackendUnavailableError as BackendUnavailableError
+from ._errors import DocumentTooLargeError as DocumentTooLargeError
+from ._errors import RevisionConflict as RevisionConflict
 from ._types import CoordinatorStatistics as CoordinatorStatistics
 from ._types import DebounceResult as DebounceResult
 from ._types import Edge as Edge
@@ -23,6 +35,17 @@ def _fixup_module_metadata() -> None:
     # Make reprs, tracebacks and docs say trio_debounce.X, not trio_debounce._mod.X,
     # as trio does.
     for obj in (
+        BackendAuthError,
+        BackendConfigError,
+        BackendError,
+        BackendUnavailableError,
+        DocumentTooLargeError,
+        Finalization,
+        Finalized,
+        OwnedWindow,
+        Registered,
+        Registration,
+        RevisionConflict,
         Coordinator,
         CoordinatorStatistics,
         DebounceResult,

@@ -18,6 +18,8 @@ if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
 from . import _validate
+from ._backend import DebounceBackend, Finalization, Finalized, Registered, Registration
+from ._errors import BackendError, BackendUnavailableError
 from ._types import (
     CoordinatorStatistics,
     DebounceResult,
@@ -28,13 +30,21 @@ from ._types import (
     Mode,
     Outcome,
 )
-from ._window import CLOSED, FLUSHED, OPEN, Window
+from ._wallclock import trio_to_wall, wall_to_trio
+from ._window import CLOSED, FLUSHED, OPEN, SharedWindow, Window
 
 logger = logging.getLogger("trio_debounce")
 
 #: The values of ``open_coordinator(on_exit=...)``.
 OnExit = Literal["wait", "flush", "cancel"]
 _ON_EXIT = ("wait", "flush", "cancel")
+
+#: The values of ``open_coordinator(on_backend_error=...)``.
+OnBackendError = Literal["fail-open", "raise"]
+_ON_BACKEND_ERROR = ("fail-open", "raise")
+
+#: Reconcile owned windows and sweep once every this many heartbeats.
+_SLOW_EVERY = 3
 
 _INF = math.inf
 _TRAILING = Mode.TRAILING
@@ -100,8 +110,14 @@ class Coordinator(metaclass=_NoPublicConstructor):
         nursery: trio.Nursery,
         handlers: Mapping[str, Handler],
         on_error: ErrorCallback | None,
+        backend: DebounceBackend | None = None,
+        on_backend_error: OnBackendError = "fail-open",
     ) -> None:
         self._nursery = nursery
+        self._backend = backend
+        self._on_backend_error = on_backend_error
+        #: The local side of windows shared through the backend.
+        self._shared: dict[tuple[str, str], SharedWindow] = {}
         self._handlers: dict[str, Handler] = dict(handlers)
         self._on_error = on_error
         self._windows: dict[tuple[str, str], Window] = {}
@@ -124,10 +140,13 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._fires = 0
         self._cancelled = 0
         self._handler_errors = 0
+        self._backend_errors = 0
+        self._fail_open = 0
+        self._unconfirmed = 0
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return f"<trio_debounce.Coordinator {state}, {len(self._windows)} windows>"
+        return f"<trio_debounce.Coordinator {state}, {len(self)} windows>"
 
     # ------------------------------------------------------------------ handlers
 
@@ -178,17 +197,29 @@ class Coordinator(metaclass=_NoPublicConstructor):
         :exc:`trio.Cancelled` before changing any state; once the ping is taken it
         returns normally (the trailing checkpoint is cancel-shielded). Arguments,
         result and errors are those of :meth:`debounce_nowait`.
+
+        With a backend (``open_coordinator(backend=...)``) the ping is registered in
+        the shared window first (see :doc:`/protocol`); the call is shielded from
+        cancellation while it does so, and takes at most the backend's operation
+        deadline. ``DebounceResult.owner`` says whether this coordinator fires the
+        window, ``ping_count`` is the count across processes and ``scheduled_at`` the
+        shared fire time converted to Trio's clock.
+
+        Raises:
+          trio_debounce.BackendUnavailableError: the backend failed and
+            ``on_backend_error="raise"``.
+          ValueError: also when ``mode`` differs from the shared window's mode.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        result = self.debounce_nowait(
-            workflow,
-            key,
-            payload,
-            delay=delay,
-            max_delay=max_delay,
-            mode=mode,
-            run_id=run_id,
-            on_fire=on_fire,
+        if self._backend is not None:
+            # Shielded: the ping is taken or refused as a whole, within the backend's
+            # operation deadline, never half-applied by a cancellation.
+            with trio.CancelScope(shield=True):
+                return await self._debounce_shared(
+                    self._backend, workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+                )
+        result = self._debounce_local(
+            workflow, key, payload, delay, max_delay, mode, run_id, on_fire
         )
         await trio.lowlevel.cancel_shielded_checkpoint()
         return result
@@ -246,6 +277,25 @@ class Coordinator(metaclass=_NoPublicConstructor):
           LookupError: neither this ping, nor the window's earlier pings, give an
             ``on_fire`` and no handler is registered for ``workflow``.
         """
+        if self._backend is not None:
+            raise RuntimeError(
+                "debounce_nowait() cannot reach the backend (it does no I/O); with "
+                "open_coordinator(backend=...) use await coordinator.debounce()"
+            )
+        return self._debounce_local(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)
+
+    def _debounce_local(
+        self,
+        workflow: str,
+        key: str,
+        payload: Any,
+        delay: float,
+        max_delay: float | None,
+        mode: Mode | str,
+        run_id: str | None,
+        on_fire: Handler | None,
+    ) -> DebounceResult:
+        """A ping of an in-memory window (the body of debounce_nowait)."""
         if self._closed:
             raise _closed_error()
         if type(delay) is not float or not 0.0 <= delay < _INF:
@@ -303,7 +353,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             self._pings += 1
             self._coalesced += 1
             return _new_tuple(
-                DebounceResult, (_COALESCE, window.run_id, scheduled_at, window.count)
+                DebounceResult, (_COALESCE, window.run_id, scheduled_at, window.count, True, True)
             )
         return self._open_window(ident, now, payload, delay, max_delay, mode, run_id, on_fire)
 
@@ -341,13 +391,354 @@ class Coordinator(metaclass=_NoPublicConstructor):
             self._pending += 1
             if self._wake_exit_on_pending:
                 self._idle_lot.unpark_all()
-            return _new_tuple(DebounceResult, (_SCHEDULE_TRAILING, run_id, deadline, 1))
+            return _new_tuple(DebounceResult, (_SCHEDULE_TRAILING, run_id, deadline, 1, True, True))
         handler = on_fire if on_fire is not None else self._handlers[workflow]
         fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING)
         self._fires += 1
         self._running += 1
         self._nursery.start_soon(self._call_handler, handler, fire)
-        return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1))
+        return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1, True, True))
+
+    # ------------------------------------------------------------ shared windows
+
+    async def _debounce_shared(
+        self,
+        backend: DebounceBackend,
+        workflow: str,
+        key: str,
+        payload: Any,
+        delay: float,
+        max_delay: float | None,
+        mode: Mode | str,
+        run_id: str | None,
+        on_fire: Handler | None,
+    ) -> DebounceResult:
+        if self._closed:
+            raise _closed_error()
+        delay = _validate.duration("delay", delay)
+        if max_delay is not None:
+            max_delay = _validate.duration("max_delay", max_delay)
+            if max_delay < delay:
+                raise ValueError(
+                    f"max_delay must be >= delay, got max_delay={max_delay!r} and delay={delay!r}"
+                )
+        _validate.run_id(run_id)
+        _validate.handler("on_fire", on_fire)
+        _validate.name("workflow", workflow)
+        _validate.name("key", key)
+        mode = _validate.mode(mode)
+        ident = (workflow, key)
+        local = self._windows.get(ident)
+        if local is not None and self._now() < local.deadline:
+            # A window opened locally while the backend failed keeps its burst.
+            return self._debounce_local(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+            )
+        shared = self._shared.get(ident)
+        if (
+            on_fire is None
+            and workflow not in self._handlers
+            and (shared is None or shared.on_fire is None)
+        ):
+            raise self._no_handler(workflow)
+        if run_id is None:
+            run_id = uuid.uuid4().hex
+        try:
+            registration = await backend.register(
+                workflow, key, mode=mode, delay=delay, max_delay=max_delay, run_id=run_id
+            )
+        except BackendError as exc:
+            if isinstance(exc, ValueError):
+                raise  # a document too large: bad input, not an outage
+            self._backend_errors += 1
+            if self._on_backend_error == "raise":
+                if isinstance(exc, BackendUnavailableError):
+                    raise
+                raise BackendUnavailableError(f"the backend failed: {exc}") from exc
+            self._fail_open += 1
+            logger.warning(
+                "backend failed to register %r/%r (%s); failing open with a local window",
+                workflow,
+                key,
+                exc,
+            )
+            if self._closed:
+                raise _closed_error() from exc
+            return self._debounce_local(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+            )
+        return self._apply_registration(ident, registration, payload, on_fire)
+
+    def _to_trio(self, wall_at: float) -> float:
+        assert self._backend is not None
+        return wall_to_trio(wall_at, wall_now=self._backend.wall_time(), trio_now=self._now())
+
+    def _set_trailing(self, shared: SharedWindow, pending: bool) -> None:
+        """Count (or stop counting) a shared window's trailing fire as pending."""
+        if pending and not shared.trailing:
+            shared.trailing = True
+            self._pending += 1
+            if self._wake_exit_on_pending:
+                self._idle_lot.unpark_all()
+        elif not pending and shared.trailing:
+            shared.trailing = False
+            self._pending -= 1
+            self._check_idle()
+
+    def _arm_shared(
+        self,
+        ident: tuple[str, str],
+        run_id: str,
+        mode: Mode,
+        deadline: float,
+        first_ping_at: float,
+        count: int,
+        payload: Any,
+        on_fire: Handler | None,
+        taker: bool,
+    ) -> SharedWindow:
+        """The local window of a shared one: update it, or arm a new task for it."""
+        shared = self._shared.get(ident)
+        if shared is None or shared.run_id != run_id or shared.state != OPEN:
+            shared = SharedWindow(
+                ident, run_id, mode, deadline, first_ping_at, count, payload, on_fire, taker
+            )
+            self._shared[ident] = shared
+            self._nursery.start_soon(self._shared_task, shared)
+        else:
+            if deadline < shared.deadline and shared.scope is not None:
+                shared.scope.deadline = deadline
+            shared.deadline = deadline
+            shared.count = count
+            shared.payload = payload
+            if on_fire is not None:
+                shared.on_fire = on_fire
+            shared.taker = taker
+        self._set_trailing(shared, _owner_pending(shared))
+        return shared
+
+    def _apply_registration(
+        self,
+        ident: tuple[str, str],
+        registration: Registration,
+        payload: Any,
+        on_fire: Handler | None,
+    ) -> DebounceResult:
+        run_id, mode, count = registration.run_id, registration.mode, registration.ping_count
+        scheduled = self._to_trio(registration.scheduled_at)
+        pending_at = scheduled if _trailing_pending(mode, count) else None
+        self._pings += 1
+        if self._closed:
+            # The block ended while the ping was in flight: release() gives the window
+            # up (if it became ours) so peers open a fresh one.
+            return _new_tuple(DebounceResult, (_COALESCE, run_id, pending_at, count, False, True))
+        if registration.owner:
+            self._arm_shared(
+                ident,
+                run_id,
+                mode,
+                scheduled,
+                self._to_trio(registration.first_ping_at),
+                count,
+                payload,
+                on_fire,
+                taker=False,
+            )
+            if registration.outcome is Registered.OPENED:
+                if mode is _TRAILING:
+                    return _new_tuple(
+                        DebounceResult, (_SCHEDULE_TRAILING, run_id, scheduled, 1, True, True)
+                    )
+                workflow, key = ident
+                handler = on_fire if on_fire is not None else self._handlers.get(workflow)
+                now = self._now()
+                fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING)
+                self._fires += 1
+                self._running += 1
+                self._nursery.start_soon(self._call_handler, handler, fire)
+                return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1, True, True))
+            self._coalesced += 1
+            return _new_tuple(DebounceResult, (_COALESCE, run_id, pending_at, count, True, True))
+        self._coalesced += 1
+        shared = self._shared.get(ident)
+        if registration.take_at is not None:
+            self._arm_shared(
+                ident,
+                run_id,
+                mode,
+                self._to_trio(registration.take_at),
+                self._to_trio(registration.first_ping_at),
+                count,
+                payload,
+                on_fire,
+                taker=True,
+            )
+        elif shared is not None and shared.run_id == run_id and shared.state == OPEN:
+            shared.payload = payload
+            shared.count = count
+            if on_fire is not None:
+                shared.on_fire = on_fire
+        return _new_tuple(
+            DebounceResult, (_COALESCE, run_id, pending_at, count, False, registration.stored)
+        )
+
+    def _close_shared(self, shared: SharedWindow) -> None:
+        shared.state = CLOSED
+        if self._shared.get(shared.ident) is shared:
+            del self._shared[shared.ident]
+        self._set_trailing(shared, False)
+        if shared.scope is not None:
+            shared.scope.cancel()
+
+    @enable_ki_protection
+    async def _shared_task(self, shared: SharedWindow) -> None:
+        backend = self._backend
+        assert backend is not None
+        workflow, key = shared.ident
+        try:
+            while True:
+                while shared.state == OPEN:
+                    deadline = shared.deadline
+                    if self._now() >= deadline:
+                        break
+                    with trio.CancelScope(deadline=deadline) as scope:
+                        shared.scope = scope
+                        await trio.sleep_forever()
+                    shared.scope = None
+                if shared.state == CLOSED:
+                    return
+                force = shared.state == FLUSHED
+                try:
+                    result = await backend.finalize(
+                        workflow, key, shared.run_id, take=shared.taker, force=force
+                    )
+                except BackendError as exc:
+                    self._backend_errors += 1
+                    if shared.taker:
+                        logger.warning(
+                            "could not take the fire of %r/%r (run %s): %s; its owner fires it",
+                            workflow,
+                            key,
+                            shared.run_id,
+                            exc,
+                        )
+                        self._close_shared(shared)
+                        return
+                    logger.warning(
+                        "finalize of %r/%r (run %s) failed (%s); the owner fires anyway and "
+                        "deletes the window when the backend answers",
+                        workflow,
+                        key,
+                        shared.run_id,
+                        exc,
+                    )
+                    self._unconfirmed += 1
+                    now = self._now()
+                    fired_at = now if force else min(shared.deadline, now)
+                    result = Finalization(
+                        Finalized.FIRE,
+                        trio_to_wall(fired_at, wall_now=backend.wall_time(), trio_now=now),
+                        shared.count,
+                        None,
+                        shared.mode,
+                    )
+                if result.outcome is Finalized.RESCHEDULE:
+                    assert result.scheduled_at is not None
+                    shared.deadline = self._to_trio(result.scheduled_at)
+                    shared.count = result.ping_count
+                    self._set_trailing(shared, _owner_pending(shared))
+                    continue
+                if result.outcome is Finalized.ABANDONED:
+                    self._close_shared(shared)
+                    return
+                break
+        except trio.Cancelled:
+            shared.scope = None
+            if not self._closed:
+                self._abort()
+            if shared.trailing:
+                self._cancelled += 1
+            self._close_shared(shared)
+            raise
+        # Fire: the backend deleted the window for us, exactly once.
+        assert result.scheduled_at is not None
+        count = result.ping_count
+        pending = _trailing_pending(result.mode or shared.mode, count)
+        first = shared.first_ping_at
+        if result.first_ping_at is not None:
+            first = self._to_trio(result.first_ping_at)
+        fired_at = self._to_trio(result.scheduled_at)
+        was_pending = shared.trailing
+        shared.trailing = False  # moved from pending to running below, in one step
+        shared.state = CLOSED
+        if self._shared.get(shared.ident) is shared:
+            del self._shared[shared.ident]
+        if not pending:
+            if was_pending:
+                self._pending -= 1
+                self._check_idle()
+            return
+        if not was_pending:
+            self._pending += 1
+        handler = shared.on_fire if shared.on_fire is not None else self._handlers.get(workflow)
+        fire = Fire(
+            workflow, key, shared.payload, shared.run_id, count, first, fired_at, Edge.TRAILING
+        )
+        self._pending -= 1
+        self._running += 1
+        self._fires += 1
+        await self._call_handler(handler, fire)
+
+    async def _maintain(self, backend: DebounceBackend) -> None:
+        """The heartbeat task: renew the process lease once per interval; reconcile
+        owned windows and sweep at a slower pace, and at once after an outage."""
+        beats = 0
+        down = False
+        while True:
+            await trio.sleep(backend.heartbeat_interval)
+            beats += 1
+            try:
+                with trio.move_on_after(backend.heartbeat_interval):
+                    await backend.refresh_lease()
+                    if down or beats % _SLOW_EVERY == 0:
+                        await self._reconcile(backend)
+                        await backend.sweep()
+                    if down:
+                        logger.info("backend reachable again")
+                    down = False
+            except BackendError as exc:
+                self._backend_errors += 1
+                if not down:
+                    logger.warning("backend heartbeat failed: %s", exc)
+                down = True
+
+    async def _reconcile(self, backend: DebounceBackend) -> None:
+        """Arm a local task for every window the backend says is ours but we lack
+        (a write that timed out and committed later, say)."""
+        for owned in await backend.owned_windows():
+            ident = (owned.workflow, owned.key)
+            shared = self._shared.get(ident)
+            if self._closed or (
+                shared is not None and shared.run_id == owned.run_id and shared.state == OPEN
+            ):
+                continue
+            logger.info(
+                "re-arming window %r/%r (run %s) that names this process as its owner",
+                owned.workflow,
+                owned.key,
+                owned.run_id,
+            )
+            self._arm_shared(
+                ident,
+                owned.run_id,
+                owned.mode,
+                self._to_trio(owned.scheduled_at),
+                self._to_trio(owned.first_ping_at),
+                owned.ping_count,
+                None,
+                None,
+                taker=False,
+            )
 
     def _no_handler(self, workflow: str) -> LookupError:
         return LookupError(
@@ -365,6 +756,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         leading mode it fires at once). A leading fire already happened at ping time
         and is not undone. At or after the window's deadline the window is due, not
         open: ``cancel`` returns False and the due fire happens.
+
+        With a backend, the shared window is deleted whoever owns it (a
+        revision-checked delete); its owner's finalize then finds it gone.
 
         Returns:
           bool: True if a window was open and is now closed.
@@ -384,6 +778,20 @@ class Coordinator(metaclass=_NoPublicConstructor):
             assert window is not None
             self._cancel_window(window)
             self._cancelled += 1
+        if self._backend is not None:
+            shared = self._shared.get((workflow, key))
+            if shared is not None:
+                if shared.trailing:
+                    self._cancelled += 1
+                self._close_shared(shared)
+            with trio.CancelScope(shield=True):
+                try:
+                    cancelled = await self._backend.cancel(workflow, key) or cancelled
+                except BackendError as exc:
+                    self._backend_errors += 1
+                    if self._on_backend_error == "raise":
+                        raise
+                    logger.warning("backend failed to cancel %r/%r: %s", workflow, key, exc)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return cancelled
 
@@ -397,6 +805,11 @@ class Coordinator(metaclass=_NoPublicConstructor):
         trailing fire (leading mode, or both-edges with a single ping) is closed and
         False is returned. At or after the window's deadline the window is due, not
         open: ``flush`` returns False and the due fire happens at its deadline.
+
+        With a backend, only a window this coordinator fires (it owns it, or its ping
+        made it due early) can be flushed: its task finalizes it at once with a
+        revision-checked delete, and fires unless another process got there first.
+        Other processes' windows give False.
 
         Returns:
           bool: True if a trailing fire was pending and is now committed.
@@ -415,6 +828,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         flushed = False
         if window is not None and now < window.deadline:
             flushed = self._flush_window(window, now)
+        shared = self._shared.get((workflow, key))
+        if shared is not None:
+            flushed = self._flush_shared(shared) or flushed
         await trio.lowlevel.cancel_shielded_checkpoint()
         return flushed
 
@@ -428,6 +844,16 @@ class Coordinator(metaclass=_NoPublicConstructor):
             self._check_idle()
         if window.scope is not None:
             window.scope.cancel()
+
+    def _flush_shared(self, shared: SharedWindow) -> bool:
+        """Make a shared window's task finalize it now (forced); True if it had a
+        trailing fire pending."""
+        if shared.state != OPEN:
+            return False
+        shared.state = FLUSHED
+        if shared.scope is not None:
+            shared.scope.cancel()
+        return shared.trailing
 
     def _flush_window(self, window: Window, now: float) -> bool:
         """Detach an open window; its task fires it at ``now`` if a fire is pending."""
@@ -588,20 +1014,24 @@ class Coordinator(metaclass=_NoPublicConstructor):
             window = self._windows.get((workflow, key))
         except TypeError:
             raise TypeError(f"workflow and key must be str, got {workflow!r} and {key!r}") from None
-        return window is not None and self._now() < window.deadline
+        if window is not None and self._now() < window.deadline:
+            return True
+        shared = self._shared.get((workflow, key))
+        return shared is not None and shared.state == OPEN and not shared.taker
 
     def __len__(self) -> int:
         """The number of windows in the table.
 
         This may include a window that is due at this very instant but whose task has
-        not run yet (:meth:`has` says False for it).
+        not run yet (:meth:`has` says False for it). With a backend it counts the
+        shared windows this coordinator owns or will take, too.
         """
-        return len(self._windows)
+        return len(self._windows) + len(self._shared)
 
     def statistics(self) -> CoordinatorStatistics:
         """Return a :class:`CoordinatorStatistics` snapshot. Works after exit too."""
         return CoordinatorStatistics(
-            open_windows=len(self._windows),
+            open_windows=len(self),
             pending_trailing_fires=self._pending,
             running_handlers=self._running,
             pings=self._pings,
@@ -609,6 +1039,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
             fires=self._fires,
             cancelled=self._cancelled,
             handler_errors=self._handler_errors,
+            backend_errors=self._backend_errors,
+            fail_open_windows=self._fail_open,
+            unconfirmed_fires=self._unconfirmed,
         )
 
     async def wait_idle(self) -> None:
@@ -637,12 +1070,20 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 for window in list(self._windows.values()):
                     if window.trailing and now < window.deadline:
                         self._flush_window(window, now)
+                for shared in list(self._shared.values()):
+                    if shared.trailing:
+                        self._flush_shared(shared)
             elif on_exit == "cancel":
                 now = self._now()
                 for window in list(self._windows.values()):
                     if window.trailing and now < window.deadline:
                         self._cancelled += 1
                         self._cancel_window(window)
+                for shared in list(self._shared.values()):
+                    if shared.trailing and shared.state == OPEN:
+                        # The document is released (deleted) when the block closes.
+                        self._cancelled += 1
+                        self._close_shared(shared)
             if self._pending == 0 and self._running == 0:
                 break
             await self._idle_lot.park()
@@ -676,8 +1117,14 @@ async def open_coordinator(
     handlers: Mapping[str, Handler] | None = None,
     on_error: ErrorCallback | None = None,
     on_exit: OnExit = "wait",
+    backend: DebounceBackend | None = None,
+    on_backend_error: OnBackendError = "fail-open",
 ) -> AsyncIterator[Coordinator]:
-    """Open an in-memory :class:`Coordinator` that lives as long as the ``async with``.
+    """Open a :class:`Coordinator` that lives as long as the ``async with``.
+
+    Without ``backend`` the windows live in this process's memory. With one (for
+    example from :func:`trio_debounce.nats.open_nats_backend`), windows are shared with
+    every coordinator on the same store; see :doc:`/protocol`.
 
     ::
 
@@ -698,6 +1145,20 @@ async def open_coordinator(
         for running handlers to finish, and pings made meanwhile (by handlers, say) are
         accepted and treated the same way. Leading windows with nothing left to fire
         are not waited for: they stay open while the exit waits, then close.
+      backend (trio_debounce.abc.DebounceBackend | None): share windows across
+        processes through this backend. One backend serves one coordinator at a time.
+        The coordinator renews the backend's process lease from a heartbeat task in
+        its nursery, and when the block is left releases the windows it owns
+        (revision-checked deletes, shielded, bounded by the backend's operation
+        deadline) and its lease, so peers' later pings open fresh windows.
+      on_backend_error (str): what a ping does when the backend fails:
+        ``"fail-open"`` (the default) opens a local window, logged and counted in
+        :meth:`Coordinator.statistics`, with the in-memory guarantees only (it dies
+        with the process, and another process may fire the same burst);
+        ``"raise"`` makes :meth:`Coordinator.debounce` raise
+        :exc:`~trio_debounce.BackendUnavailableError`. Misconfiguration
+        (:exc:`~trio_debounce.BackendAuthError`, an oversized record) is never failed
+        open.
 
     If the block raises, or is cancelled from outside, running handlers are cancelled,
     fires whose deadline had been reached (or that ``flush`` committed) still start,
@@ -719,6 +1180,18 @@ async def open_coordinator(
     """
     if on_exit not in _ON_EXIT:
         raise ValueError(f"on_exit must be one of 'wait', 'flush', 'cancel', got {on_exit!r}")
+    if on_backend_error not in _ON_BACKEND_ERROR:
+        raise ValueError(
+            f"on_backend_error must be 'fail-open' or 'raise', got {on_backend_error!r}"
+        )
+    if backend is not None:
+        if not isinstance(backend, DebounceBackend):
+            raise TypeError(f"backend must be a trio_debounce.abc.DebounceBackend, not {backend!r}")
+        if backend._in_use:
+            raise RuntimeError(
+                f"{backend!r} already serves an open coordinator; give each coordinator "
+                "its own backend (one process id each)"
+            )
     try:
         handler_map = dict(handlers or {})
     except (TypeError, ValueError):
@@ -735,11 +1208,25 @@ async def open_coordinator(
     if inspect.iscoroutinefunction(on_error):
         raise TypeError(f"on_error is called synchronously; pass a sync function, not {on_error!r}")
 
+    if backend is not None:
+        backend._in_use = True
+        try:
+            with trio.move_on_after(backend.heartbeat_interval):
+                await backend.refresh_lease()
+        except BackendError as exc:
+            if on_backend_error == "raise" or not isinstance(exc, BackendUnavailableError):
+                backend._in_use = False
+                raise
+            logger.warning("backend unavailable at start (%s); failing open until it answers", exc)
     body_error: BaseException | None = None
     nursery_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
-            coordinator: Coordinator = Coordinator._create(nursery, handler_map, on_error)
+            coordinator: Coordinator = Coordinator._create(
+                nursery, handler_map, on_error, backend, on_backend_error
+            )
+            if backend is not None:
+                nursery.start_soon(coordinator._maintain, backend)
             try:
                 yield coordinator
                 await coordinator._drain(on_exit)
@@ -752,6 +1239,10 @@ async def open_coordinator(
         # A task raised: a BaseException from a handler, or the cancellations of an
         # outside cancel scope on their way out.
         nursery_error = exc
+    if backend is not None:
+        with trio.CancelScope(shield=True):
+            await backend.release()
+        backend._in_use = False
     try:
         if nursery_error is not None:
             if body_error is None:
@@ -765,6 +1256,22 @@ async def open_coordinator(
             raise body_error
     finally:
         del body_error, nursery_error
+
+
+def _trailing_pending(mode: Mode, count: int) -> bool:
+    """Does a window of ``mode`` with ``count`` pings have a trailing fire to come?"""
+    return mode is _TRAILING or (mode is _BOTH and count >= 2)
+
+
+def _owner_pending(shared: SharedWindow) -> bool:
+    """Is a trailing fire pending on this shared window, as far as this process knows?
+
+    An owner's both-edges window counts from its first ping: peers' pings may have
+    given it a trailing fire that the owner learns of only when it finalizes.
+    """
+    return _trailing_pending(shared.mode, shared.count) or (
+        shared.mode is _BOTH and not shared.taker
+    )
 
 
 def _only_cancellations(exc: BaseException) -> bool:

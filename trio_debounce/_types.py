@@ -80,13 +80,23 @@ class DebounceResult(NamedTuple):
       scheduled_at (float | None): the pending trailing fire time, an absolute time on
         Trio's clock (:func:`trio.current_time`), or ``None`` when no trailing fire is
         pending (leading mode, or a both-edges window with a single ping).
-      ping_count (int): pings absorbed by the window so far, this one included.
+      ping_count (int): pings absorbed by the window so far, this one included; with
+        a backend, the window's count across all processes.
+      owner (bool): True if this coordinator owns the window and will fire it. Always
+        True without a backend (and for a window opened locally because the backend
+        failed, see ``on_backend_error``).
+      stored (bool): False only when, with a backend, the ping could not be written
+        within the backend's operation deadline under contention, while a live owner
+        had a fire pending that comes after this ping's arrival (see
+        :doc:`/protocol`). Always True without a backend.
     """
 
     outcome: Outcome
     active_run_id: str
     scheduled_at: float | None
     ping_count: int
+    owner: bool = True
+    stored: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +160,12 @@ class CoordinatorStatistics:
         trailing fires dropped when the coordinator exited without firing them.
       handler_errors (int): handler calls that raised an :class:`Exception`, plus fires
         that found no handler.
+      backend_errors (int): backend calls that failed (register, finalize, cancel,
+        heartbeat, reconcile); 0 without a backend.
+      fail_open_windows (int): pings that got a local window because the backend
+        failed (``on_backend_error="fail-open"``).
+      unconfirmed_fires (int): trailing fires the owner ran although finalize could
+        not reach the backend (its delete is queued).
     """
 
     open_windows: int
@@ -160,3 +176,6 @@ class CoordinatorStatistics:
     fires: int
     cancelled: int
     handler_errors: int
+    backend_errors: int = 0
+    fail_open_windows: int = 0
+    unconfirmed_fires: int = 0

@@ -33,3 +33,18 @@ class WallClock:
     def from_trio(self, trio_time: float) -> float:
         """An absolute time on Trio's clock as wall-clock epoch seconds."""
         return trio_time + self.offset
+
+
+def wall_to_trio(wall_at: float, *, wall_now: float, trio_now: float) -> float:
+    """A wall-clock time (epoch seconds, shared between processes) as a Trio deadline.
+
+    Both clocks are read by the caller at the same moment; the conversion keeps the
+    distance from now, so a step of the wall clock between two conversions is
+    followed (shared times are compared on the wall clock, as the peers do).
+    """
+    return trio_now + (wall_at - wall_now)
+
+
+def trio_to_wall(trio_at: float, *, wall_now: float, trio_now: float) -> float:
+    """The inverse of :func:`wall_to_trio`."""
+    return wall_now + (trio_at - trio_now)

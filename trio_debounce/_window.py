@@ -77,3 +77,61 @@ class Window:
             f"<Window {self.ident!r} mode={self.mode.value} pings={self.count} "
             f"deadline={self.deadline!r} state={self.state}>"
         )
+
+
+class SharedWindow:
+    """This process's local side of a window shared through a backend.
+
+    The owner's task sleeps until the window is due and then asks the backend to
+    finalize it; a *taker* (a non-owner whose ping moved the fire earlier than the
+    owner armed) does the same with ``take=True``. Times are on Trio's clock.
+    """
+
+    __slots__ = (
+        "count",
+        "deadline",
+        "first_ping_at",
+        "ident",
+        "mode",
+        "on_fire",
+        "payload",
+        "run_id",
+        "scope",
+        "state",
+        "taker",
+        "trailing",
+    )
+
+    def __init__(
+        self,
+        ident: tuple[str, str],
+        run_id: str,
+        mode: Mode,
+        deadline: float,
+        first_ping_at: float,
+        count: int,
+        payload: Any,
+        on_fire: Handler | None,
+        taker: bool,
+    ) -> None:
+        self.ident = ident
+        self.run_id = run_id
+        self.mode = mode
+        self.deadline = deadline
+        self.first_ping_at = first_ping_at
+        self.count = count
+        #: The latest payload of this process's pings (the owner's latest local one).
+        self.payload = payload
+        self.on_fire = on_fire
+        self.taker = taker
+        #: True while this window is counted as a pending trailing fire.
+        self.trailing = False
+        self.scope: trio.CancelScope | None = None
+        self.state = OPEN
+
+    def __repr__(self) -> str:
+        role = "taker" if self.taker else "owner"
+        return (
+            f"<SharedWindow {self.ident!r} {role} run={self.run_id} pings={self.count} "
+            f"deadline={self.deadline!r} state={self.state}>"
+        )

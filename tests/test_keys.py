@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_debounce.nats._keys import MAX_KEY_BYTES, parse_window_key, window_key
+from trio_debounce._keys import MAX_KEY_BYTES, parse_window_key, window_key
 
 # What NATS accepts as a KV key: these characters, no empty token, no leading or
 # trailing dot; and never a wildcard.

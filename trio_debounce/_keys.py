@@ -20,6 +20,7 @@ import binascii
 MAX_KEY_BYTES = 1024
 
 WINDOW_PREFIX = "w"
+PROCESS_PREFIX = "p"
 
 
 def _encode_token(what: str, value: str) -> str:
@@ -79,3 +80,16 @@ def parse_window_key(encoded: str) -> tuple[str, str]:
     if len(parts) != 3 or parts[0] != WINDOW_PREFIX:
         raise ValueError(f"not a window key: {encoded[:80]!r}")
     return _decode_token(parts[1]), _decode_token(parts[2])
+
+
+def process_key(process_id: str) -> str:
+    """The KV key of the lease of process ``process_id``: ``p.<base64url>``.
+
+    Raises:
+      TypeError, ValueError: ``process_id`` is not a non-empty str of valid Unicode,
+        or is too long for a KV key.
+    """
+    encoded = PROCESS_PREFIX + "." + _encode_token("process_id", process_id)
+    if len(encoded) > MAX_KEY_BYTES:
+        raise ValueError(f"process_id is too long for a KV key: {len(encoded)} bytes encoded")
+    return encoded

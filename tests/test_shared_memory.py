@@ -1,0 +1,398 @@
+"""Cross-process debouncing on the in-memory fake backend, under MockClock.
+
+Several coordinators in one ``trio.run`` share a MemoryStore, as separate processes
+share a NATS bucket; the protocol code is the same one the NATS backend runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from trio_debounce import (
+    BackendUnavailableError,
+    Coordinator,
+    Edge,
+    Fire,
+    Outcome,
+    open_coordinator,
+)
+from trio_debounce.abc import DebounceBackend
+from trio_debounce.testing import MemoryBackend, MemoryStore, check_debounce_backend
+
+LEASE = 6.0
+SKEW = 1.0
+
+
+def near(t: float) -> Any:
+    """Shared times pass through the wall clock (epoch seconds, about 2e-7 s apart as
+    floats), and a ping that meets a heartbeat or a finalize backs off a few ms."""
+    return pytest.approx(t, abs=0.02)
+
+
+class Fires:
+    """Fires recorded across coordinators, with the process that ran each."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Fire]] = []
+
+    def handler(self, process: str) -> Any:
+        async def handle(fire: Fire) -> None:
+            self.log.append((process, fire))
+
+        return handle
+
+    def of(self, key: str) -> list[tuple[str, Fire]]:
+        return [(p, f) for p, f in self.log if f.key == key]
+
+
+def backend(store: MemoryStore, name: str, **kwargs: Any) -> MemoryBackend:
+    kwargs.setdefault("process_lease", LEASE)
+    kwargs.setdefault("max_clock_skew", SKEW)
+    return MemoryBackend(store, process_id=name, **kwargs)
+
+
+@asynccontextmanager
+async def processes(
+    store: MemoryStore, fires: Fires, names: Sequence[str], **kwargs: Any
+) -> AsyncIterator[list[Coordinator]]:
+    async with AsyncExitStack() as stack:
+        coordinators = [
+            await stack.enter_async_context(
+                open_coordinator(
+                    handlers={"wf": fires.handler(name)}, backend=backend(store, name), **kwargs
+                )
+            )
+            for name in names
+        ]
+        yield coordinators
+
+
+async def test_conformance_memory_backend(autojump_clock: trio.testing.MockClock) -> None:
+    store = MemoryStore()
+
+    @asynccontextmanager
+    async def open_backends(n: int) -> AsyncIterator[Sequence[DebounceBackend]]:
+        yield [backend(store, f"p{i}") for i in range(n)]
+
+    await check_debounce_backend(open_backends, process_lease=LEASE, max_clock_skew=SKEW, tick=1.0)
+
+
+async def test_burst_over_three_processes_fires_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "ABC") as (a, b, c):
+        t0 = trio.current_time()
+        r = await a.debounce("wf", "k", "a1", delay=2.0)
+        assert r.outcome is Outcome.SCHEDULE_TRAILING
+        assert r.owner
+        assert r.scheduled_at == near(t0 + 2.0)
+        for i, who in enumerate((b, c, a, b, c)):
+            await trio.sleep(1.0)
+            r = await who.debounce("wf", "k", f"p{i}", delay=2.0)
+            assert r.outcome is Outcome.COALESCE
+            assert r.owner is (who is a)
+            assert r.ping_count == i + 2
+            assert r.scheduled_at == near(trio.current_time() + 2.0)
+    [(process, fire)] = fires.of("k")
+    assert process == "A"
+    assert fire.ping_count == 6
+    assert fire.payload == "p2"  # the owner's latest local payload
+    assert fire.fired_at == near(t0 + 7.0)
+    assert fire.first_ping_at == near(t0)
+    assert fire.edge is Edge.TRAILING
+
+
+async def test_owner_extend_then_fire(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "A") as (a,):
+        t0 = trio.current_time()
+        await a.debounce("wf", "k", 1, delay=5.0)
+        await trio.sleep(3.0)
+        r = await a.debounce("wf", "k", 2, delay=5.0)
+        assert r.outcome is Outcome.COALESCE
+        assert r.owner
+        assert r.scheduled_at == near(t0 + 8.0)
+        await a.wait_idle()
+        assert trio.current_time() == near(t0 + 8.0)
+    [(_, fire)] = fires.log
+    assert (fire.payload, fire.ping_count, fire.fired_at) == (2, 2, near(t0 + 8.0))
+
+
+async def test_non_owner_ping_pushes_the_fire_later(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB") as (a, b):
+        t0 = trio.current_time()
+        await a.debounce("wf", "k", "a", delay=2.0)
+        await trio.sleep(1.5)
+        r = await b.debounce("wf", "k", "b", delay=10.0)
+        assert not r.owner
+        assert r.scheduled_at == near(t0 + 11.5)
+        await trio.sleep(5.0)
+        assert fires.log == []  # the owner woke at t0+2, found it pushed and rescheduled
+    [(process, fire)] = fires.log
+    assert process == "A"
+    assert fire.fired_at == near(t0 + 11.5)
+    assert fire.ping_count == 2
+
+
+async def test_non_owner_ping_moves_the_fire_earlier(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The pinger that makes the window due earlier than its owner armed takes the fire
+    # by compare-and-swap; it fires on time, once.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB") as (a, b):
+        t0 = trio.current_time()
+        await a.debounce("wf", "k", "a", delay=30.0)
+        r = await b.debounce("wf", "k", "b", delay=2.0)
+        assert not r.owner
+        assert r.scheduled_at == near(t0 + 2.0)
+        await trio.sleep(40.0)
+    [(process, fire)] = fires.log
+    assert process == "B"
+    assert fire.fired_at == near(t0 + 2.0)
+    assert fire.payload == "b"
+    assert fire.ping_count == 2
+
+
+async def test_window_longer_than_the_lease_stays_with_its_owner(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB") as (a, b):
+        t0 = trio.current_time()
+        await a.debounce("wf", "k", "a", delay=10 * LEASE)
+        for _ in range(5):
+            await trio.sleep(LEASE)
+            r = await b.debounce("wf", "k", "b", delay=10 * LEASE)
+            assert not r.owner  # the heartbeat kept A's lease alive
+    [(process, fire)] = fires.log
+    assert process == "A"
+    assert fire.ping_count == 6
+    assert fire.fired_at == near(t0 + 5 * LEASE + 10 * LEASE)
+
+
+async def test_dead_owner_is_taken_over_and_fires_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    dead = backend(store, "A")
+    async with processes(store, fires, "B") as (b,):
+        with trio.CancelScope() as a_scope:
+            async with open_coordinator(handlers={"wf": fires.handler("A")}, backend=dead) as a:
+                t0 = trio.current_time()
+                first = await a.debounce("wf", "k", "a", delay=100.0, max_delay=200.0)
+                # A "dies": it can no longer reach the store, so it neither renews its
+                # lease nor releases its window on the way out.
+                dead.faults.partitioned = True
+                a_scope.cancel()
+        await trio.sleep(LEASE + SKEW + 0.5)
+        r = await b.debounce("wf", "k", "b", delay=3.0)
+        assert r.owner
+        assert r.outcome is Outcome.COALESCE
+        assert r.active_run_id == first.active_run_id
+        assert r.ping_count == 2
+    [(process, fire)] = fires.log
+    assert process == "B"
+    assert fire.payload == "b"
+    assert fire.ping_count == 2
+    assert fire.first_ping_at == near(t0)
+    assert fire.fired_at == near(t0 + LEASE + SKEW + 0.5 + 3.0)
+
+
+async def test_leading_across_processes(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB") as (a, b):
+        t0 = trio.current_time()
+        r = await a.debounce("wf", "k", 0, delay=5.0, mode="leading")
+        assert r.outcome is Outcome.FIRE_IMMEDIATE
+        assert r.scheduled_at is None
+        for i in range(1, 4):
+            await trio.sleep(3.0)
+            who = (b, a)[i % 2]
+            r = await who.debounce("wf", "k", i, delay=5.0, mode="leading")
+            assert r.outcome is Outcome.COALESCE
+            assert r.scheduled_at is None
+            assert r.ping_count == i + 1
+        # Closed only after 5 s of silence across both processes (t0+9+5), not before.
+        await trio.sleep(4.9)
+        r = await b.debounce("wf", "k", 9, delay=5.0, mode="leading")
+        assert r.outcome is Outcome.COALESCE
+        await trio.sleep(5.1)
+        r = await b.debounce("wf", "k", 10, delay=5.0, mode="leading")
+        assert r.outcome is Outcome.FIRE_IMMEDIATE
+    assert [(p, f.payload, f.edge) for p, f in fires.log] == [
+        ("A", 0, Edge.LEADING),
+        ("B", 10, Edge.LEADING),
+    ]
+    assert fires.log[1][1].fired_at == near(t0 + 9 + 4.9 + 5.1)
+
+
+async def test_both_edges_across_processes(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB") as (a, b):
+        t0 = trio.current_time()
+        await a.debounce("wf", "k", 0, delay=5.0, mode="both")
+        r = await b.debounce("wf", "k", 1, delay=5.0, mode="both")
+        assert r.scheduled_at == near(t0 + 5.0)
+        assert r.ping_count == 2
+    assert [(p, f.edge, f.ping_count) for p, f in fires.log] == [
+        ("A", Edge.LEADING, 1),
+        ("A", Edge.TRAILING, 2),
+    ]
+
+
+async def test_mode_clash_and_nowait_are_refused(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB", on_exit="cancel") as (a, b):
+        await a.debounce("wf", "k", delay=5.0)
+        with pytest.raises(ValueError, match="differs from the mode 'trailing'"):
+            await b.debounce("wf", "k", delay=5.0, mode="leading")
+        with pytest.raises(RuntimeError, match=r"await coordinator\.debounce"):
+            a.debounce_nowait("wf", "k", delay=5.0)
+        with pytest.raises(ValueError, match="too long for a KV key"):
+            await a.debounce("wf", "x" * 2000, delay=5.0)
+    assert fires.log == []
+
+
+async def test_fail_open_gives_a_local_window(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "A") as (a,):
+        store.down = True
+        with caplog.at_level(logging.WARNING, logger="trio_debounce"):
+            r = await a.debounce("wf", "k", 1, delay=2.0)
+            assert r.owner
+            assert r.outcome is Outcome.SCHEDULE_TRAILING
+            r = await a.debounce("wf", "k", 2, delay=2.0)  # the local window keeps its burst
+            assert r.outcome is Outcome.COALESCE
+            assert r.ping_count == 2
+        assert "failing open" in caplog.text
+        await a.wait_idle()
+        stats = a.statistics()
+        assert stats.fail_open_windows == 1
+        assert stats.backend_errors >= 1
+        store.down = False
+    [(_, fire)] = fires.log
+    assert fire.payload == 2
+
+
+async def test_raise_on_backend_error(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "A", on_backend_error="raise") as (a,):
+        store.down = True
+        with pytest.raises(BackendUnavailableError):
+            await a.debounce("wf", "k", delay=2.0)
+        store.down = False
+        assert len(a) == 0
+    assert fires.log == []
+
+
+async def test_finalize_during_an_outage_fires_and_deletes_later(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB") as (a, b):
+        await a.debounce("wf", "k", 1, delay=3.0)
+        await b.debounce("wf", "k", 2, delay=3.0)
+        store.down = True
+        # Due at 3 s; finalize retries for op_timeout (2 s), then the owner fires.
+        await trio.sleep(6.0)
+        assert [p for p, _ in fires.log] == ["A"]  # fired without the backend
+        assert a.statistics().unconfirmed_fires == 1
+        assert store.raw_get("w.d2Y.aw") is not None
+        assert store.raw_get("w.d2Y.aw").value is not None  # type: ignore[union-attr]
+        store.down = False
+        await trio.sleep(LEASE)  # a heartbeat applies the queued delete
+        entry = store.raw_get("w.d2Y.aw")
+        assert entry is None or entry.value is None
+        await trio.sleep(LEASE)
+    assert len(fires.log) == 1  # nothing fired twice
+
+
+async def test_write_that_failed_but_landed_is_recognised(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB") as (a, b):
+        assert isinstance(b._backend, MemoryBackend)
+        await a.debounce("wf", "k", 1, delay=3.0)
+        b._backend.faults.apply_then_fail_next(ops=("put",))
+        r = await b.debounce("wf", "k", 2, delay=3.0)
+        assert r.outcome is Outcome.COALESCE
+        assert r.ping_count == 2
+        a_backend = a._backend
+        assert isinstance(a_backend, MemoryBackend)
+        a_backend.faults.apply_then_fail_next(ops=("put",))
+        r = await a.debounce("wf", "k", 3, delay=3.0)
+        assert r.owner
+        assert r.ping_count == 3
+    [(_, fire)] = fires.log
+    assert fire.ping_count == 3
+    assert fire.payload == 3
+
+
+async def test_conflict_storm_fires_once(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(), Fires()
+    names = [f"P{i}" for i in range(10)]
+    async with processes(store, fires, names) as coordinators:
+        results = []
+
+        async def ping(c: Coordinator, i: int) -> None:
+            results.append(await c.debounce("wf", "k", i, delay=2.0))
+
+        async with trio.open_nursery() as nursery:
+            for i, c in enumerate(coordinators):
+                nursery.start_soon(ping, c, i)
+        assert sorted(r.ping_count for r in results) == list(range(1, 11))
+        assert sum(r.owner for r in results) == 1
+    assert len(fires.log) == 1
+    assert fires.log[0][1].ping_count == 10
+
+
+async def test_exit_releases_owned_windows(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "B") as (b,):
+        async with processes(store, fires, "A", on_exit="cancel") as (a,):
+            await a.debounce("wf", "k", "a", delay=50.0)
+        # A released its window (and its lease): B's ping opens a fresh one at once.
+        r = await b.debounce("wf", "k", "b", delay=1.0)
+        assert r.owner
+        assert r.outcome is Outcome.SCHEDULE_TRAILING
+    assert [(p, f.payload) for p, f in fires.log] == [("B", "b")]
+    assert store.raw_get("p.QQ") is None or store.raw_get("p.QQ").value is None  # type: ignore[union-attr]
+
+
+async def test_reconcile_rearms_a_window_that_names_us(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A write that timed out can commit later and make a coordinator the owner of a
+    # window it never armed: the slow reconcile arms it.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "A") as (a,):
+        backend_a = a._backend
+        assert isinstance(backend_a, MemoryBackend)
+        r = await backend_a.register(
+            "wf", "k", mode=a_mode(), delay=2.0, max_delay=None, run_id="r"
+        )
+        assert r.owner
+        assert len(a) == 0
+        await trio.sleep(3 * LEASE)
+    [(process, fire)] = fires.log
+    assert process == "A"
+    assert fire.run_id == "r"
+
+
+def a_mode() -> Any:
+    from trio_debounce import Mode
+
+    return Mode.TRAILING

@@ -1,0 +1,261 @@
+"""The cross-process debounce backend interface and its result types.
+
+Re-exported as :mod:`trio_debounce.abc`. The protocol it describes is in
+:doc:`/protocol`; ``trio_debounce._protocol`` implements it over any revisioned
+key-value store (:class:`~trio_debounce._kv.KvStore`).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from typing import NamedTuple
+
+from ._types import Mode
+
+
+class Registered(str, enum.Enum):
+    """What :meth:`DebounceBackend.register` did with one ping.
+
+    ``Registered.OPENED`` (``"opened"``)
+      No window was open: this ping opened one, owned by this process.
+    ``Registered.TOOK_OVER`` (``"took-over"``)
+      The window's owner process had lost its lease: this process now owns the window,
+      which keeps its run id, first ping, cap and count (a leading edge is not fired
+      again).
+    ``Registered.EXTENDED`` (``"extended"``)
+      This process already owned the window; the ping extended it.
+    ``Registered.COALESCED`` (``"coalesced"``)
+      Another live process owns the window; the ping was absorbed by it.
+    """
+
+    OPENED = "opened"
+    TOOK_OVER = "took-over"
+    EXTENDED = "extended"
+    COALESCED = "coalesced"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Finalized(str, enum.Enum):
+    """What :meth:`DebounceBackend.finalize` decided for a due window.
+
+    ``Finalized.FIRE`` (``"fire"``)
+      The window's record was removed by a revision-checked delete of the revision this
+      call read: the window is closed and its trailing fire (if its mode and count call
+      for one) belongs to the caller, exactly once.
+    ``Finalized.RESCHEDULE`` (``"reschedule"``)
+      Pings from other processes moved the fire time; wait until ``scheduled_at`` and
+      finalize again.
+    ``Finalized.ABANDONED`` (``"abandoned"``)
+      The window is no longer the caller's (another run id, another owner, cancelled or
+      already fired): do nothing.
+    """
+
+    FIRE = "fire"
+    RESCHEDULE = "reschedule"
+    ABANDONED = "abandoned"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Registration(NamedTuple):
+    """The result of :meth:`DebounceBackend.register` (immutable).
+
+    Times are wall-clock epoch seconds, read through the backend's wall clock.
+
+    Attributes:
+      outcome (Registered): what the ping did.
+      run_id (str): the window's active run id.
+      mode (Mode): the window's mode (the document's mode wins).
+      scheduled_at (float): when the window is due: its trailing fire time, or for a
+        leading window the end of its silence.
+      first_ping_at (float): the time of the window's first ping.
+      ping_count (int): pings the window has absorbed across all processes, this one
+        included.
+      stored (bool): False only for a ``coalesced`` result returned without writing,
+        because the overall deadline passed under contention while the window had a
+        live owner with a fire pending (the fire comes after this ping's arrival).
+      take_at (float | None): for ``coalesced`` only: this ping moved the fire earlier
+        than the time the owner armed, so the caller must call
+        :meth:`DebounceBackend.finalize` with ``take=True`` at ``take_at``.
+    """
+
+    outcome: Registered
+    run_id: str
+    mode: Mode
+    scheduled_at: float
+    first_ping_at: float
+    ping_count: int
+    stored: bool = True
+    take_at: float | None = None
+
+    @property
+    def owner(self) -> bool:
+        """True if this process owns the window after the ping."""
+        return self.outcome is not Registered.COALESCED
+
+
+class Finalization(NamedTuple):
+    """The result of :meth:`DebounceBackend.finalize` (immutable).
+
+    Attributes:
+      outcome (Finalized): fire, reschedule or abandoned.
+      scheduled_at (float | None): wall-clock epoch seconds: for ``fire`` the window's
+        logical fire time (its scheduled time, or now for a forced finalize); for
+        ``reschedule`` the new time to finalize at; ``None`` for ``abandoned``.
+      ping_count (int): the window's global ping count (0 for ``abandoned``).
+      first_ping_at (float | None): the window's first ping, wall clock (``None`` for
+        ``abandoned``).
+      mode (Mode | None): the window's mode (``None`` for ``abandoned``).
+    """
+
+    outcome: Finalized
+    scheduled_at: float | None = None
+    ping_count: int = 0
+    first_ping_at: float | None = None
+    mode: Mode | None = None
+
+
+class OwnedWindow(NamedTuple):
+    """A window whose record names this process as its owner.
+
+    Attributes:
+      workflow (str), key (str): the window.
+      run_id (str): its active run id.
+      mode (Mode): its mode.
+      scheduled_at (float): when it is due, wall-clock epoch seconds.
+      first_ping_at (float): its first ping, wall clock.
+      ping_count (int): its global ping count.
+    """
+
+    workflow: str
+    key: str
+    run_id: str
+    mode: Mode
+    scheduled_at: float
+    first_ping_at: float
+    ping_count: int
+
+
+class DebounceBackend(abc.ABC):
+    """Shared debounce windows for coordinators in several processes.
+
+    One backend object serves one coordinator (one *process* in the protocol's terms:
+    it has one :attr:`process_id` and one process lease). Pass it to
+    :func:`~trio_debounce.open_coordinator` as ``backend=``; the coordinator calls
+    these methods, and runs :meth:`refresh_lease` from one heartbeat task in its
+    nursery. Every method is a Trio async function bounded by the backend's operation
+    deadline: none of them can hang.
+
+    All methods raise :class:`~trio_debounce.BackendUnavailableError` when the store
+    cannot be reached or does not answer in time (the operation may still have been
+    applied), :class:`~trio_debounce.BackendAuthError` on a permission error, and
+    :class:`~trio_debounce.BackendError` for anything else.
+    """
+
+    #: True while a coordinator uses this backend (set by ``open_coordinator``).
+    _in_use: bool = False
+
+    @property
+    @abc.abstractmethod
+    def process_id(self) -> str:
+        """This process's id (a uuid4 hex unless given)."""
+
+    @property
+    @abc.abstractmethod
+    def heartbeat_interval(self) -> float:
+        """Seconds between :meth:`refresh_lease` calls (a third of the lease by default)."""
+
+    @abc.abstractmethod
+    def wall_time(self) -> float:
+        """The backend's wall clock, epoch seconds: every shared time is read here."""
+
+    @abc.abstractmethod
+    async def register(
+        self,
+        workflow: str,
+        key: str,
+        *,
+        mode: Mode,
+        delay: float,
+        max_delay: float | None,
+        run_id: str,
+    ) -> Registration:
+        """Register one ping of ``(workflow, key)``.
+
+        Atomic: the ping is applied to the window's record by one compare-and-swap
+        (retried on conflict, with jittered backoff, until the operation deadline), or
+        not at all. Not idempotent: each call is one more ping. The window's fire time
+        becomes ``min(now + delay, first_ping + max_delay)``; ``mode`` and the cap
+        belong to the record (the first ping's), ``run_id`` is used only when the ping
+        opens a window. A record whose owner process is live is never replaced.
+
+        Returns:
+          Registration: see :class:`Registered` for the outcomes.
+
+        Raises:
+          ValueError: ``mode`` differs from the open window's mode, or the record would
+            be too large (:class:`~trio_debounce.DocumentTooLargeError`).
+          BackendUnavailableError: no answer before the deadline (and no live owner was
+            seen to fall back on).
+        """
+
+    @abc.abstractmethod
+    async def finalize(
+        self, workflow: str, key: str, run_id: str, *, take: bool = False, force: bool = False
+    ) -> Finalization:
+        """Decide a window that is due on this process's clock.
+
+        The window is named by its active ``run_id``. Fires only after a
+        revision-checked delete of the exact revision read, so a ping that lands between
+        the read and the delete is never lost (the delete fails and the call re-reads).
+        Idempotent in effect: once a window has fired, later calls return ``abandoned``.
+
+        Args:
+          take: finalize a window this process does not own (it moved the fire earlier
+            than the owner armed, see :attr:`Registration.take_at`).
+          force: fire now even if the fire time has not come (a flush).
+
+        If the store cannot be reached, the owner's call raises
+        :class:`~trio_debounce.BackendUnavailableError` after queueing a
+        revision-checked delete of the record, applied by a later
+        :meth:`refresh_lease`; the caller (the owner) fires anyway.
+        """
+
+    @abc.abstractmethod
+    async def cancel(self, workflow: str, key: str) -> bool:
+        """Close the window ``(workflow, key)`` without firing, whoever owns it.
+
+        A revision-checked delete of the record. Returns True if a window was open.
+        Idempotent: a second call returns False.
+        """
+
+    @abc.abstractmethod
+    async def refresh_lease(self) -> None:
+        """Renew this process's lease (creating it on the first call).
+
+        Also applies deletes queued while the store was unreachable. Idempotent.
+        """
+
+    @abc.abstractmethod
+    async def owned_windows(self) -> list[OwnedWindow]:
+        """The windows whose records name this process (and this opening of it) as
+        owner, for reconciling with the coordinator's local tasks."""
+
+    @abc.abstractmethod
+    async def sweep(self) -> int:
+        """Remove garbage with revision-checked operations: delete markers and the
+        leases of long-dead processes. At most one process sweeps at a time.
+
+        Returns the number of records removed (0 if another process holds the sweep).
+        Windows of dead owners are kept (a ping takes them over).
+        """
+
+    @abc.abstractmethod
+    async def release(self) -> None:
+        """Give up everything this process owns: revision-checked deletes of its
+        window records and of its lease. Called once, shielded, when the coordinator's
+        block is left. Idempotent."""

@@ -1,0 +1,713 @@
+"""The cross-process debounce protocol over a revisioned key-value store.
+
+:class:`KvDebounceBackend` implements :class:`~trio_debounce.abc.DebounceBackend` on
+any :class:`~trio_debounce._kv.KvStore`: NATS JetStream KV in production, the
+in-memory fake in tests. The rules are in :doc:`/protocol`; in short:
+
+* One JSON document per window (``w.<workflow>.<key>``), one lease per process
+  (``p.<process>``), one sweeper lock (``s.sweeper``).
+* Every change is a compare-and-swap on the revision just read; a conflict re-reads,
+  re-applies the ping and retries with jittered backoff until the operation deadline.
+* A window is owned by a live process while that process's lease (read through a
+  local table, so checking a known live owner costs no request) has not expired, give
+  or take ``max_clock_skew``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import trio
+
+from ._backend import (
+    DebounceBackend,
+    Finalization,
+    Finalized,
+    OwnedWindow,
+    Registered,
+    Registration,
+)
+from ._errors import BackendError, BackendUnavailableError, RevisionConflict
+from ._keys import WINDOW_PREFIX, parse_window_key, process_key, window_key
+from ._kv import KvEntry, KvStore
+from ._types import Mode
+
+logger = logging.getLogger("trio_debounce.backend")
+
+SCHEMA_VERSION = 1
+SWEEPER_KEY = "s.sweeper"
+_LEASE_PREFIX = "p."
+_WINDOW_PREFIX = WINDOW_PREFIX + "."
+
+
+@dataclass(frozen=True, slots=True)
+class WindowDoc:
+    """The shared document of one window (schema version 1); times are wall clock."""
+
+    owner: str
+    epoch: str
+    run_id: str
+    mode: Mode
+    delay: float
+    max_delay: float | None
+    first: float
+    last: float
+    at: float
+    cap: float | None
+    armed: float
+    count: int
+    write: str
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "v": SCHEMA_VERSION,
+                "owner": self.owner,
+                "epoch": self.epoch,
+                "run": self.run_id,
+                "mode": self.mode.value,
+                "delay": self.delay,
+                "max_delay": self.max_delay,
+                "first": self.first,
+                "last": self.last,
+                "at": self.at,
+                "cap": self.cap,
+                "armed": self.armed,
+                "count": self.count,
+                "write": self.write,
+            },
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode("utf-8")
+
+    @classmethod
+    def decode(cls, raw: bytes) -> WindowDoc:
+        """Parse a document; raises ValueError for anything but a valid version 1."""
+        obj = json.loads(raw)
+        if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
+            raise ValueError("not a version 1 window document")
+        doc = cls(
+            owner=_str(obj, "owner"),
+            epoch=_str(obj, "epoch"),
+            run_id=_str(obj, "run"),
+            mode=Mode(obj["mode"]),
+            delay=_num(obj, "delay"),
+            max_delay=None if obj.get("max_delay") is None else _num(obj, "max_delay"),
+            first=_num(obj, "first"),
+            last=_num(obj, "last"),
+            at=_num(obj, "at"),
+            cap=None if obj.get("cap") is None else _num(obj, "cap"),
+            armed=_num(obj, "armed"),
+            count=int(obj["count"]),
+            write=_str(obj, "write"),
+        )
+        if doc.count < 1:
+            raise ValueError("count < 1")
+        return doc
+
+
+def _str(obj: dict[str, Any], name: str) -> str:
+    value = obj[name]
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} is not a non-empty string")
+    return value
+
+
+def _num(obj: dict[str, Any], name: str) -> float:
+    value = obj[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} is not a number")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} is not finite")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Lease:
+    process: str
+    epoch: str
+    expires: float
+
+
+def _decode_lease(raw: bytes) -> _Lease:
+    obj = json.loads(raw)
+    if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
+        raise ValueError("not a version 1 lease")
+    return _Lease(_str(obj, "process"), _str(obj, "epoch"), _num(obj, "expires"))
+
+
+def _encode_lease(lease: _Lease) -> bytes:
+    return json.dumps(
+        {
+            "v": SCHEMA_VERSION,
+            "process": lease.process,
+            "epoch": lease.epoch,
+            "expires": lease.expires,
+        },
+        separators=(",", ":"),
+    ).encode("utf-8")
+
+
+@dataclass(slots=True)
+class _QueuedDelete:
+    key: str
+    run_id: str
+    fired_at: float
+
+
+class KvDebounceBackend(DebounceBackend):
+    """The debounce protocol over a :class:`~trio_debounce._kv.KvStore`.
+
+    Args:
+      store: the shared store.
+      process_id (str | None): this process's id; a uuid4 hex when None. Two live
+        coordinators must never share one.
+      process_lease (float): seconds this process's lease lasts unrenewed (> 0).
+      op_timeout (float): seconds a register or finalize may take, retries included.
+      max_clock_skew (float): the largest wall-clock difference between hosts that the
+        lease arithmetic tolerates, seconds: an owner is dead only once its lease
+        expired more than this long ago.
+      wall_time: the wall clock, ``() -> float`` epoch seconds (:func:`time.time`).
+    """
+
+    def __init__(
+        self,
+        store: KvStore,
+        *,
+        process_id: str | None = None,
+        process_lease: float = 60.0,
+        op_timeout: float = 2.0,
+        max_clock_skew: float = 1.0,
+        wall_time: Callable[[], float] = time.time,
+    ) -> None:
+        if process_id is None:
+            process_id = uuid.uuid4().hex
+        if not isinstance(process_id, str) or not process_id:
+            raise ValueError(f"process_id must be a non-empty str, got {process_id!r}")
+        for name, value in (
+            ("process_lease", process_lease),
+            ("op_timeout", op_timeout),
+            ("max_clock_skew", max_clock_skew),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value < math.inf
+            ):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        self._store = store
+        self._process_id = process_id
+        self._process_key = process_key(process_id)
+        self._epoch = uuid.uuid4().hex
+        self._lease = float(process_lease)
+        self._op_timeout = float(op_timeout)
+        self._skew = float(max_clock_skew)
+        self._wall = wall_time
+        self._lease_revision = 0
+        self._refreshes = 0
+        #: process id -> its lease as last read (the local lease table).
+        self._leases: dict[str, _Lease] = {}
+        #: KV key -> run id of the windows this process owns, as far as it knows.
+        self._owned: dict[str, str] = {}
+        self._queued_deletes: dict[str, _QueuedDelete] = {}
+        self._in_outage = False
+        #: Trio time before which no takeover happens (after an outage).
+        self._takeover_after = -math.inf
+        self._rng = random.Random()
+        self._released = False
+        # Counters, see statistics().
+        self.conflicts = 0
+        self.unstored_coalesces = 0
+        self.requests = 0
+
+    # ----------------------------------------------------------------- basics
+
+    @property
+    def process_id(self) -> str:
+        return self._process_id
+
+    @property
+    def epoch(self) -> str:
+        """This opening's epoch: a fresh uuid4 hex, so a restart under the same
+        process id does not inherit its predecessor's windows."""
+        return self._epoch
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self._lease / 3
+
+    def wall_time(self) -> float:
+        return self._wall()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} process={self._process_id!r} store={self._store!r}>"
+
+    # ------------------------------------------------------------ store calls
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One store request; tracks outages (and the takeover grace after them)."""
+        self.requests += 1
+        try:
+            result = await fn(*args, **kwargs)
+        except BackendUnavailableError:
+            self._in_outage = True
+            raise
+        if self._in_outage:
+            self._in_outage = False
+            # Let live peers refresh their leases before anything is taken over.
+            self._takeover_after = trio.current_time() + self.heartbeat_interval + self._skew
+            logger.info(
+                "backend answers again; no takeover for %.3g s",
+                self.heartbeat_interval + self._skew,
+            )
+        return result
+
+    async def _get(self, key: str) -> KvEntry | None:
+        entry: KvEntry | None = await self._call(self._store.get, key)
+        return entry
+
+    def _parse(self, entry: KvEntry | None) -> WindowDoc | None:
+        if entry is None or entry.value is None:
+            return None
+        try:
+            return WindowDoc.decode(entry.value)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            logger.warning(
+                "window document %s (revision %d) is unreadable; treating it as absent",
+                entry.key,
+                entry.revision,
+            )
+            return None
+
+    async def _backoff(self, attempt: int) -> None:
+        # Full jitter, capped: contention clears in a few rounds.
+        await trio.sleep(self._rng.uniform(0, min(0.2, 0.005 * 2**attempt)))
+
+    # ------------------------------------------------------------------ leases
+
+    def _mine(self, doc: WindowDoc) -> bool:
+        return doc.owner == self._process_id and doc.epoch == self._epoch
+
+    async def _owner_live(self, doc: WindowDoc, now: float) -> bool:
+        """Is the document's owner process live? Known live owners cost no request."""
+        if self._mine(doc):
+            return True
+        lease = self._leases.get(doc.owner)
+        if lease is not None and lease.epoch == doc.epoch and now <= lease.expires + self._skew:
+            return True
+        # Unknown, another epoch, or expired in the table: read the lease itself.
+        entry = await self._get(process_key(doc.owner))
+        lease = None
+        if entry is not None and entry.value is not None:
+            try:
+                lease = _decode_lease(entry.value)
+            except (ValueError, KeyError, TypeError):
+                logger.warning("lease %s is unreadable; its process counts as dead", entry.key)
+        if lease is None:
+            self._leases.pop(doc.owner, None)
+            return False
+        self._leases[doc.owner] = lease
+        return lease.epoch == doc.epoch and now <= lease.expires + self._skew
+
+    def _can_take_over(self) -> bool:
+        return trio.current_time() >= self._takeover_after
+
+    async def refresh_lease(self) -> None:
+        now = self._wall()
+        lease = _Lease(self._process_id, self._epoch, now + self._lease)
+        value = _encode_lease(lease)
+        for attempt in range(5):
+            try:
+                self._lease_revision = await self._call(
+                    self._store.put, self._process_key, value, last=self._lease_revision
+                )
+                break
+            except RevisionConflict:
+                # Swept, or written by a predecessor with our process id: read and retry.
+                entry = await self._get(self._process_key)
+                self._lease_revision = 0 if entry is None else entry.revision
+                await self._backoff(attempt)
+        else:
+            raise BackendError(f"could not renew the lease of process {self._process_id!r}")
+        self._leases[self._process_id] = lease
+        self._refreshes += 1
+        if self._refreshes % 3 == 0:
+            await self.reload_leases()
+            self._leases[self._process_id] = lease
+        await self._apply_queued_deletes()
+
+    async def reload_leases(self) -> None:
+        """Re-read every process lease into the local table (a periodic safety net)."""
+        table: dict[str, _Lease] = {}
+        for entry in await self._call(self._store.entries, _LEASE_PREFIX):
+            if entry.value is None:
+                continue
+            try:
+                lease = _decode_lease(entry.value)
+            except (ValueError, KeyError, TypeError):
+                continue
+            table[lease.process] = lease
+        self._leases = table
+
+    # ---------------------------------------------------------------- register
+
+    def _apply_ping(
+        self,
+        doc: WindowDoc | None,
+        owner_live: bool,
+        now: float,
+        mode: Mode,
+        delay: float,
+        max_delay: float | None,
+        run_id: str,
+        write: str,
+    ) -> tuple[Registered, WindowDoc, float | None]:
+        if doc is None:
+            cap = None if max_delay is None else now + max_delay
+            at = now + delay if cap is None else min(now + delay, cap)
+            new = WindowDoc(
+                self._process_id,
+                self._epoch,
+                run_id,
+                mode,
+                delay,
+                max_delay,
+                now,
+                now,
+                at,
+                cap,
+                at,
+                1,
+                write,
+            )
+            return Registered.OPENED, new, None
+        if doc.mode is not mode:
+            raise ValueError(
+                f"mode {mode.value!r} differs from the mode {doc.mode.value!r} of the open "
+                f"window (run {doc.run_id})"
+            )
+        at = now + delay if doc.cap is None else min(now + delay, doc.cap)
+        if self._mine(doc):
+            new = replace(doc, last=now, at=at, armed=at, count=doc.count + 1, write=write)
+            return Registered.EXTENDED, new, None
+        if owner_live or not self._can_take_over():
+            new = replace(doc, last=now, at=at, count=doc.count + 1, write=write)
+            return Registered.COALESCED, new, (at if at < doc.armed else None)
+        new = replace(
+            doc,
+            owner=self._process_id,
+            epoch=self._epoch,
+            last=now,
+            at=at,
+            armed=at,
+            count=doc.count + 1,
+            write=write,
+        )
+        return Registered.TOOK_OVER, new, None
+
+    async def register(
+        self,
+        workflow: str,
+        key: str,
+        *,
+        mode: Mode,
+        delay: float,
+        max_delay: float | None,
+        run_id: str,
+    ) -> Registration:
+        kv_key = window_key(workflow, key)
+        if not self._lease_revision:
+            # Peers must see our lease before a document names us as owner.
+            with trio.move_on_after(self._op_timeout / 2):
+                await self.refresh_lease()
+            if not self._lease_revision:
+                raise BackendUnavailableError(
+                    f"could not write the lease of process {self._process_id!r}"
+                )
+        write = uuid.uuid4().hex
+        last_doc: WindowDoc | None = None
+        last_live = False
+        error: BackendError | None = None
+        attempted: tuple[Registered, float | None] | None = None
+        with trio.move_on_after(self._op_timeout):
+            attempt = 0
+            while True:
+                try:
+                    entry = await self._get(kv_key)
+                    doc = self._parse(entry)
+                    if doc is not None and doc.write == write and attempted is not None:
+                        # A write that failed ambiguously had landed after all.
+                        return self._registration(attempted[0], doc, attempted[1])
+                    now = self._wall()
+                    live = doc is not None and await self._owner_live(doc, now)
+                    last_doc, last_live = doc, live
+                    outcome, new, take_at = self._apply_ping(
+                        doc, live, now, mode, delay, max_delay, run_id, write
+                    )
+                    attempted = (outcome, take_at)
+                    await self._call(
+                        self._store.put,
+                        kv_key,
+                        new.encode(),
+                        last=0 if entry is None else entry.revision,
+                    )
+                except RevisionConflict:
+                    self.conflicts += 1
+                    logger.debug("register %s: revision conflict, retrying", kv_key)
+                except BackendUnavailableError as exc:
+                    error = exc
+                else:
+                    if outcome is not Registered.COALESCED:
+                        self._owned[kv_key] = new.run_id
+                    elif self._owned.get(kv_key) == new.run_id:
+                        del self._owned[kv_key]
+                    return self._registration(outcome, new, take_at)
+                await self._backoff(attempt)
+                attempt += 1
+        if last_doc is not None and last_live and not self._mine(last_doc) and error is None:
+            # Contention until the deadline, but a live owner has a fire pending that
+            # comes after this ping's arrival: absorbed without a write.
+            self.unstored_coalesces += 1
+            logger.warning(
+                "register %s: no write won within %.3g s; coalesced into the live window "
+                "of process %s without storing the ping",
+                kv_key,
+                self._op_timeout,
+                last_doc.owner,
+            )
+            return Registration(
+                Registered.COALESCED,
+                last_doc.run_id,
+                last_doc.mode,
+                last_doc.at,
+                last_doc.first,
+                last_doc.count,
+                stored=False,
+            )
+        raise BackendUnavailableError(
+            f"register of {workflow!r}/{key!r} did not complete within {self._op_timeout} s"
+            + (f": {error}" if error is not None else " (revision conflicts)")
+        )
+
+    @staticmethod
+    def _registration(outcome: Registered, doc: WindowDoc, take_at: float | None) -> Registration:
+        return Registration(
+            outcome, doc.run_id, doc.mode, doc.at, doc.first, doc.count, True, take_at
+        )
+
+    # ---------------------------------------------------------------- finalize
+
+    async def finalize(
+        self, workflow: str, key: str, run_id: str, *, take: bool = False, force: bool = False
+    ) -> Finalization:
+        kv_key = window_key(workflow, key)
+        error: BackendError | None = None
+        deleting: WindowDoc | None = None
+        fired_at = self._wall()
+        with trio.move_on_after(self._op_timeout):
+            attempt = 0
+            while True:
+                try:
+                    entry = await self._get(kv_key)
+                    doc = self._parse(entry)
+                    if doc is None or doc.run_id != run_id:
+                        if deleting is not None and (entry is None or entry.value is None):
+                            # Our delete failed ambiguously and the record is gone: it
+                            # landed (at-least-once: fire).
+                            return self._fire(kv_key, deleting, fired_at)
+                        self._owned.pop(kv_key, None)
+                        return Finalization(Finalized.ABANDONED)
+                    if not take and not self._mine(doc):
+                        self._owned.pop(kv_key, None)
+                        return Finalization(Finalized.ABANDONED)
+                    assert entry is not None
+                    now = self._wall()
+                    if not force and doc.at > now:
+                        if take:
+                            if doc.at >= doc.armed:
+                                return Finalization(Finalized.ABANDONED)  # the owner wakes
+                            return Finalization(
+                                Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
+                            )
+                        if doc.armed != doc.at:
+                            # Record when we wake, so a ping that moves the fire earlier
+                            # than that knows to take it.
+                            await self._call(
+                                self._store.put,
+                                kv_key,
+                                replace(doc, armed=doc.at).encode(),
+                                last=entry.revision,
+                            )
+                        return Finalization(
+                            Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
+                        )
+                    fired_at = now if force else doc.at
+                    deleting = doc
+                    await self._call(self._store.delete, kv_key, last=entry.revision)
+                    return self._fire(kv_key, doc, fired_at)
+                except RevisionConflict:
+                    self.conflicts += 1
+                    deleting = None
+                except BackendUnavailableError as exc:
+                    error = exc
+                await self._backoff(attempt)
+                attempt += 1
+        if not take:
+            self._queued_deletes[kv_key] = _QueuedDelete(kv_key, run_id, fired_at)
+        raise BackendUnavailableError(
+            f"finalize of {workflow!r}/{key!r} (run {run_id}) did not complete within "
+            f"{self._op_timeout} s" + (f": {error}" if error is not None else "")
+        )
+
+    def _fire(self, kv_key: str, doc: WindowDoc, fired_at: float) -> Finalization:
+        self._owned.pop(kv_key, None)
+        return Finalization(Finalized.FIRE, fired_at, doc.count, doc.first, doc.mode)
+
+    async def _apply_queued_deletes(self) -> None:
+        """Apply deletes queued by finalizes that could not reach the store."""
+        for kv_key, queued in list(self._queued_deletes.items()):
+            entry = await self._get(kv_key)
+            doc = self._parse(entry)
+            if doc is not None and doc.run_id == queued.run_id and self._mine(doc):
+                assert entry is not None
+                if doc.last <= queued.fired_at:
+                    try:
+                        await self._call(self._store.delete, kv_key, last=entry.revision)
+                    except RevisionConflict:
+                        continue  # a ping landed: try again next heartbeat
+                    logger.info("applied the queued delete of %s (run %s)", kv_key, queued.run_id)
+                # else: pings landed after the unconfirmed fire; the window stays and
+                # the owner's reconcile re-arms it, so they are not lost.
+            del self._queued_deletes[kv_key]
+
+    # ---------------------------------------------------------- cancel & co
+
+    async def cancel(self, workflow: str, key: str) -> bool:
+        kv_key = window_key(workflow, key)
+        with trio.move_on_after(self._op_timeout):
+            attempt = 0
+            while True:
+                entry = await self._get(kv_key)
+                if entry is None or entry.value is None:
+                    return False
+                try:
+                    await self._call(self._store.delete, kv_key, last=entry.revision)
+                except RevisionConflict:
+                    self.conflicts += 1
+                    await self._backoff(attempt)
+                    attempt += 1
+                    continue
+                self._owned.pop(kv_key, None)
+                return True
+        raise BackendUnavailableError(
+            f"cancel of {workflow!r}/{key!r} did not complete within {self._op_timeout} s"
+        )
+
+    async def owned_windows(self) -> list[OwnedWindow]:
+        owned = []
+        for entry in await self._call(self._store.entries, _WINDOW_PREFIX):
+            doc = self._parse(entry)
+            if doc is None or not self._mine(doc):
+                continue
+            try:
+                workflow, key = parse_window_key(entry.key)
+            except ValueError:
+                continue
+            self._owned[entry.key] = doc.run_id
+            owned.append(
+                OwnedWindow(workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
+            )
+        return owned
+
+    async def sweep(self) -> int:
+        now = self._wall()
+        entry = await self._get(SWEEPER_KEY)
+        holder: _Lease | None = None
+        if entry is not None and entry.value is not None:
+            try:
+                holder = _decode_lease(entry.value)
+            except (ValueError, KeyError, TypeError):
+                holder = None
+        if (
+            holder is not None
+            and holder.process != self._process_id
+            and now <= holder.expires + self._skew
+        ):
+            return 0
+        lock = _Lease(self._process_id, self._epoch, now + 3 * self._lease)
+        try:
+            await self._call(
+                self._store.put,
+                SWEEPER_KEY,
+                _encode_lease(lock),
+                last=0 if entry is None else entry.revision,
+            )
+        except RevisionConflict:
+            return 0  # another process won the election
+        removed = 0
+        for item in await self._call(self._store.entries, _WINDOW_PREFIX):
+            if item.value is None and await self._call(
+                self._store.purge_marker, item.key, revision=item.revision
+            ):
+                removed += 1
+        # A lease that expired long ago (ten leases) belongs to a dead process.
+        grave = now - 10 * self._lease - self._skew
+        for item in await self._call(self._store.entries, _LEASE_PREFIX):
+            if item.value is None:
+                if await self._call(self._store.purge_marker, item.key, revision=item.revision):
+                    removed += 1
+                continue
+            try:
+                lease = _decode_lease(item.value)
+            except (ValueError, KeyError, TypeError):
+                continue
+            if lease.expires < grave:
+                try:
+                    marker = await self._call(self._store.delete, item.key, last=item.revision)
+                except RevisionConflict:
+                    continue
+                if await self._call(self._store.purge_marker, item.key, revision=marker):
+                    removed += 1
+                self._leases.pop(lease.process, None)
+        return removed
+
+    async def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        try:
+            with trio.move_on_after(self._op_timeout) as scope:
+                for kv_key, run_id in list(self._owned.items()):
+                    entry = await self._get(kv_key)
+                    doc = self._parse(entry)
+                    if doc is not None and doc.run_id == run_id and self._mine(doc):
+                        assert entry is not None
+                        try:
+                            await self._call(self._store.delete, kv_key, last=entry.revision)
+                        except RevisionConflict:
+                            logger.warning("release of %s lost a race to another write", kv_key)
+                    del self._owned[kv_key]
+                if self._lease_revision:
+                    with contextlib.suppress(RevisionConflict):
+                        await self._call(
+                            self._store.delete, self._process_key, last=self._lease_revision
+                        )
+            if scope.cancelled_caught:
+                logger.warning("release did not finish within %.3g s", self._op_timeout)
+        except BackendError as exc:
+            logger.warning(
+                "release could not reach the backend (%s); %d windows stay until a ping "
+                "takes them over",
+                exc,
+                len(self._owned),
+            )

@@ -1,0 +1,267 @@
+"""An in-memory, pure-Trio stand-in for a shared backend, with fault injection."""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+from .._errors import BackendUnavailableError, DocumentTooLargeError, RevisionConflict
+from .._kv import KvEntry, KvStore
+from .._protocol import KvDebounceBackend
+
+T = TypeVar("T")
+
+#: Wall-clock epoch seconds that MemoryStore's clock reads when Trio's clock reads 0.
+DEFAULT_EPOCH = 1_700_000_000.0
+
+
+class MemoryStore(KvStore):
+    """A revisioned key-value store in memory, with JetStream KV (history 1) semantics.
+
+    One store stands for one server: give each :class:`MemoryBackend` the same store
+    and the coordinators that use them behave as separate processes sharing a bucket,
+    inside one ``trio.run``. Revisions grow with every write to the store, deletes
+    leave markers, writes are compare-and-swap. Each call is a Trio checkpoint.
+
+    Args:
+      max_value_bytes (int): the largest value accepted (the NATS default payload
+        limit, 1 MiB, less 1 KiB of headers).
+      epoch (float): the wall-clock reading, in epoch seconds, when Trio's clock reads
+        0; the wall clock of every :class:`MemoryBackend` is Trio's clock plus this
+        (plus its own skew), so :class:`trio.testing.MockClock` drives it.
+
+    Attributes:
+      down (bool): set True to make every call of every client fail with
+        :class:`~trio_debounce.BackendUnavailableError` (a server outage).
+      requests (collections.Counter[str]): calls answered, by operation name.
+    """
+
+    def __init__(
+        self, *, max_value_bytes: int = 1024 * 1024 - 1024, epoch: float = DEFAULT_EPOCH
+    ) -> None:
+        self.max_value_bytes = max_value_bytes
+        self.epoch = epoch
+        self.down = False
+        self.requests: collections.Counter[str] = collections.Counter()
+        self._data: dict[str, KvEntry] = {}
+        self._sequence = 0
+
+    def __repr__(self) -> str:
+        return f"<MemoryStore {len(self._data)} keys, revision {self._sequence}>"
+
+    def _enter(self, op: str) -> None:
+        if self.down:
+            raise BackendUnavailableError("the memory store is down")
+        self.requests[op] += 1
+
+    def _check(self, key: str, last: int) -> None:
+        entry = self._data.get(key)
+        current = 0 if entry is None else entry.revision
+        if current != last:
+            raise RevisionConflict(f"wrong last revision for {key}: expected {last}, is {current}")
+
+    def _write(self, key: str, value: bytes | None) -> int:
+        self._sequence += 1
+        self._data[key] = KvEntry(key, value, self._sequence)
+        return self._sequence
+
+    async def get(self, key: str) -> KvEntry | None:
+        await trio.lowlevel.checkpoint()
+        self._enter("get")
+        return self._data.get(key)
+
+    async def put(self, key: str, value: bytes, *, last: int) -> int:
+        await trio.lowlevel.checkpoint()
+        if len(value) > self.max_value_bytes:
+            raise DocumentTooLargeError(
+                f"a value of {len(value)} bytes for {key} exceeds {self.max_value_bytes}"
+            )
+        self._enter("put")
+        self._check(key, last)
+        return self._write(key, bytes(value))
+
+    async def delete(self, key: str, *, last: int) -> int:
+        await trio.lowlevel.checkpoint()
+        self._enter("delete")
+        self._check(key, last)
+        return self._write(key, None)
+
+    async def purge_marker(self, key: str, *, revision: int) -> bool:
+        await trio.lowlevel.checkpoint()
+        self._enter("purge_marker")
+        entry = self._data.get(key)
+        if entry is None or entry.revision != revision or entry.value is not None:
+            return False
+        del self._data[key]
+        return True
+
+    async def entries(self, prefix: str) -> list[KvEntry]:
+        await trio.lowlevel.checkpoint()
+        self._enter("entries")
+        return [entry for key, entry in self._data.items() if key.startswith(prefix)]
+
+    def raw_put(self, key: str, value: bytes | None) -> int:
+        """Write ``value`` (``None``: a delete marker) with no revision check and no
+        checkpoint: for tests that plant corrupt or foreign records."""
+        return self._write(key, value)
+
+    def raw_get(self, key: str) -> KvEntry | None:
+        """The latest entry of ``key``, without a checkpoint or a fault."""
+        return self._data.get(key)
+
+
+class StoreFaults:
+    """Faults to inject into one :class:`MemoryBackend`'s calls to its store.
+
+    Each ``*_next`` method arms a fault for the next ``n`` matching calls; they are
+    consumed in the order armed. Use ``partitioned`` for an open-ended outage of this
+    one process.
+
+    Attributes:
+      partitioned (bool): while True, every call fails with
+        :class:`~trio_debounce.BackendUnavailableError` without reaching the store.
+    """
+
+    def __init__(self) -> None:
+        self.partitioned = False
+        self._queue: collections.deque[tuple[str, float, frozenset[str]]] = collections.deque()
+
+    def fail_next(self, n: int = 1, *, ops: tuple[str, ...] = ()) -> None:
+        """The next ``n`` calls (of ``ops``, default any) raise
+        :class:`~trio_debounce.BackendUnavailableError` without being applied."""
+        self._arm("fail", n, 0.0, ops)
+
+    def apply_then_fail_next(self, n: int = 1, *, ops: tuple[str, ...] = ("put", "delete")) -> None:
+        """The next ``n`` calls (writes by default) are applied, then raise
+        :class:`~trio_debounce.BackendUnavailableError`: a write that timed out but
+        landed."""
+        self._arm("apply_then_fail", n, 0.0, ops)
+
+    def conflict_next(self, n: int = 1) -> None:
+        """The next ``n`` writes raise :class:`~trio_debounce.RevisionConflict` without
+        being applied, as if another process had written first."""
+        self._arm("conflict", n, 0.0, ("put", "delete"))
+
+    def delay_next(self, seconds: float, n: int = 1, *, ops: tuple[str, ...] = ()) -> None:
+        """The next ``n`` calls are applied at once and answered ``seconds`` later (on
+        Trio's clock): if the caller gives up meanwhile, the call has still landed."""
+        if not 0 <= seconds < math.inf:
+            raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
+        self._arm("delay", n, seconds, ops)
+
+    def _arm(self, kind: str, n: int, seconds: float, ops: tuple[str, ...]) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        for _ in range(n):
+            self._queue.append((kind, seconds, frozenset(ops)))
+
+    def _take(self, op: str) -> tuple[str, float] | None:
+        for i, (kind, seconds, ops) in enumerate(self._queue):
+            if not ops or op in ops:
+                del self._queue[i]
+                return kind, seconds
+        return None
+
+
+class _FaultyStore(KvStore):
+    """One client's view of a MemoryStore, through its StoreFaults."""
+
+    def __init__(self, store: MemoryStore, faults: StoreFaults) -> None:
+        self._store = store
+        self._faults = faults
+        self.max_value_bytes = store.max_value_bytes
+
+    def __repr__(self) -> str:
+        return repr(self._store)
+
+    async def _run(self, op: str, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        if self._faults.partitioned:
+            await trio.lowlevel.checkpoint()
+            raise BackendUnavailableError("this process is partitioned from the memory store")
+        fault = self._faults._take(op)
+        if fault is None:
+            return await fn(*args, **kwargs)
+        kind, seconds = fault
+        if kind == "fail":
+            await trio.lowlevel.checkpoint()
+            raise BackendUnavailableError(f"injected failure of {op}")
+        if kind == "conflict":
+            await trio.lowlevel.checkpoint()
+            raise RevisionConflict(f"injected revision conflict on {op}")
+        result = await fn(*args, **kwargs)
+        if kind == "apply_then_fail":
+            raise BackendUnavailableError(f"injected failure after {op} was applied")
+        await trio.sleep(seconds)
+        return result
+
+    async def get(self, key: str) -> KvEntry | None:
+        return await self._run("get", self._store.get, key)
+
+    async def put(self, key: str, value: bytes, *, last: int) -> int:
+        return await self._run("put", self._store.put, key, value, last=last)
+
+    async def delete(self, key: str, *, last: int) -> int:
+        return await self._run("delete", self._store.delete, key, last=last)
+
+    async def purge_marker(self, key: str, *, revision: int) -> bool:
+        return await self._run("purge_marker", self._store.purge_marker, key, revision=revision)
+
+    async def entries(self, prefix: str) -> list[KvEntry]:
+        return await self._run("entries", self._store.entries, prefix)
+
+
+class MemoryBackend(KvDebounceBackend):
+    """A debounce backend on a shared :class:`MemoryStore`: one per simulated process.
+
+    Runs the same protocol code as the NATS backend, so tests of your own code under
+    :class:`trio.testing.MockClock` see the real cross-process behaviour::
+
+        store = MemoryStore()
+        async with open_coordinator(backend=MemoryBackend(store), ...) as a, \\
+                   open_coordinator(backend=MemoryBackend(store), ...) as b:
+            ...
+
+    Args:
+      store (MemoryStore): the shared store.
+      process_id (str | None): the simulated process's id (uuid4 hex when None).
+      clock_skew (float): seconds this process's wall clock runs ahead of the store's
+        (negative: behind).
+      process_lease (float), op_timeout (float), max_clock_skew (float): as for the
+        NATS backend (seconds).
+
+    Attributes:
+      faults (StoreFaults): faults to inject into this process's calls.
+    """
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        *,
+        process_id: str | None = None,
+        clock_skew: float = 0.0,
+        process_lease: float = 60.0,
+        op_timeout: float = 2.0,
+        max_clock_skew: float = 1.0,
+    ) -> None:
+        if not isinstance(store, MemoryStore):
+            raise TypeError(f"store must be a MemoryStore, not {store!r}")
+        if (
+            isinstance(clock_skew, bool)
+            or not isinstance(clock_skew, (int, float))
+            or not math.isfinite(clock_skew)
+        ):
+            raise ValueError(f"clock_skew must be a finite number of seconds, got {clock_skew!r}")
+        self.faults = StoreFaults()
+        offset = store.epoch + float(clock_skew)
+        super().__init__(
+            _FaultyStore(store, self.faults),
+            process_id=process_id,
+            process_lease=process_lease,
+            op_timeout=op_timeout,
+            max_clock_skew=max_clock_skew,
+            wall_time=lambda: trio.current_time() + offset,
+        )
