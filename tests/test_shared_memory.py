@@ -396,3 +396,65 @@ def a_mode() -> Any:
     from trio_debounce import Mode
 
     return Mode.TRAILING
+
+
+@pytest.mark.parametrize("delay", [1.0, 20.0])
+async def test_register_that_timed_out_but_landed_fires_once(
+    autojump_clock: trio.testing.MockClock, delay: float
+) -> None:
+    # A's write lands at once but its answer comes after op_timeout: A fails open with a
+    # local window, while the shared window names A and takes B's ping. The burst still
+    # fires once, with both pings counted.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB") as (a, b):
+        backend_a = a._backend  # noqa: SLF001
+        assert isinstance(backend_a, MemoryBackend)
+        backend_a.faults.delay_next(5.0, ops=("put",))
+        r = await a.debounce("wf", "k", "a", delay=delay)
+        assert r.owner
+        assert a.statistics().fail_open_windows == 1
+        r = await b.debounce("wf", "k", "b", delay=delay)
+        assert not r.owner
+        assert r.ping_count == 2
+        await trio.sleep(3 * LEASE + delay)
+    assert [p for p, _ in fires.log] == ["A"]
+    [(_, fire)] = fires.log
+    assert fire.ping_count == 2
+    assert fire.payload == "a"
+
+
+@pytest.mark.parametrize(("peer_ping_at", "fires_expected"), [(0.5, 1), (6.0, 2)])
+async def test_landed_register_after_its_local_window_fired(
+    autojump_clock: trio.testing.MockClock, peer_ping_at: float, fires_expected: int
+) -> None:
+    # The late write is found only after the fail-open window fired (t=3). The shared
+    # window is deleted; it fires again only if a peer's ping reached it after the
+    # local fire, so that ping is not lost.
+    store, fires = MemoryStore(), Fires()
+    lease = 30.0  # heartbeats (and the reconcile) every 10 s
+    names = ("A", "B")
+    async with AsyncExitStack() as stack:
+        a, b = [
+            await stack.enter_async_context(
+                open_coordinator(
+                    handlers={"wf": fires.handler(name)},
+                    backend=backend(store, name, process_lease=lease),
+                )
+            )
+            for name in names
+        ]
+        backend_a = a._backend  # noqa: SLF001
+        assert isinstance(backend_a, MemoryBackend)
+        backend_a.faults.delay_next(5.0, ops=("put",))
+        t0 = trio.current_time()
+
+        async def peer() -> None:
+            await trio.sleep(peer_ping_at)
+            await b.debounce("wf", "k", "b", delay=1.0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer)
+            await a.debounce("wf", "k", "a", delay=1.0)  # fails open at t0+2
+        await trio.sleep(25.0)
+    assert [p for p, _ in fires.log] == ["A"] * fires_expected
+    assert fires.log[0][1].fired_at == near(t0 + 3.0)

@@ -110,6 +110,8 @@ class Finalization(NamedTuple):
       first_ping_at (float | None): the window's first ping, wall clock (``None`` for
         ``abandoned``).
       mode (Mode | None): the window's mode (``None`` for ``abandoned``).
+      last_ping_at (float | None): the window's last ping, wall clock (``None`` for
+        ``abandoned``).
     """
 
     outcome: Finalized
@@ -117,6 +119,7 @@ class Finalization(NamedTuple):
     ping_count: int = 0
     first_ping_at: float | None = None
     mode: Mode | None = None
+    last_ping_at: float | None = None
 
 
 class OwnedWindow(NamedTuple):

@@ -18,7 +18,14 @@ if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
 from . import _validate
-from ._backend import DebounceBackend, Finalization, Finalized, Registered, Registration
+from ._backend import (
+    DebounceBackend,
+    Finalization,
+    Finalized,
+    OwnedWindow,
+    Registered,
+    Registration,
+)
 from ._errors import BackendError, BackendUnavailableError
 from ._types import (
     CoordinatorStatistics,
@@ -118,6 +125,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._on_backend_error = on_backend_error
         #: The local side of windows shared through the backend.
         self._shared: dict[tuple[str, str], SharedWindow] = {}
+        #: Local windows opened because a register failed, by the run id the failed
+        #: register proposed (its write may land later).
+        self._fail_open_runs: dict[str, Window] = {}
+        self._reconcile_soon = False
         self._handlers: dict[str, Handler] = dict(handlers)
         self._on_error = on_error
         self._windows: dict[tuple[str, str], Window] = {}
@@ -464,9 +475,15 @@ class Coordinator(metaclass=_NoPublicConstructor):
             )
             if self._closed:
                 raise _closed_error() from exc
-            return self._debounce_local(
+            result = self._debounce_local(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire
             )
+            # The write may still land (a timeout is ambiguous) and make us the owner
+            # of a shared window with this run id: reconcile soon, and then adopt or
+            # settle it instead of firing the burst twice.
+            self._fail_open_runs[run_id] = self._windows[ident]
+            self._reconcile_soon = True
+            return result
         return self._apply_registration(ident, registration, payload, on_fire)
 
     def _to_trio(self, wall_at: float) -> float:
@@ -660,8 +677,13 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 self._cancelled += 1
             self._close_shared(shared)
             raise
-        # Fire: the backend deleted the window for us, exactly once.
+        await self._fire_shared(shared, result)
+
+    async def _fire_shared(self, shared: SharedWindow, result: Finalization) -> None:
+        """Run the trailing fire of a shared window that the backend finalized for us
+        (it deleted the window, exactly once), if its mode and count call for one."""
         assert result.scheduled_at is not None
+        workflow, key = shared.ident
         count = result.ping_count
         pending = _trailing_pending(result.mode or shared.mode, count)
         first = shared.first_ping_at
@@ -700,7 +722,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             try:
                 with trio.move_on_after(backend.heartbeat_interval):
                     await backend.refresh_lease()
-                    if down or beats % _SLOW_EVERY == 0:
+                    if down or self._reconcile_soon or beats % _SLOW_EVERY == 0:
+                        self._reconcile_soon = False
                         await self._reconcile(backend)
                         await backend.sweep()
                     if down:
@@ -715,13 +738,38 @@ class Coordinator(metaclass=_NoPublicConstructor):
     async def _reconcile(self, backend: DebounceBackend) -> None:
         """Arm a local task for every window the backend says is ours but we lack
         (a write that timed out and committed later, say)."""
-        for owned in await backend.owned_windows():
+        owned_windows = await backend.owned_windows()
+        seen = {owned.run_id for owned in owned_windows}
+        for run_id, window in list(self._fail_open_runs.items()):
+            if run_id not in seen and window.state == CLOSED:
+                del self._fail_open_runs[run_id]
+        for owned in owned_windows:
             ident = (owned.workflow, owned.key)
             shared = self._shared.get(ident)
             if self._closed or (
                 shared is not None and shared.run_id == owned.run_id and shared.state == OPEN
             ):
                 continue
+            local = self._fail_open_runs.pop(owned.run_id, None)
+            payload: Any = None
+            on_fire: Handler | None = None
+            count = owned.ping_count
+            if local is not None:
+                if local.state != OPEN or self._windows.get(ident) is not local:
+                    # The local window already fired (or was cancelled) for this burst;
+                    # the late write only matters if peers pinged into it since.
+                    await self._settle_landed(backend, owned, local)
+                    continue
+                # Still open: adopt the local burst into the shared window (one fire).
+                payload, on_fire = local.payload, local.on_fire
+                count = max(count, local.count)
+                self._cancel_window(local)
+                logger.info(
+                    "a register of %r/%r that failed had landed; its local window joins "
+                    "the shared one",
+                    owned.workflow,
+                    owned.key,
+                )
             logger.info(
                 "re-arming window %r/%r (run %s) that names this process as its owner",
                 owned.workflow,
@@ -734,11 +782,36 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 owned.mode,
                 self._to_trio(owned.scheduled_at),
                 self._to_trio(owned.first_ping_at),
-                owned.ping_count,
-                None,
-                None,
+                count,
+                payload,
+                on_fire,
                 taker=False,
             )
+
+    async def _settle_landed(
+        self, backend: DebounceBackend, owned: OwnedWindow, local: Window
+    ) -> None:
+        """A failed register landed after its fail-open window closed: delete the
+        shared window, and fire it too if peers' pings reached it (never lose them)."""
+        result = await backend.finalize(owned.workflow, owned.key, owned.run_id, force=True)
+        if result.outcome is not Finalized.FIRE or self._closed:
+            return
+        local_fired_at = local.flushed_at if local.flushed_at else local.deadline
+        if result.last_ping_at is None or self._to_trio(result.last_ping_at) <= local_fired_at:
+            return  # the local fire came after every ping of the shared window
+        shared = SharedWindow(
+            (owned.workflow, owned.key),
+            owned.run_id,
+            owned.mode,
+            self._now(),
+            self._to_trio(owned.first_ping_at),
+            result.ping_count,
+            local.payload,
+            local.on_fire,
+            taker=False,
+        )
+        self._set_trailing(shared, True)
+        self._nursery.start_soon(self._fire_shared, shared, result)
 
     def _no_handler(self, workflow: str) -> LookupError:
         return LookupError(

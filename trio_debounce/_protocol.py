@@ -496,7 +496,7 @@ class KvDebounceBackend(DebounceBackend):
             )
         raise BackendUnavailableError(
             f"register of {workflow!r}/{key!r} did not complete within {self._op_timeout} s"
-            + (f": {error}" if error is not None else " (revision conflicts)")
+            + (f": {error}" if error is not None else "")
         )
 
     @staticmethod
@@ -571,7 +571,7 @@ class KvDebounceBackend(DebounceBackend):
 
     def _fire(self, kv_key: str, doc: WindowDoc, fired_at: float) -> Finalization:
         self._owned.pop(kv_key, None)
-        return Finalization(Finalized.FIRE, fired_at, doc.count, doc.first, doc.mode)
+        return Finalization(Finalized.FIRE, fired_at, doc.count, doc.first, doc.mode, doc.last)
 
     async def _apply_queued_deletes(self) -> None:
         """Apply deletes queued by finalizes that could not reach the store."""
