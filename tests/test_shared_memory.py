@@ -407,7 +407,7 @@ async def test_register_that_timed_out_but_landed_fires_once(
     # fires once, with both pings counted.
     store, fires = MemoryStore(), Fires()
     async with processes(store, fires, "AB") as (a, b):
-        backend_a = a._backend  # noqa: SLF001
+        backend_a = a._backend
         assert isinstance(backend_a, MemoryBackend)
         backend_a.faults.delay_next(5.0, ops=("put",))
         r = await a.debounce("wf", "k", "a", delay=delay)
@@ -443,7 +443,7 @@ async def test_landed_register_after_its_local_window_fired(
             )
             for name in names
         ]
-        backend_a = a._backend  # noqa: SLF001
+        backend_a = a._backend
         assert isinstance(backend_a, MemoryBackend)
         backend_a.faults.delay_next(5.0, ops=("put",))
         t0 = trio.current_time()
