@@ -458,3 +458,29 @@ async def test_landed_register_after_its_local_window_fired(
         await trio.sleep(25.0)
     assert [p for p, _ in fires.log] == ["A"] * fires_expected
     assert fires.log[0][1].fired_at == near(t0 + 3.0)
+
+
+async def test_requests_per_operation(autojump_clock: trio.testing.MockClock) -> None:
+    # The protocol's cost per operation, as the protocol page states it.
+    store = MemoryStore()
+    a, b = backend(store, "A"), backend(store, "B")
+    await a.refresh_lease()
+    await b.refresh_lease()
+
+    async def cost(call: Any) -> dict[str, int]:
+        before = store.requests.copy()
+        await call
+        return dict(store.requests - before)
+
+    kw: dict[str, Any] = {"mode": a_mode(), "delay": 5.0, "max_delay": None, "run_id": "r"}
+    assert await cost(a.register("wf", "k", **kw)) == {"get": 1, "put": 1}  # opened
+    assert await cost(a.register("wf", "k", **kw)) == {"get": 1, "put": 1}  # extended
+    await trio.sleep(2.0)
+    # coalesced: the first time B meets owner A it reads A's lease, then never again
+    assert await cost(b.register("wf", "k", **kw)) == {"get": 2, "put": 1}
+    assert await cost(b.register("wf", "k", **kw)) == {"get": 1, "put": 1}
+    await trio.sleep(3.0)
+    # the owner finalizes after B pushed the fire: a reschedule records when it wakes
+    assert await cost(a.finalize("wf", "k", "r")) == {"get": 1, "put": 1}
+    await trio.sleep(2.0)
+    assert await cost(a.finalize("wf", "k", "r")) == {"get": 1, "delete": 1}  # fire

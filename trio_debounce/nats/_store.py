@@ -96,6 +96,8 @@ class _State:
     permission_message: str = ""
     #: Cancelled by the error callback on an authorization violation during start-up.
     connect_scope: trio.CancelScope | None = None
+    #: Set when the store is being closed on purpose (its disconnect is no news).
+    closing: bool = False
     _last_logged: dict[str, float] = field(default_factory=dict)
 
     def log_once(self, level: int, message: str) -> None:
@@ -128,6 +130,9 @@ class _State:
             self.log_once(logging.WARNING, f"NATS connection error: {text}")
 
     async def disconnected_cb(self) -> None:
+        if self.closing:
+            logger.debug("disconnected from NATS while closing")
+            return
         self.log_once(logging.WARNING, "disconnected from NATS; reconnecting")
 
     async def reconnected_cb(self) -> None:
@@ -609,6 +614,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
             error = exc
         finally:
             state.connect_scope = None
+            state.closing = True
             with trio.CancelScope(shield=True), trio.move_on_after(config.op_timeout * 2):
                 await trio_asyncio.aio_as_trio(_shutdown)(nc, config.op_timeout)
     if error is not None:

@@ -1,0 +1,371 @@
+"""The cross-process protocol against a real ``nats-server`` with JetStream.
+
+Real clock (under trio-asyncio, nats-py's own timeouts run on Trio's clock, so an
+autojumping MockClock would expire them at once), small delays, and an outer
+``trio.fail_after`` on every test. Coordinators with distinct process ids share one
+bucket in one ``trio.run``, each through its own connection.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from tests.nats_server import NatsServer, NatsServerFactory, free_port
+from trio_debounce import (
+    BackendAuthError,
+    BackendUnavailableError,
+    Coordinator,
+    Edge,
+    Fire,
+    Outcome,
+    open_coordinator,
+)
+from trio_debounce._protocol import KvDebounceBackend
+from trio_debounce.abc import DebounceBackend
+from trio_debounce.nats import NatsConfig, open_nats_backend
+from trio_debounce.testing import KvEntry, KvStore, check_debounce_backend
+
+LEASE = 1.5
+SKEW = 0.25
+OP_TIMEOUT = 0.5
+
+pytestmark = pytest.mark.slow
+
+
+def config(server: NatsServer, **kwargs: Any) -> NatsConfig:
+    kwargs.setdefault("bucket", "b" + uuid.uuid4().hex[:12])
+    kwargs.setdefault("process_lease", LEASE)
+    kwargs.setdefault("max_clock_skew", SKEW)
+    kwargs.setdefault("op_timeout", OP_TIMEOUT)
+    kwargs.setdefault("connect_timeout", 3.0)
+    kwargs.setdefault("ping_interval", 1.0)
+    return NatsConfig(servers=(server.url,), **kwargs)
+
+
+class Fires:
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Fire]] = []
+
+    def handler(self, process: str) -> Any:
+        async def handle(fire: Fire) -> None:
+            self.log.append((process, fire))
+
+        return handle
+
+    def summary(self) -> list[tuple[str, str, Any, int, Edge]]:
+        return [(p, f.key, f.payload, f.ping_count, f.edge) for p, f in self.log]
+
+
+@asynccontextmanager
+async def processes(
+    cfg: NatsConfig, fires: Fires, names: Sequence[str], **kwargs: Any
+) -> AsyncIterator[list[Coordinator]]:
+    async with AsyncExitStack() as stack:
+        coordinators = []
+        for name in names:
+            backend = await stack.enter_async_context(open_nats_backend(cfg, process_id=name))
+            coordinators.append(
+                await stack.enter_async_context(
+                    open_coordinator(
+                        handlers={"wf": fires.handler(name)}, backend=backend, **kwargs
+                    )
+                )
+            )
+        yield coordinators
+
+
+async def test_conformance_nats_backend(nats_server: NatsServer) -> None:
+    cfg = config(nats_server)
+
+    @asynccontextmanager
+    async def open_backends(n: int) -> AsyncIterator[Sequence[DebounceBackend]]:
+        async with AsyncExitStack() as stack:
+            yield [
+                await stack.enter_async_context(open_nats_backend(cfg, process_id=f"p{i}"))
+                for i in range(n)
+            ]
+
+    with trio.fail_after(40):
+        await check_debounce_backend(
+            open_backends, process_lease=LEASE, max_clock_skew=SKEW, tick=0.05
+        )
+
+
+async def test_two_and_three_processes_fire_each_burst_once(nats_server: NatsServer) -> None:
+    fires = Fires()
+    with trio.fail_after(20):
+        async with processes(config(nats_server), fires, "ABC") as (a, b, c):
+            results = []
+            for i in range(9):
+                who = (a, b, c)[i % 3]
+                for key in ("k1", "k2"):
+                    results.append((key, await who.debounce("wf", key, i, delay=0.4)))
+                await trio.sleep(0.05)
+            for key in ("k1", "k2"):
+                mine = [r for k, r in results if k == key]
+                assert [r.ping_count for r in mine] == list(range(1, 10))
+                assert len({r.active_run_id for r in mine}) == 1
+                assert [r.owner for r in mine] == [True, False, False] * 3
+            await trio.sleep(0.8)
+            assert sorted(fires.summary()) == [
+                ("A", "k1", 6, 9, Edge.TRAILING),
+                ("A", "k2", 6, 9, Edge.TRAILING),
+            ]
+
+
+async def test_owner_extend_and_non_owner_push(nats_server: NatsServer) -> None:
+    fires = Fires()
+    with trio.fail_after(20):
+        async with processes(config(nats_server), fires, "AB") as (a, b):
+            t0 = trio.current_time()
+            await a.debounce("wf", "k", "a1", delay=0.3)
+            r = await a.debounce("wf", "k", "a2", delay=0.3)
+            assert r.owner
+            assert r.outcome is Outcome.COALESCE
+            await trio.sleep(0.2)
+            r = await b.debounce("wf", "k", "b", delay=0.8)  # pushes the fire later
+            assert not r.owner
+            assert r.scheduled_at is not None
+            pushed = r.scheduled_at
+            await trio.sleep(0.5)
+            assert fires.log == []  # A woke at its armed time and rescheduled
+            await trio.sleep(0.6)
+            [(process, fire)] = fires.log
+            assert process == "A"
+            assert fire.payload == "a2"
+            assert fire.ping_count == 3
+            assert fire.fired_at == pytest.approx(pushed, abs=0.05)
+            assert fire.first_ping_at == pytest.approx(t0, abs=0.05)
+
+
+async def test_non_owner_moves_the_fire_earlier(nats_server: NatsServer) -> None:
+    fires = Fires()
+    with trio.fail_after(20):
+        # on_exit="cancel": A learns that B took the fire only when its own task wakes
+        # at the time it armed (30 s), which a "wait" exit would wait for.
+        async with processes(config(nats_server), fires, "AB", on_exit="cancel") as (a, b):
+            await a.debounce("wf", "k", "a", delay=30.0)
+            start = trio.current_time()
+            r = await b.debounce("wf", "k", "b", delay=0.3)
+            with trio.fail_after(2):
+                while not fires.log:
+                    await trio.sleep(0.02)
+            assert trio.current_time() - start < 1.0
+            assert fires.summary() == [("B", "k", "b", 2, Edge.TRAILING)]
+            assert fires.log[0][1].fired_at == pytest.approx(r.scheduled_at, abs=0.05)
+        assert len(fires.log) == 1  # A's later finalize was abandoned
+
+
+async def test_window_longer_than_the_lease_stays_with_its_owner(nats_server: NatsServer) -> None:
+    fires = Fires()
+    with trio.fail_after(20):
+        async with processes(config(nats_server), fires, "AB") as (a, b):
+            await a.debounce("wf", "k", "a", delay=3 * LEASE)
+            for _ in range(3):
+                await trio.sleep(LEASE)
+                r = await b.debounce("wf", "k", "b", delay=0.2 + 3 * LEASE)
+                assert not r.owner
+            await a.flush("wf", "k")
+            await a.wait_idle()
+            assert fires.summary() == [("A", "k", "a", 4, Edge.TRAILING)]
+
+
+async def test_dead_owner_is_taken_over_and_fires_once(nats_server: NatsServer) -> None:
+    fires = Fires()
+    cfg = config(nats_server)
+    with trio.fail_after(20):
+        async with processes(cfg, fires, "B") as (b,):
+            backend_a = None
+            with trio.CancelScope() as a_scope:
+                async with open_nats_backend(cfg, process_id="A") as backend_a:
+                    async with open_coordinator(
+                        handlers={"wf": fires.handler("A")}, backend=backend_a
+                    ) as a:
+                        first = await a.debounce("wf", "k", "a", delay=60.0, mode="both")
+                        # A's process "dies": its coordinator stops heartbeating and
+                        # cannot release (its store stops answering).
+                        a_scope.cancel()
+                        backend_a._store = _Dead()  # type: ignore[attr-defined]
+            await trio.sleep(LEASE + SKEW + 0.3)
+            r = await b.debounce("wf", "k", "b", delay=0.3, mode="both")
+            assert r.owner
+            assert r.outcome is Outcome.COALESCE
+            assert r.active_run_id == first.active_run_id
+            assert r.ping_count == 2
+            await trio.sleep(0.6)
+        assert fires.summary() == [
+            ("A", "k", "a", 1, Edge.LEADING),  # not fired again by the takeover
+            ("B", "k", "b", 2, Edge.TRAILING),
+        ]
+
+
+class _Dead:
+    """A store that no longer answers, standing in for a dead process's connection."""
+
+    def __getattr__(self, name: str) -> Any:
+        async def fail(*args: Any, **kwargs: Any) -> Any:
+            raise BackendUnavailableError("dead")
+
+        return fail
+
+
+async def test_leading_across_processes(nats_server: NatsServer) -> None:
+    fires = Fires()
+    with trio.fail_after(20):
+        async with processes(config(nats_server), fires, "AB") as (a, b):
+            r = await a.debounce("wf", "k", 0, delay=0.5, mode="leading")
+            assert r.outcome is Outcome.FIRE_IMMEDIATE
+            for i in range(1, 5):
+                await trio.sleep(0.2)
+                r = await (b, a)[i % 2].debounce("wf", "k", i, delay=0.5, mode="leading")
+                assert r.outcome is Outcome.COALESCE
+            await trio.sleep(0.9)
+            r = await b.debounce("wf", "k", 5, delay=0.5, mode="leading")
+            assert r.outcome is Outcome.FIRE_IMMEDIATE
+        assert fires.summary() == [
+            ("A", "k", 0, 1, Edge.LEADING),
+            ("B", "k", 5, 1, Edge.LEADING),
+        ]
+
+
+async def test_conflict_storm_of_ten_coordinators(nats_server: NatsServer) -> None:
+    fires = Fires()
+    names = [f"P{i}" for i in range(10)]
+    with trio.fail_after(30):
+        async with processes(config(nats_server, op_timeout=2.0), fires, names) as cs:
+            results = []
+
+            async def ping(c: Coordinator, i: int) -> None:
+                results.append(await c.debounce("wf", "k", i, delay=0.5))
+
+            async with trio.open_nursery() as nursery:
+                for i, c in enumerate(cs):
+                    nursery.start_soon(ping, c, i)
+            assert sorted(r.ping_count for r in results) == list(range(1, 11))
+            assert sum(r.owner for r in results) == 1
+            assert all(r.stored for r in results)
+            await trio.sleep(1.0)
+        assert len(fires.log) == 1
+        assert fires.log[0][1].ping_count == 10
+
+
+async def test_server_stopped_mid_window_then_restarted(nats_server: NatsServer) -> None:
+    fires = Fires()
+    with trio.fail_after(40):
+        async with processes(config(nats_server), fires, "AB") as (a, b):
+            await a.debounce("wf", "k", "a", delay=1.0)
+            await b.debounce("wf", "k", "b", delay=1.0)
+            nats_server.stop()
+            # No call hangs past its bound: a ping fails open within op_timeout.
+            start = trio.current_time()
+            r = await b.debounce("wf", "other", "x", delay=0.2)
+            assert trio.current_time() - start < OP_TIMEOUT + 0.5
+            assert r.owner  # a local window
+            await trio.sleep(1.0 + OP_TIMEOUT + 0.5)
+            # A held the window: it fired although finalize could not reach the server.
+            # An unconfirmed fire carries the last count its owner saw (its own ping).
+            assert sorted(fires.summary()) == [
+                ("A", "k", "a", 1, Edge.TRAILING),
+                ("B", "other", "x", 1, Edge.TRAILING),
+            ]
+            assert a.statistics().unconfirmed_fires == 1
+            assert b.statistics().fail_open_windows == 1
+            nats_server.start()
+            await trio.sleep(3 * LEASE)  # reconnect, heartbeats apply the queued delete
+            fires.log.clear()
+            # Cross-process mode resumes; the old window is gone, nothing fires twice.
+            r = await b.debounce("wf", "k", "b2", delay=0.3)
+            assert r.outcome is Outcome.SCHEDULE_TRAILING
+            assert r.owner
+            r = await a.debounce("wf", "k", "a2", delay=0.3)
+            assert not r.owner
+            assert r.ping_count == 2
+            await trio.sleep(0.8)
+            assert fires.summary() == [("B", "k", "b2", 2, Edge.TRAILING)]
+
+
+async def test_register_that_times_out_but_lands(nats_server: NatsServer) -> None:
+    # The server is paused between a register's read and its write: the write times
+    # out and the ping fails open locally; the server then resumes and applies the
+    # write, which makes A the owner of a shared window that B pings into. The burst
+    # fires once, on A.
+    fires = Fires()
+    cfg = config(nats_server)
+    with trio.fail_after(30):
+        async with (
+            processes(cfg, fires, "B") as (b,),
+            open_nats_backend(cfg, process_id="A") as backend_a,
+        ):
+            assert isinstance(backend_a, KvDebounceBackend)
+            backend_a._store = PauseAfterGet(backend_a._store, nats_server, "w.d2Y.aw")
+            async with open_coordinator(
+                handlers={"wf": fires.handler("A")}, backend=backend_a
+            ) as a:
+                r = await a.debounce("wf", "k", "a", delay=2.0)
+                assert a.statistics().fail_open_windows == 1
+                assert r.owner
+                nats_server.resume()
+                await trio.sleep(0.3)
+                r = await b.debounce("wf", "k", "b", delay=2.0)
+                assert r.ping_count == 2  # the write that timed out had landed
+                assert not r.owner
+                await trio.sleep(2 * LEASE + 2.0)
+        assert [p for p, *_ in fires.summary()] == ["A"]
+        assert fires.log[0][1].ping_count == 2
+
+
+class PauseAfterGet(KvStore):
+    """The real NATS store, with the server paused (SIGSTOP) right after one read of
+    ``key`` returns, so the write that follows is sent to a stopped server."""
+
+    def __init__(self, store: KvStore, server: NatsServer, key: str) -> None:
+        self._store = store
+        self._server = server
+        self._key = key
+        self.max_value_bytes = store.max_value_bytes
+
+    async def get(self, key: str) -> KvEntry | None:
+        entry = await self._store.get(key)
+        if key == self._key and not self._server.paused:
+            self._key = ""
+            self._server.pause()
+        return entry
+
+    async def put(self, key: str, value: bytes, *, last: int) -> int:
+        return await self._store.put(key, value, last=last)
+
+    async def delete(self, key: str, *, last: int) -> int:
+        return await self._store.delete(key, last=last)
+
+    async def purge_marker(self, key: str, *, revision: int) -> bool:
+        return await self._store.purge_marker(key, revision=revision)
+
+    async def entries(self, prefix: str) -> list[KvEntry]:
+        return await self._store.entries(prefix)
+
+
+async def test_start_up_with_the_server_down() -> None:
+    cfg = NatsConfig(servers=(f"nats://127.0.0.1:{free_port()}",), connect_timeout=1.0)
+    start = time.monotonic()
+    with trio.fail_after(10), pytest.raises(BackendUnavailableError):
+        async with open_nats_backend(cfg):
+            pytest.fail("connected to nothing")  # pragma: no cover
+    assert 0.9 <= time.monotonic() - start < 4.0
+
+
+async def test_wrong_credentials(nats_server_factory: NatsServerFactory) -> None:
+    server = nats_server_factory(token="s3cret-token")
+    cfg = NatsConfig(servers=(server.url,), token="wrong-token", connect_timeout=10.0)
+    start = time.monotonic()
+    with trio.fail_after(10), pytest.raises(BackendAuthError) as info:
+        async with open_nats_backend(cfg):
+            pytest.fail("authenticated with a wrong token")  # pragma: no cover
+    assert time.monotonic() - start < 5.0
+    assert "wrong-token" not in str(info.value)
