@@ -52,12 +52,17 @@ def config(server: NatsServer, **kwargs: Any) -> NatsConfig:
 class Fires:
     def __init__(self) -> None:
         self.log: list[tuple[str, Fire]] = []
+        self._first = trio.Event()
 
     def handler(self, process: str) -> Any:
         async def handle(fire: Fire) -> None:
             self.log.append((process, fire))
+            self._first.set()
 
         return handle
+
+    async def wait_first(self) -> None:
+        await self._first.wait()
 
     def summary(self) -> list[tuple[str, str, Any, int, Edge]]:
         return [(p, f.key, f.payload, f.ping_count, f.edge) for p, f in self.log]
@@ -155,8 +160,7 @@ async def test_non_owner_moves_the_fire_earlier(nats_server: NatsServer) -> None
             start = trio.current_time()
             r = await b.debounce("wf", "k", "b", delay=0.3)
             with trio.fail_after(2):
-                while not fires.log:
-                    await trio.sleep(0.02)
+                await fires.wait_first()
             assert trio.current_time() - start < 1.0
             assert fires.summary() == [("B", "k", "b", 2, Edge.TRAILING)]
             assert fires.log[0][1].fired_at == pytest.approx(r.scheduled_at, abs=0.05)
@@ -182,17 +186,16 @@ async def test_dead_owner_is_taken_over_and_fires_once(nats_server: NatsServer) 
     cfg = config(nats_server)
     with trio.fail_after(20):
         async with processes(cfg, fires, "B") as (b,):
-            backend_a = None
             with trio.CancelScope() as a_scope:
                 async with open_nats_backend(cfg, process_id="A") as backend_a:
-                    async with open_coordinator(
-                        handlers={"wf": fires.handler("A")}, backend=backend_a
-                    ) as a:
+                    assert isinstance(backend_a, KvDebounceBackend)
+                    handlers = {"wf": fires.handler("A")}
+                    async with open_coordinator(handlers=handlers, backend=backend_a) as a:
                         first = await a.debounce("wf", "k", "a", delay=60.0, mode="both")
                         # A's process "dies": its coordinator stops heartbeating and
                         # cannot release (its store stops answering).
                         a_scope.cancel()
-                        backend_a._store = _Dead()  # type: ignore[attr-defined]
+                        backend_a._store = _Dead()
             await trio.sleep(LEASE + SKEW + 0.3)
             r = await b.debounce("wf", "k", "b", delay=0.3, mode="both")
             assert r.owner
@@ -206,14 +209,25 @@ async def test_dead_owner_is_taken_over_and_fires_once(nats_server: NatsServer) 
         ]
 
 
-class _Dead:
+class _Dead(KvStore):
     """A store that no longer answers, standing in for a dead process's connection."""
 
-    def __getattr__(self, name: str) -> Any:
-        async def fail(*args: Any, **kwargs: Any) -> Any:
-            raise BackendUnavailableError("dead")
+    max_value_bytes = 0
 
-        return fail
+    async def get(self, key: str) -> KvEntry | None:
+        raise BackendUnavailableError("dead")
+
+    async def put(self, key: str, value: bytes, *, last: int) -> int:
+        raise BackendUnavailableError("dead")
+
+    async def delete(self, key: str, *, last: int) -> int:
+        raise BackendUnavailableError("dead")
+
+    async def purge_marker(self, key: str, *, revision: int) -> bool:
+        raise BackendUnavailableError("dead")
+
+    async def entries(self, prefix: str) -> list[KvEntry]:
+        raise BackendUnavailableError("dead")
 
 
 async def test_leading_across_processes(nats_server: NatsServer) -> None:
