@@ -24,7 +24,10 @@ from trio_debounce import (
     Coordinator,
     Edge,
     Fire,
+    Mode,
     Outcome,
+    Registered,
+    Registration,
     open_coordinator,
 )
 from trio_debounce._protocol import KvDebounceBackend
@@ -383,3 +386,46 @@ async def test_wrong_credentials(nats_server_factory: NatsServerFactory) -> None
             pytest.fail("authenticated with a wrong token")  # pragma: no cover
     assert time.monotonic() - start < 5.0
     assert "wrong-token" not in str(info.value)
+
+
+async def test_key_deleted_and_recreated_in_a_race(nats_server: NatsServer) -> None:
+    # A cancel (a delete marker) races pings from three processes, round after round:
+    # every ping lands either in the old window or in exactly one new one, which was
+    # opened over the delete marker by compare-and-swap.
+    cfg = config(nats_server)
+    with trio.fail_after(30):
+        async with AsyncExitStack() as stack:
+            owner, canceller, *pingers = [
+                await stack.enter_async_context(open_nats_backend(cfg, process_id=f"p{i}"))
+                for i in range(5)
+            ]
+            kw: dict[str, Any] = {"mode": Mode.TRAILING, "delay": 5.0, "max_delay": None}
+            for round_ in range(8):
+                old = await owner.register("wf", "k", run_id=f"old{round_}", **kw)
+                assert old.outcome is Registered.OPENED
+                results: list[Registration] = []
+                cancelled: list[bool] = []
+
+                async def ping(backend: DebounceBackend, run_id: str) -> None:
+                    results.append(await backend.register("wf", "k", run_id=run_id, **kw))
+
+                async def cancel() -> None:
+                    cancelled.append(await canceller.cancel("wf", "k"))
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(cancel)
+                    for i, backend in enumerate(pingers):
+                        nursery.start_soon(ping, backend, f"new{round_}.{i}")
+                assert cancelled == [True]
+                into_old = [r for r in results if r.run_id == old.run_id]
+                into_new = [r for r in results if r.run_id != old.run_id]
+                assert sorted(r.ping_count for r in into_old) == list(range(2, 2 + len(into_old)))
+                if into_new:
+                    assert len({r.run_id for r in into_new}) == 1
+                    assert [r.outcome for r in into_new].count(Registered.OPENED) == 1
+                    assert sorted(r.ping_count for r in into_new) == list(
+                        range(1, 1 + len(into_new))
+                    )
+                    assert await canceller.cancel("wf", "k")
+                else:
+                    assert not await canceller.cancel("wf", "k")

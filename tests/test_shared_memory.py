@@ -484,3 +484,120 @@ async def test_requests_per_operation(autojump_clock: trio.testing.MockClock) ->
     assert await cost(a.finalize("wf", "k", "r")) == {"get": 1, "put": 1}
     await trio.sleep(2.0)
     assert await cost(a.finalize("wf", "k", "r")) == {"get": 1, "delete": 1}  # fire
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"", b"not json", b'{"v": 99}', b'{"v": 1, "owner": 3}', b"[1, 2]"]
+)
+async def test_unreadable_document_is_treated_as_absent(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture, garbage: bytes
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    store.raw_put("w.d2Y.aw", garbage)
+    async with processes(store, fires, "A") as (a,):
+        with caplog.at_level(logging.WARNING, logger="trio_debounce"):
+            r = await a.debounce("wf", "k", "a", delay=1.0)
+        assert r.outcome is Outcome.SCHEDULE_TRAILING
+        assert "unreadable" in caplog.text
+    assert [f.payload for _, f in fires.log] == ["a"]
+
+
+async def test_contention_until_the_deadline_coalesces_without_storing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Every write of B loses (injected conflicts) until its deadline; A, the live owner,
+    # has a fire pending after B's ping arrived, so B's ping is absorbed unstored.
+    store, fires = MemoryStore(), Fires()
+    b_backend = backend(store, "B", op_timeout=1.0)
+    async with (
+        processes(store, fires, "A") as (a,),
+        open_coordinator(handlers={"wf": fires.handler("B")}, backend=b_backend) as b,
+    ):
+        await a.debounce("wf", "k", "a", delay=5.0)
+        b_backend.faults.conflict_next(1000)
+        r = await b.debounce("wf", "k", "b", delay=5.0)
+        assert r.outcome is Outcome.COALESCE
+        assert not r.owner
+        assert not r.stored
+        assert r.ping_count == 1  # what B last read
+        assert b.statistics().unstored_pings == 1
+        assert b_backend.unstored_coalesces == 1
+        assert b_backend.conflicts > 1
+        b_backend.faults._queue.clear()
+    assert [(p, f.ping_count) for p, f in fires.log] == [("A", 1)]
+
+
+async def test_contention_without_a_live_owner_is_a_backend_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    a_backend = backend(store, "A", op_timeout=1.0)
+    async with open_coordinator(
+        handlers={"wf": fires.handler("A")}, backend=a_backend, on_backend_error="raise"
+    ) as a:
+        a_backend.faults.conflict_next(1000)
+        with pytest.raises(BackendUnavailableError, match="did not complete within 1.0 s"):
+            await a.debounce("wf", "k", delay=5.0)
+        a_backend.faults._queue.clear()
+    assert fires.log == []
+
+
+async def test_oversized_document_is_refused_before_sending(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(max_value_bytes=600), Fires()
+    async with processes(store, fires, "A") as (a,):
+        with pytest.raises(ValueError, match="exceeds 600"):
+            await a.debounce("wf", "k", delay=1.0, run_id="r" * 700)
+        assert a.statistics().fail_open_windows == 0
+        assert len(a) == 0
+    assert fires.log == []
+
+
+async def test_sweep_removes_markers_and_long_dead_leases_only(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    dead, live = backend(store, "dead"), backend(store, "live")
+    await dead.refresh_lease()
+    await dead.register("wf", "kept", mode=a_mode(), delay=1e6, max_delay=None, run_id="r1")
+    await dead.register("wf", "gone", mode=a_mode(), delay=1e6, max_delay=None, run_id="r2")
+    await dead.cancel("wf", "gone")
+    await trio.sleep(11 * LEASE + SKEW + 1.0)  # expired more than 10 leases ago
+    await live.refresh_lease()
+    removed = await live.sweep()
+    assert removed == 2  # the delete marker of "gone" and the dead process's lease
+    assert store.raw_get("w.d2Y.Z29uZQ") is None
+    assert store.raw_get("p.ZGVhZA") is None
+    kept = store.raw_get("w.d2Y.a2VwdA")
+    assert kept is not None
+    assert kept.value is not None  # a dead owner's window waits for a takeover
+    assert store.raw_get("p.bGl2ZQ") is not None
+    # One sweeper at a time: another process does not sweep while the lock is held.
+    other = backend(store, "other")
+    await other.refresh_lease()
+    assert await other.sweep() == 0
+
+
+@pytest.mark.parametrize("skew", [-0.9, 0.9])
+async def test_clock_skew_within_tolerance_takes_nothing_over(
+    autojump_clock: trio.testing.MockClock, skew: float
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    skewed = backend(store, "B", clock_skew=skew)
+    async with (
+        processes(store, fires, "A") as (a,),
+        open_coordinator(handlers={"wf": fires.handler("B")}, backend=skewed) as b,
+    ):
+        t0 = trio.current_time()
+        await a.debounce("wf", "k", "a", delay=4 * LEASE)
+        for _ in range(7):
+            await trio.sleep(LEASE / 2)
+            r = await b.debounce("wf", "k", "b", delay=4 * LEASE)
+            assert not r.owner
+            # B's fire time, converted back to Trio's clock, is exact despite the skew
+            assert r.scheduled_at == near(trio.current_time() + 4 * LEASE)
+    [(process, fire)] = fires.log
+    assert process == "A"
+    assert fire.ping_count == 8
+    assert fire.fired_at == near(t0 + 3.5 * LEASE + 4 * LEASE + skew)

@@ -154,6 +154,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._backend_errors = 0
         self._fail_open = 0
         self._unconfirmed = 0
+        self._unstored = 0
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -577,6 +578,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             self._coalesced += 1
             return _new_tuple(DebounceResult, (_COALESCE, run_id, pending_at, count, True, True))
         self._coalesced += 1
+        if not registration.stored:
+            self._unstored += 1
         shared = self._shared.get(ident)
         if registration.take_at is not None:
             self._arm_shared(
@@ -1115,6 +1118,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             backend_errors=self._backend_errors,
             fail_open_windows=self._fail_open,
             unconfirmed_fires=self._unconfirmed,
+            unstored_pings=self._unstored,
         )
 
     async def wait_idle(self) -> None:

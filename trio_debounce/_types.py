@@ -166,6 +166,9 @@ class CoordinatorStatistics:
         failed (``on_backend_error="fail-open"``).
       unconfirmed_fires (int): trailing fires the owner ran although finalize could
         not reach the backend (its delete is queued).
+      unstored_pings (int): pings absorbed by another process's live window without
+        being written, because every write lost a conflict until the backend's
+        operation deadline (``DebounceResult.stored`` is False).
     """
 
     open_windows: int
@@ -179,3 +182,4 @@ class CoordinatorStatistics:
     backend_errors: int = 0
     fail_open_windows: int = 0
     unconfirmed_fires: int = 0
+    unstored_pings: int = 0
