@@ -2,25 +2,32 @@
 
 Exit statuses: 0 success; 2 bad options, or bad input (``replay`` and ``events git``
 print the reason on stderr and nothing on stdout; ``run`` skips bad lines and exits 2
-at the end); 130 interrupted (Ctrl-C); 1 when stdout is closed early (``| head``).
+at the end), or a failure to start (``run --backend``: the backend is unreachable,
+refuses the credentials or has an unusable bucket; one line on stderr); 130
+interrupted (Ctrl-C); 1 when stdout is closed early (``| head``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import logging
 import os
+import re
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import NoReturn
 
 import trio
 
 from . import _validate
+from ._backend import DebounceBackend
 from ._events import EventError, decode_line
 from ._git_events import GitEventsError, git_events
-from ._live import InputError, LiveOptions, run_live
+from ._live import BackendStartError, InputError, LiveOptions, run_live
 from ._replay import read_events, replay
 from ._types import Mode
 from ._version import __version__
@@ -32,6 +39,9 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 _MODES = [m.value for m in Mode]
+
+#: URL schemes ``run --backend`` accepts: NATS over TCP, and over TLS.
+_BACKEND_SCHEMES = ("nats://", "tls://")
 
 
 def _add_debounce_options(parser: argparse.ArgumentParser, unit: str) -> None:
@@ -102,6 +112,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--jobs", type=int, default=1, metavar="N", help="commands run at once (default: 1)"
+    )
+    shared = run.add_argument_group(
+        "shared windows",
+        "Share the windows with every process run with the same servers and bucket: "
+        "each burst fires once, in the process that owns its window. Everything else "
+        "(credentials, TLS, timeouts) comes from the TRIO_DEBOUNCE_* environment "
+        "variables.",
+    )
+    shared.add_argument(
+        "--backend",
+        metavar="URL[,URL...]",
+        help="NATS JetStream servers (nats:// or tls:// URLs, comma-separated); "
+        "without it the windows are in memory",
+    )
+    shared.add_argument(
+        "--bucket",
+        metavar="NAME",
+        help="the KV bucket to share (default: $TRIO_DEBOUNCE_NATS_BUCKET, else trio_debounce)",
+    )
+    shared.add_argument(
+        "--process-id",
+        metavar="ID",
+        help="this process's id in the bucket, unique among live processes (default: a random one)",
     )
     run.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="command to run per fire")
     run.set_defaults(func=_cmd_run, parser=run)
@@ -193,6 +226,15 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.key_field is not None and not args.key_field:
         parser.error("--key-field must not be empty")
+    if args.backend is None:
+        for option in ("bucket", "process_id"):
+            if getattr(args, option) is not None:
+                parser.error(f"--{option.replace('_', '-')} needs --backend")
+        open_backend = None
+    else:
+        open_backend = _nats_backend(parser, args)
+        if open_backend is None:
+            return EXIT_USAGE
     if sys.stdin is None:
         _error("stdin is closed")
         return EXIT_USAGE
@@ -203,8 +245,56 @@ def _cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         key_field=args.key_field,
         jobs=args.jobs,
         command=tuple(args.cmd),
+        open_backend=open_backend,
     )
     return trio.run(run_live, options, sys.stdin.fileno(), sys.stdout, sys.stderr)
+
+
+def _nats_backend(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> Callable[[], AbstractAsyncContextManager[DebounceBackend]] | None:
+    """The opener of ``run``'s NATS backend: ``NatsConfig.from_env()`` overridden by
+    ``--backend`` and ``--bucket``. Bad options exit through ``parser.error``; None
+    (after an error line) when the environment is bad or the extra is missing."""
+    servers = tuple(url.strip() for url in args.backend.split(",") if url.strip())
+    if not servers:
+        parser.error("--backend must name at least one server URL")
+    for url in servers:
+        if not url.startswith(_BACKEND_SCHEMES):
+            parser.error(
+                f"--backend URLs must start with nats:// or tls://, got {_redact_url(url)!r}"
+            )
+    if args.bucket is not None and not args.bucket:
+        parser.error("--bucket must not be empty")
+    if args.process_id is not None and not args.process_id:
+        parser.error("--process-id must not be empty")
+    try:
+        # Imported here: the nats extra is optional, and in-memory runs never need it.
+        from .nats import NatsConfig, open_nats_backend
+    except ImportError as exc:
+        _error(
+            f"--backend needs the nats extra (pip install 'trio-debounce[nats]'): "
+            f"cannot import {exc.name or 'it'}"
+        )
+        return None
+    try:
+        config = NatsConfig.from_env()
+    except (TypeError, ValueError) as exc:
+        _error(f"bad NATS settings in the environment: {exc}")
+        return None
+    overrides: dict[str, object] = {"servers": servers}
+    if args.bucket is not None:
+        overrides["bucket"] = args.bucket
+    try:
+        config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        parser.error(_redact_url(str(exc)))
+    return functools.partial(open_nats_backend, config, process_id=args.process_id)
+
+
+def _redact_url(text: str) -> str:
+    """``text`` with the userinfo of any URL in it (``nats://user:pass@``) hidden."""
+    return re.sub(r"(?<=://)[^/@\s]*@", "<hidden>@", text)
 
 
 def _cmd_events_git(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -249,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     try:
         # each command reports option errors with its own usage line
         status = args.func(args, args.parser)
-    except InputError as exc:
+    except (InputError, BackendStartError) as exc:
         _error(str(exc))
         status = EXIT_USAGE
     except BaseException as exc:

@@ -5,20 +5,24 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, contextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import trio
 
+from ._backend import DebounceBackend
 from ._coordinator import open_coordinator
+from ._errors import BackendError, BackendUnavailableError
 from ._events import EventError, decode_line, event_key, parse_json_object
 from ._replay import fire_line
 from ._types import Fire, Mode
 from ._wallclock import WallClock
 
 logger = logging.getLogger("trio_debounce.cli")
+#: The NATS store's logger (trio_debounce.nats._store), gated by :class:`_LogGate`.
+_NATS_LOGGER = logging.getLogger("trio_debounce.nats")
 
 _WORKFLOW = "run"
 _READ_SIZE = 65536
@@ -32,10 +36,18 @@ class LiveOptions:
     key_field: str | None
     jobs: int
     command: Sequence[str]
+    #: Opens the backend that shares the windows with other processes (for example
+    #: ``functools.partial(open_nats_backend, config)``); None for in-memory windows.
+    open_backend: Callable[[], AbstractAsyncContextManager[DebounceBackend]] | None = None
 
 
 class InputError(Exception):
     """Reading the input failed (not a bad line: the stream itself)."""
+
+
+class BackendStartError(Exception):
+    """The backend could not be opened (unreachable, refused credentials, a bucket
+    with unusable settings); ``str()`` is a one-line reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +104,63 @@ def _line_event(raw: bytes, number: int, key_field: str | None) -> tuple[str, _L
     return event_key(obj, key_field, number), _Line(text, obj)
 
 
+class _LogGate(logging.Filter):
+    """Holds the NATS store's log records while the backend starts, and drops them
+    while it closes.
+
+    Start-up: if it fails, the CLI prints one line (the error, plus, for an
+    unreachable server, the first connection error the store logged, such as a
+    refused connection or a TLS failure) instead of the store's reconnect chatter;
+    if it succeeds, the held records are logged after all. Close: the store reports
+    its own deliberate close as ``disconnected from NATS; reconnecting``, a false
+    alarm at the end of every run.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mode = "hold"
+        self._held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._mode == "pass":
+            return True
+        if self._mode == "hold":
+            self._held.append(record)
+        return False
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        _NATS_LOGGER.addFilter(self)
+        try:
+            yield
+        finally:
+            _NATS_LOGGER.removeFilter(self)
+
+    def release(self) -> None:
+        """Start-up succeeded: log the held records, and pass later ones."""
+        self._mode = "pass"
+        held, self._held = self._held, []
+        for record in held:
+            _NATS_LOGGER.handle(record)
+
+    def drop(self) -> None:
+        self._mode = "drop"
+        self._held.clear()
+
+    def start_error(self, exc: BaseException) -> str:
+        """The one-line reason why start-up failed."""
+        message = f"cannot start the backend: {exc}"
+        if isinstance(exc, BackendUnavailableError):
+            # "no server answered" says nothing of why: add the first reason logged.
+            # (Refused credentials and bucket errors say it all; what the store logs
+            # after them is its own close.)
+            for record in self._held:
+                if record.levelno >= logging.WARNING:
+                    message += f" ({record.getMessage()})"
+                    break
+        return " ".join(message.split())
+
+
 def _fire_json(fire: Fire, wall: WallClock) -> str:
     line: _Line = fire.payload
     return json.dumps(
@@ -130,6 +199,8 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
       OSError: writing a fire to ``stdout`` failed (``BrokenPipeError`` when its reader
         closed it, as ``| head`` does); the stream stops at the first failure.
       InputError: reading ``stdin_fd`` failed.
+      BackendStartError: ``options.open_backend`` was given and the backend could not
+        be opened, or refused the coordinator's first lease (before any line is read).
     """
     rejected = 0
     output_error: OSError | None = None
@@ -173,12 +244,29 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
 
     handler = run_command if options.command else print_fire
     with trio.CancelScope() as stream_scope:
-        # aclosing: the reader generator is closed here, not by the GC, if the stream
-        # stops early (Trio's rule for async generators).
-        async with (
-            open_coordinator(handlers={_WORKFLOW: handler}) as coordinator,
-            aclosing(_read_lines(stdin_fd)) as lines,
-        ):
+        async with AsyncExitStack() as stack:
+            backend: DebounceBackend | None = None
+            if options.open_backend is not None:
+                gate = _LogGate()
+                stack.enter_context(gate.installed())
+                try:
+                    backend = await stack.enter_async_context(options.open_backend())
+                    # Unwound after the coordinator (which releases its windows and
+                    # lease) and before the backend closes its connection.
+                    stack.callback(gate.drop)
+                    coordinator = await stack.enter_async_context(
+                        open_coordinator(handlers={_WORKFLOW: handler}, backend=backend)
+                    )
+                except BackendError as exc:
+                    raise BackendStartError(gate.start_error(exc)) from exc
+                gate.release()
+            else:
+                coordinator = await stack.enter_async_context(
+                    open_coordinator(handlers={_WORKFLOW: handler})
+                )
+            # aclosing: the reader generator is closed here, not by the GC, if the
+            # stream stops early (Trio's rule for async generators).
+            lines = await stack.enter_async_context(aclosing(_read_lines(stdin_fd)))
             async for number, raw in lines:
                 try:
                     key, line = _line_event(raw, number, options.key_field)
@@ -186,14 +274,32 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
                     rejected += 1
                     stderr.write(f"trio-debounce: {exc}; skipped\n")
                     continue
-                coordinator.debounce_nowait(
-                    _WORKFLOW,
-                    key,
-                    line,
-                    delay=options.delay,
-                    max_delay=options.max_delay,
-                    mode=options.mode,
-                )
+                if backend is None:
+                    coordinator.debounce_nowait(
+                        _WORKFLOW,
+                        key,
+                        line,
+                        delay=options.delay,
+                        max_delay=options.max_delay,
+                        mode=options.mode,
+                    )
+                    continue
+                # With a backend a ping is a round trip (debounce_nowait refuses it);
+                # one at a time, so each key's pings reach the backend in input order.
+                try:
+                    await coordinator.debounce(
+                        _WORKFLOW,
+                        key,
+                        line,
+                        delay=options.delay,
+                        max_delay=options.max_delay,
+                        mode=options.mode,
+                    )
+                except ValueError as exc:
+                    # A key the backend cannot store (too long once encoded, or a
+                    # lone surrogate from a JSON escape): a bad line, not an outage.
+                    rejected += 1
+                    stderr.write(f"trio-debounce: line {number}: {exc}; skipped\n")
     if output_error is not None:
         raise output_error
     return 2 if rejected else 0
