@@ -406,16 +406,18 @@ async def test_key_deleted_and_recreated_in_a_race(nats_server: NatsServer) -> N
                 results: list[Registration] = []
                 cancelled: list[bool] = []
 
-                async def ping(backend: DebounceBackend, run_id: str) -> None:
-                    results.append(await backend.register("wf", "k", run_id=run_id, **kw))
+                async def ping(
+                    backend: DebounceBackend, run_id: str, into: list[Registration]
+                ) -> None:
+                    into.append(await backend.register("wf", "k", run_id=run_id, **kw))
 
-                async def cancel() -> None:
-                    cancelled.append(await canceller.cancel("wf", "k"))
+                async def cancel(into: list[bool]) -> None:
+                    into.append(await canceller.cancel("wf", "k"))
 
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(cancel)
+                    nursery.start_soon(cancel, cancelled)
                     for i, backend in enumerate(pingers):
-                        nursery.start_soon(ping, backend, f"new{round_}.{i}")
+                        nursery.start_soon(ping, backend, f"new{round_}.{i}", results)
                 assert cancelled == [True]
                 into_old = [r for r in results if r.run_id == old.run_id]
                 into_new = [r for r in results if r.run_id != old.run_id]

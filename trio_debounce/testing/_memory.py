@@ -153,6 +153,10 @@ class StoreFaults:
             raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
         self._arm("delay", n, seconds, ops)
 
+    def clear(self) -> None:
+        """Disarm every fault not yet consumed (``partitioned`` is left as it is)."""
+        self._queue.clear()
+
     def _arm(self, kind: str, n: int, seconds: float, ops: tuple[str, ...]) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
