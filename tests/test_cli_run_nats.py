@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.nats_server import NatsServer, free_port
+from tests.nats_server import NatsServer, NatsServerFactory, free_port
 
 CLI = [sys.executable, "-m", "trio_debounce"]
 
@@ -179,6 +179,29 @@ def test_no_server_exits_2_with_one_line_within_connect_timeout() -> None:
     assert proc.stderr.startswith("trio-debounce: error: cannot start the backend: ")
     assert f"no NATS server answered within 1.0 s (tried nats://127.0.0.1:{port})" in proc.stderr
     assert 1.0 <= elapsed < 6.0  # the connect timeout, plus start-up and shutdown
+
+
+@pytest.mark.slow
+def test_refused_credentials_exit_2_with_one_line_at_once(
+    nats_server_factory: NatsServerFactory,
+) -> None:
+    server = nats_server_factory(token="right")
+    start = time.monotonic()
+    proc = subprocess.run(
+        [*CLI, "run", "--delay", "0.1", "--backend", server.url],
+        input="a\n",
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env=child_env(TRIO_DEBOUNCE_NATS_TOKEN="wrong", TRIO_DEBOUNCE_CONNECT_TIMEOUT="10"),
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr == (
+        "trio-debounce: error: cannot start the backend: connect: NATS refused the credentials\n"
+    )
+    assert "wrong" not in proc.stderr
+    assert time.monotonic() - start < 6.0  # refused at once, not after the timeout
 
 
 @pytest.mark.slow
