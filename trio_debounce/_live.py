@@ -105,27 +105,23 @@ def _line_event(raw: bytes, number: int, key_field: str | None) -> tuple[str, _L
 
 
 class _LogGate(logging.Filter):
-    """Holds the NATS store's log records while the backend starts, and drops them
-    while it closes.
+    """Holds the NATS store's log records while the backend starts.
 
-    Start-up: if it fails, the CLI prints one line (the error, plus, for an
-    unreachable server, the first connection error the store logged, such as a
-    refused connection or a TLS failure) instead of the store's reconnect chatter;
-    if it succeeds, the held records are logged after all. Close: the store reports
-    its own deliberate close as ``disconnected from NATS; reconnecting``, a false
-    alarm at the end of every run.
+    If start-up fails, the CLI prints one line (the error, plus, for an unreachable
+    server, the first connection error the store logged, such as a refused
+    connection or a TLS failure) instead of the store's reconnect chatter; if it
+    succeeds, the held records are logged after all, and later ones pass.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self._mode = "hold"
+        self._passing = False
         self._held: list[logging.LogRecord] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self._mode == "pass":
+        if self._passing:
             return True
-        if self._mode == "hold":
-            self._held.append(record)
+        self._held.append(record)
         return False
 
     @contextmanager
@@ -138,22 +134,17 @@ class _LogGate(logging.Filter):
 
     def release(self) -> None:
         """Start-up succeeded: log the held records, and pass later ones."""
-        self._mode = "pass"
+        self._passing = True
         held, self._held = self._held, []
         for record in held:
             _NATS_LOGGER.handle(record)
-
-    def drop(self) -> None:
-        self._mode = "drop"
-        self._held.clear()
 
     def start_error(self, exc: BaseException) -> str:
         """The one-line reason why start-up failed."""
         message = f"cannot start the backend: {exc}"
         if isinstance(exc, BackendUnavailableError):
             # "no server answered" says nothing of why: add the first reason logged.
-            # (Refused credentials and bucket errors say it all; what the store logs
-            # after them is its own close.)
+            # (Refused credentials and bucket errors say it all.)
             for record in self._held:
                 if record.levelno >= logging.WARNING:
                     message += f" ({record.getMessage()})"
@@ -251,9 +242,6 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
                 stack.enter_context(gate.installed())
                 try:
                     backend = await stack.enter_async_context(options.open_backend())
-                    # Unwound after the coordinator (which releases its windows and
-                    # lease) and before the backend closes its connection.
-                    stack.callback(gate.drop)
                     coordinator = await stack.enter_async_context(
                         open_coordinator(handlers={_WORKFLOW: handler}, backend=backend)
                     )
