@@ -205,6 +205,31 @@ def test_refused_credentials_exit_2_with_one_line_at_once(
 
 
 @pytest.mark.slow
+def test_a_key_the_bucket_cannot_hold_is_a_bad_line(nats_server: NatsServer) -> None:
+    lines = [
+        json.dumps({"k": "x" * 2000}),  # too long once encoded as a KV key
+        '{"k": "\\ud800"}',  # valid JSON, but a lone surrogate
+        json.dumps({"k": "ok"}),
+    ]
+    proc = subprocess.run(
+        [*CLI, "run", "--delay", "0.1", "--key-field", "k", "--backend", nats_server.url],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env=child_env(TRIO_DEBOUNCE_NATS_BUCKET=f"cli-{uuid.uuid4().hex[:12]}"),
+    )
+    assert proc.returncode == 2  # lines were rejected; the stream went on
+    assert [json.loads(line)["key"] for line in proc.stdout.splitlines()] == ["ok"]
+    errors = proc.stderr.splitlines()
+    assert len(errors) == 2, proc.stderr
+    assert errors[0].startswith("trio-debounce: line 1: ")
+    assert "too long" in errors[0]
+    assert errors[1].startswith("trio-debounce: line 2: ")
+    assert "lone surrogate" in errors[1]
+
+
+@pytest.mark.slow
 def test_replay_has_no_backend_option() -> None:
     proc = subprocess.run(
         [*CLI, "replay", "-", "--delay", "1", "--backend", "nats://127.0.0.1:4222"],
