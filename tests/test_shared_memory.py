@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from trio_debounce import (
+    BackendAuthError,
     BackendUnavailableError,
     Coordinator,
     Edge,
@@ -601,3 +602,40 @@ async def test_clock_skew_within_tolerance_takes_nothing_over(
     assert process == "A"
     assert fire.ping_count == 8
     assert fire.fired_at == near(t0 + 3.5 * LEASE + 4 * LEASE + skew)
+
+
+@pytest.mark.parametrize("on_backend_error", ["fail-open", "raise"])
+async def test_refused_permissions_are_never_failed_open(
+    autojump_clock: trio.testing.MockClock, on_backend_error: Any
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    a_backend = backend(store, "A")
+    async with open_coordinator(
+        handlers={"wf": fires.handler("A")}, backend=a_backend, on_backend_error=on_backend_error
+    ) as a:
+        a_backend.faults.fail_next(ops=("get",), error=BackendAuthError)
+        with pytest.raises(BackendAuthError):
+            await a.debounce("wf", "k", delay=1.0)
+        assert a.statistics().fail_open_windows == 0
+        assert len(a) == 0
+    assert fires.log == []
+
+
+async def test_flush_of_a_both_edges_window_with_one_known_ping(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB") as (a, b):
+        await a.debounce("wf", "one", 1, delay=5.0, mode="both")
+        assert not await a.flush("wf", "one")  # no trailing fire known to be due
+        await a.debounce("wf", "two", 1, delay=5.0, mode="both")
+        await b.debounce("wf", "two", 2, delay=5.0, mode="both")
+        # A does not know of B's ping until it finalizes: False, yet the flush fires it
+        assert not await a.flush("wf", "two")
+        await a.wait_idle()
+        assert trio.current_time() < 1.0
+    assert [(f.key, f.edge, f.ping_count) for _, f in fires.log] == [
+        ("one", Edge.LEADING, 1),
+        ("two", Edge.LEADING, 1),
+        ("two", Edge.TRAILING, 2),
+    ]

@@ -126,7 +126,8 @@ class OwnedWindow(NamedTuple):
     """A window whose record names this process as its owner.
 
     Attributes:
-      workflow (str), key (str): the window.
+      workflow (str): the window's workflow.
+      key (str): the window's debounce key.
       run_id (str): its active run id.
       mode (Mode): its mode.
       scheduled_at (float): when it is due, wall-clock epoch seconds.

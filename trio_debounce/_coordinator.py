@@ -26,7 +26,7 @@ from ._backend import (
     Registered,
     Registration,
 )
-from ._errors import BackendError, BackendUnavailableError
+from ._errors import BackendAuthError, BackendConfigError, BackendError, BackendUnavailableError
 from ._types import (
     CoordinatorStatistics,
     DebounceResult,
@@ -50,8 +50,11 @@ _ON_EXIT = ("wait", "flush", "cancel")
 OnBackendError = Literal["fail-open", "raise"]
 _ON_BACKEND_ERROR = ("fail-open", "raise")
 
-#: Reconcile owned windows and sweep once every this many heartbeats.
-_SLOW_EVERY = 3
+#: Sweep (one elected process does the work) once every this many heartbeats.
+_SWEEP_EVERY = 3
+#: Reconcile owned windows (each process lists every window) once every this many
+#: heartbeats, and at once after an outage or a failed register.
+_RECONCILE_EVERY = 6
 
 _INF = math.inf
 _TRAILING = Mode.TRAILING
@@ -460,8 +463,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 workflow, key, mode=mode, delay=delay, max_delay=max_delay, run_id=run_id
             )
         except BackendError as exc:
-            if isinstance(exc, ValueError):
-                raise  # a document too large: bad input, not an outage
+            if isinstance(exc, (ValueError, BackendAuthError, BackendConfigError)):
+                # Bad input (a document too large) or misconfiguration: never failed open.
+                raise
             self._backend_errors += 1
             if self._on_backend_error == "raise":
                 if isinstance(exc, BackendUnavailableError):
@@ -723,19 +727,23 @@ class Coordinator(metaclass=_NoPublicConstructor):
             await trio.sleep(backend.heartbeat_interval)
             beats += 1
             try:
-                with trio.move_on_after(backend.heartbeat_interval):
+                with trio.fail_after(backend.heartbeat_interval):
                     await backend.refresh_lease()
-                    if down or self._reconcile_soon or beats % _SLOW_EVERY == 0:
+                    if down or self._reconcile_soon or beats % _RECONCILE_EVERY == 0:
                         self._reconcile_soon = False
                         await self._reconcile(backend)
+                    if beats % _SWEEP_EVERY == 0:
                         await backend.sweep()
-                    if down:
-                        logger.info("backend reachable again")
-                    down = False
-            except BackendError as exc:
+                if down:
+                    logger.info("backend reachable again")
+                down = False
+            except (BackendError, trio.TooSlowError) as exc:
                 self._backend_errors += 1
                 if not down:
-                    logger.warning("backend heartbeat failed: %s", exc)
+                    logger.warning(
+                        "backend heartbeat failed: %s",
+                        exc if str(exc) else "no answer within the heartbeat interval",
+                    )
                 down = True
 
     async def _reconcile(self, backend: DebounceBackend) -> None:
@@ -929,7 +937,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         shared.state = FLUSHED
         if shared.scope is not None:
             shared.scope.cancel()
-        return shared.trailing
+        # True only for a fire this process knows is due: an owner's both-edges window
+        # with one known ping is finalized too, but fires only if peers pinged it.
+        return _trailing_pending(shared.mode, shared.count)
 
     def _flush_window(self, window: Window, now: float) -> bool:
         """Detach an open window; its task fires it at ``now`` if a fire is pending."""

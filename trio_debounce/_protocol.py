@@ -426,20 +426,22 @@ class KvDebounceBackend(DebounceBackend):
         run_id: str,
     ) -> Registration:
         kv_key = window_key(workflow, key)
+        deadline = trio.current_time() + self._op_timeout
         if not self._lease_revision:
             # Peers must see our lease before a document names us as owner.
-            with trio.move_on_after(self._op_timeout / 2):
+            with trio.move_on_at(deadline):
                 await self.refresh_lease()
             if not self._lease_revision:
                 raise BackendUnavailableError(
-                    f"could not write the lease of process {self._process_id!r}"
+                    f"could not write the lease of process {self._process_id!r} within "
+                    f"{self._op_timeout} s"
                 )
         write = uuid.uuid4().hex
         last_doc: WindowDoc | None = None
         last_live = False
         error: BackendError | None = None
         attempted: tuple[Registered, float | None] | None = None
-        with trio.move_on_after(self._op_timeout):
+        with trio.move_on_at(deadline):
             attempt = 0
             while True:
                 try:
@@ -447,7 +449,7 @@ class KvDebounceBackend(DebounceBackend):
                     doc = self._parse(entry)
                     if doc is not None and doc.write == write and attempted is not None:
                         # A write that failed ambiguously had landed after all.
-                        return self._registration(attempted[0], doc, attempted[1])
+                        return self._registered(kv_key, attempted[0], doc, attempted[1])
                     now = self._wall()
                     live = doc is not None and await self._owner_live(doc, now)
                     last_doc, last_live = doc, live
@@ -467,14 +469,16 @@ class KvDebounceBackend(DebounceBackend):
                 except BackendUnavailableError as exc:
                     error = exc
                 else:
-                    if outcome is not Registered.COALESCED:
-                        self._owned[kv_key] = new.run_id
-                    elif self._owned.get(kv_key) == new.run_id:
-                        del self._owned[kv_key]
-                    return self._registration(outcome, new, take_at)
+                    return self._registered(kv_key, outcome, new, take_at)
                 await self._backoff(attempt)
                 attempt += 1
-        if last_doc is not None and last_live and not self._mine(last_doc) and error is None:
+        if (
+            last_doc is not None
+            and last_live
+            and not self._mine(last_doc)
+            and last_doc.mode is not Mode.LEADING
+            and error is None
+        ):
             # Contention until the deadline, but a live owner has a fire pending that
             # comes after this ping's arrival: absorbed without a write.
             self.unstored_coalesces += 1
@@ -499,8 +503,14 @@ class KvDebounceBackend(DebounceBackend):
             + (f": {error}" if error is not None else "")
         )
 
-    @staticmethod
-    def _registration(outcome: Registered, doc: WindowDoc, take_at: float | None) -> Registration:
+    def _registered(
+        self, kv_key: str, outcome: Registered, doc: WindowDoc, take_at: float | None
+    ) -> Registration:
+        """The result of a register whose write landed; tracks what this process owns."""
+        if outcome is not Registered.COALESCED:
+            self._owned[kv_key] = doc.run_id
+        elif self._owned.get(kv_key) == doc.run_id:
+            del self._owned[kv_key]
         return Registration(
             outcome, doc.run_id, doc.mode, doc.at, doc.first, doc.count, True, take_at
         )

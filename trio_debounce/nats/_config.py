@@ -28,15 +28,17 @@ class NatsConfig:
       servers (tuple[str, ...]): server URLs (``nats://``, ``tls://``, ``ws://`` or
         ``wss://``), tried in turn.
       token (str | None): token authentication.
-      user (str | None), password (str | None): user and password authentication.
+      user (str | None): user name for user and password authentication.
+      password (str | None): the password that goes with ``user``.
       creds_file (str | None): path of a ``.creds`` file (JWT and nkey seed).
       nkey_seed (str | None): path of an nkey seed file.
       tls_ca (str | None): CA bundle that verifies the server.
-      tls_cert (str | None), tls_key (str | None): client certificate and key (mutual TLS).
+      tls_cert (str | None): client certificate (mutual TLS).
+      tls_key (str | None): the client certificate's key.
       tls_handshake_first (bool): start TLS before the server's INFO (servers run with
         ``handshake_first``).
-      js_domain (str | None), js_api_prefix (str | None): JetStream domain or API prefix
-        (at most one).
+      js_domain (str | None): JetStream domain (give this or ``js_api_prefix``).
+      js_api_prefix (str | None): JetStream API prefix (give this or ``js_domain``).
       inbox_prefix (str | None): prefix of reply subjects, for accounts that restrict
         ``_INBOX.>``.
       ping_interval (float): seconds between client pings, so a stalled server is

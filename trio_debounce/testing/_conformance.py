@@ -34,7 +34,8 @@ async def check_debounce_backend(
         lease of ``process_lease`` seconds and a clock skew tolerance of
         ``max_clock_skew`` seconds. They must not be attached to coordinators: the
         suite calls the methods itself.
-      process_lease (float), max_clock_skew (float): as configured, seconds.
+      process_lease (float): the backends' process lease, seconds.
+      max_clock_skew (float): the backends' tolerated clock skew, seconds.
       tick (float): the unit of the suite's delays, seconds: long enough for a few
         round trips to the store (the suite's windows last 10 to 20 ticks).
 

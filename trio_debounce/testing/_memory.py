@@ -5,11 +5,17 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
 
-from .._errors import BackendUnavailableError, DocumentTooLargeError, RevisionConflict
+from .._errors import (
+    BackendError,
+    BackendUnavailableError,
+    DocumentTooLargeError,
+    RevisionConflict,
+)
 from .._kv import KvEntry, KvStore
 from .._protocol import KvDebounceBackend
 
@@ -114,6 +120,14 @@ class MemoryStore(KvStore):
         return self._data.get(key)
 
 
+@dataclass(frozen=True, slots=True)
+class _Fault:
+    kind: str
+    seconds: float
+    ops: frozenset[str]
+    error: type[BackendError]
+
+
 class StoreFaults:
     """Faults to inject into one :class:`MemoryBackend`'s calls to its store.
 
@@ -128,12 +142,21 @@ class StoreFaults:
 
     def __init__(self) -> None:
         self.partitioned = False
-        self._queue: collections.deque[tuple[str, float, frozenset[str]]] = collections.deque()
+        self._queue: collections.deque[_Fault] = collections.deque()
 
-    def fail_next(self, n: int = 1, *, ops: tuple[str, ...] = ()) -> None:
-        """The next ``n`` calls (of ``ops``, default any) raise
-        :class:`~trio_debounce.BackendUnavailableError` without being applied."""
-        self._arm("fail", n, 0.0, ops)
+    def fail_next(
+        self,
+        n: int = 1,
+        *,
+        ops: tuple[str, ...] = (),
+        error: type[BackendError] = BackendUnavailableError,
+    ) -> None:
+        """The next ``n`` calls (of ``ops``, default any) raise ``error`` (default
+        :class:`~trio_debounce.BackendUnavailableError`) without being applied; pass
+        :class:`~trio_debounce.BackendAuthError` to simulate revoked permissions."""
+        if not (isinstance(error, type) and issubclass(error, BackendError)):
+            raise TypeError(f"error must be a BackendError subclass, not {error!r}")
+        self._arm("fail", n, 0.0, ops, error)
 
     def apply_then_fail_next(self, n: int = 1, *, ops: tuple[str, ...] = ("put", "delete")) -> None:
         """The next ``n`` calls (writes by default) are applied, then raise
@@ -157,17 +180,24 @@ class StoreFaults:
         """Disarm every fault not yet consumed (``partitioned`` is left as it is)."""
         self._queue.clear()
 
-    def _arm(self, kind: str, n: int, seconds: float, ops: tuple[str, ...]) -> None:
+    def _arm(
+        self,
+        kind: str,
+        n: int,
+        seconds: float,
+        ops: tuple[str, ...],
+        error: type[BackendError] = BackendUnavailableError,
+    ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         for _ in range(n):
-            self._queue.append((kind, seconds, frozenset(ops)))
+            self._queue.append(_Fault(kind, seconds, frozenset(ops), error))
 
-    def _take(self, op: str) -> tuple[str, float] | None:
-        for i, (kind, seconds, ops) in enumerate(self._queue):
-            if not ops or op in ops:
+    def _take(self, op: str) -> _Fault | None:
+        for i, fault in enumerate(self._queue):
+            if not fault.ops or op in fault.ops:
                 del self._queue[i]
-                return kind, seconds
+                return fault
         return None
 
 
@@ -189,17 +219,16 @@ class _FaultyStore(KvStore):
         fault = self._faults._take(op)
         if fault is None:
             return await fn(*args, **kwargs)
-        kind, seconds = fault
-        if kind == "fail":
+        if fault.kind == "fail":
             await trio.lowlevel.checkpoint()
-            raise BackendUnavailableError(f"injected failure of {op}")
-        if kind == "conflict":
+            raise fault.error(f"injected failure of {op}")
+        if fault.kind == "conflict":
             await trio.lowlevel.checkpoint()
             raise RevisionConflict(f"injected revision conflict on {op}")
         result = await fn(*args, **kwargs)
-        if kind == "apply_then_fail":
+        if fault.kind == "apply_then_fail":
             raise BackendUnavailableError(f"injected failure after {op} was applied")
-        await trio.sleep(seconds)
+        await trio.sleep(fault.seconds)
         return result
 
     async def get(self, key: str) -> KvEntry | None:
@@ -234,8 +263,10 @@ class MemoryBackend(KvDebounceBackend):
       process_id (str | None): the simulated process's id (uuid4 hex when None).
       clock_skew (float): seconds this process's wall clock runs ahead of the store's
         (negative: behind).
-      process_lease (float), op_timeout (float), max_clock_skew (float): as for the
-        NATS backend (seconds).
+      process_lease (float): seconds this process's lease lasts unrenewed.
+      op_timeout (float): seconds a register or finalize may take, retries included.
+      max_clock_skew (float): seconds of wall-clock skew between processes that the
+        lease arithmetic tolerates.
 
     Attributes:
       faults (StoreFaults): faults to inject into this process's calls.
