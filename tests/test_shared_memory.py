@@ -639,3 +639,34 @@ async def test_flush_of_a_both_edges_window_with_one_known_ping(
         ("two", Edge.LEADING, 1),
         ("two", Edge.TRAILING, 2),
     ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"process_lease": 0}, ValueError, "process_lease must be > 0"),
+        ({"op_timeout": float("nan")}, ValueError, "op_timeout must not be NaN"),
+        ({"max_clock_skew": -1.0}, ValueError, "max_clock_skew must be >= 0"),
+        ({"process_lease": "60"}, TypeError, "process_lease must be a number"),
+        ({"process_id": ""}, ValueError, "process_id must be a non-empty str"),
+        ({"clock_skew": float("inf")}, ValueError, "clock_skew must be a finite number"),
+    ],
+)
+def test_bad_backend_arguments_are_named(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        MemoryBackend(MemoryStore(), **kwargs)
+
+
+async def test_a_backend_serves_one_coordinator_at_a_time() -> None:
+    shared = MemoryBackend(MemoryStore())
+    async with open_coordinator(backend=shared):
+        with pytest.raises(RuntimeError, match="already serves an open coordinator"):
+            async with open_coordinator(backend=shared):
+                pass  # pragma: no cover
+    async with open_coordinator(backend=shared):  # free again once the first closed
+        pass
+    with pytest.raises(TypeError, match="must be a trio_debounce.abc.DebounceBackend"):
+        async with open_coordinator(backend=object()):  # type: ignore[arg-type]
+            pass  # pragma: no cover

@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+from . import _validate
 from ._backend import (
     DebounceBackend,
     Finalization,
@@ -194,24 +195,13 @@ class KvDebounceBackend(DebounceBackend):
             process_id = uuid.uuid4().hex
         if not isinstance(process_id, str) or not process_id:
             raise ValueError(f"process_id must be a non-empty str, got {process_id!r}")
-        for name, value in (
-            ("process_lease", process_lease),
-            ("op_timeout", op_timeout),
-            ("max_clock_skew", max_clock_skew),
-        ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not 0 < value < math.inf
-            ):
-                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
         self._store = store
         self._process_id = process_id
         self._process_key = process_key(process_id)
         self._epoch = uuid.uuid4().hex
-        self._lease = float(process_lease)
-        self._op_timeout = float(op_timeout)
-        self._skew = float(max_clock_skew)
+        self._lease = _validate.positive_duration("process_lease", process_lease)
+        self._op_timeout = _validate.positive_duration("op_timeout", op_timeout)
+        self._skew = _validate.positive_duration("max_clock_skew", max_clock_skew)
         self._wall = wall_time
         self._lease_revision = 0
         self._refreshes = 0

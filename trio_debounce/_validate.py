@@ -34,6 +34,15 @@ def duration(name: str, value: object) -> float:
     return seconds
 
 
+def positive_duration(name: str, value: object) -> float:
+    """Return ``value`` as a float number of seconds > 0, or raise (as :func:`duration`,
+    and :exc:`ValueError` for 0)."""
+    seconds = duration(name, value)
+    if seconds <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return seconds
+
+
 def name(what: str, value: object) -> str:
     """Return ``value`` if it is a non-empty :class:`str`, else raise.
 

@@ -111,9 +111,7 @@ class NatsConfig:
             "connect_timeout",
             "max_clock_skew",
         ):
-            value = _validate.duration(name, getattr(self, name))
-            if value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
+            value = _validate.positive_duration(name, getattr(self, name))
             object.__setattr__(self, name, value)
         if not isinstance(self.create_bucket, bool):
             raise TypeError(f"create_bucket must be a bool, not {self.create_bucket!r}")
