@@ -667,6 +667,90 @@ async def test_a_backend_serves_one_coordinator_at_a_time() -> None:
                 pass  # pragma: no cover
     async with open_coordinator(backend=shared):  # free again once the first closed
         pass
-    with pytest.raises(TypeError, match="must be a trio_debounce.abc.DebounceBackend"):
+    with pytest.raises(TypeError, match=r"must be a trio_debounce\.abc\.DebounceBackend"):
         async with open_coordinator(backend=object()):  # type: ignore[arg-type]
             pass  # pragma: no cover
+
+
+async def test_leading_edge_fires_when_the_opening_write_was_overwritten_before_its_retry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A's opening write lands but its answer is lost; B pings before A's retry reads
+    # the document back. A still recognises the window as the one it opened (by the
+    # opening write's id), so its leading edge fires, once.
+    store, fires = MemoryStore(), Fires()
+    a_backend = backend(store, "A")
+    async with (
+        processes(store, fires, "B") as (b,),
+        open_coordinator(handlers={"wf": fires.handler("A")}, backend=a_backend) as a,
+    ):
+        a_backend.faults.apply_then_fail_next(ops=("put",))
+
+        async def slow_backoff(attempt: int) -> None:
+            await trio.sleep(0.3)  # A's retry comes after B's ping
+
+        a_backend._backoff = slow_backoff  # type: ignore[method-assign]
+
+        async def peer() -> None:
+            await trio.sleep(0.1)
+            r = await b.debounce("wf", "k", "b", delay=5.0, mode="leading")
+            assert r.outcome is Outcome.COALESCE
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer)
+            r = await a.debounce("wf", "k", "a", delay=5.0, mode="leading")
+        assert r.outcome is Outcome.FIRE_IMMEDIATE
+        assert r.owner
+        assert r.ping_count == 2
+    assert [(p, f.payload, f.edge) for p, f in fires.log] == [("A", "a", Edge.LEADING)]
+
+
+async def test_reconcile_drops_an_owner_window_a_peer_took(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # B took A's fire long before A's armed time; A's reconcile notices the window is
+    # gone, so A stops counting it as pending (wait_idle returns) and can never fire it.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB") as (a, b):
+        await a.debounce("wf", "k", "a", delay=100 * LEASE)
+        await b.debounce("wf", "k", "b", delay=1.0)
+        assert a.statistics().pending_trailing_fires == 1
+        await a.wait_idle()
+        assert trio.current_time() <= 2 * LEASE + 0.1  # the reconcile, not the armed time
+        assert a.statistics().pending_trailing_fires == 0
+        assert len(a) == 0
+    assert [(p, f.payload) for p, f in fires.log] == [("B", "b")]
+
+
+async def test_a_stale_finalize_does_not_forget_a_newer_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A's first window is taken by B; A opens a second one under the same key. When
+    # A's stale task for the first window finds it abandoned, A must still release the
+    # second one at exit, so B's next ping opens a fresh window (a new leading edge).
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "B") as (b,):
+        async with processes(store, fires, "A", on_exit="cancel") as (a,):
+            await a.debounce("wf", "k", 1, delay=3 * LEASE, mode="both")
+            await b.debounce("wf", "k", 2, delay=1.0, mode="both")  # B takes it at t=1
+            await trio.sleep(2.0)
+            await a.debounce("wf", "k", 3, delay=10 * LEASE, mode="both")  # a new window
+            await trio.sleep(3 * LEASE)  # A's stale task wakes and is abandoned
+        r = await b.debounce("wf", "k", 4, delay=1.0, mode="both")
+        assert r.outcome is Outcome.FIRE_IMMEDIATE
+    assert [(p, f.payload, f.edge) for p, f in fires.log] == [
+        ("A", 1, Edge.LEADING),
+        ("B", 2, Edge.TRAILING),
+        ("A", 3, Edge.LEADING),
+        ("B", 4, Edge.LEADING),
+    ]
+
+
+async def test_a_run_id_that_cannot_be_shared_is_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "A") as (a,):
+        with pytest.raises(ValueError, match="run_id '\\\\ud800' is not valid Unicode"):
+            await a.debounce("wf", "k", delay=1.0, run_id="\ud800")
+    assert fires.log == []

@@ -438,6 +438,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     f"max_delay must be >= delay, got max_delay={max_delay!r} and delay={delay!r}"
                 )
         _validate.run_id(run_id)
+        if run_id is not None:
+            _validate.shareable("run_id", run_id)
         _validate.handler("on_fire", on_fire)
         _validate.name("workflow", workflow)
         _validate.name("key", key)
@@ -536,6 +538,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             if on_fire is not None:
                 shared.on_fire = on_fire
             shared.taker = taker
+        shared.confirmed_at = self._now()
         self._set_trailing(shared, _owner_pending(shared))
         return shared
 
@@ -569,7 +572,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             if registration.outcome is Registered.OPENED:
                 if mode is _TRAILING:
                     return _new_tuple(
-                        DebounceResult, (_SCHEDULE_TRAILING, run_id, scheduled, 1, True, True)
+                        DebounceResult, (_SCHEDULE_TRAILING, run_id, scheduled, count, True, True)
                     )
                 workflow, key = ident
                 handler = on_fire if on_fire is not None else self._handlers.get(workflow)
@@ -578,7 +581,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 self._fires += 1
                 self._running += 1
                 self._nursery.start_soon(self._call_handler, handler, fire)
-                return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1, True, True))
+                return _new_tuple(
+                    DebounceResult, (_FIRE_IMMEDIATE, run_id, pending_at, count, True, True)
+                )
             self._coalesced += 1
             return _new_tuple(DebounceResult, (_COALESCE, run_id, pending_at, count, True, True))
         self._coalesced += 1
@@ -670,6 +675,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     assert result.scheduled_at is not None
                     shared.deadline = self._to_trio(result.scheduled_at)
                     shared.count = result.ping_count
+                    shared.confirmed_at = self._now()
                     self._set_trailing(shared, _owner_pending(shared))
                     continue
                 if result.outcome is Finalized.ABANDONED:
@@ -749,8 +755,25 @@ class Coordinator(metaclass=_NoPublicConstructor):
     async def _reconcile(self, backend: DebounceBackend) -> None:
         """Arm a local task for every window the backend says is ours but we lack
         (a write that timed out and committed later, say)."""
+        listed_at = self._now()
         owned_windows = await backend.owned_windows()
         seen = {owned.run_id for owned in owned_windows}
+        for stale in list(self._shared.values()):
+            if (
+                not stale.taker
+                and stale.state == OPEN
+                and stale.confirmed_at < listed_at
+                and stale.run_id not in seen
+            ):
+                # Fired by a peer that took it, cancelled, or taken over since the
+                # backend last confirmed it: stop waiting for it (and never fire it
+                # unconfirmed later).
+                logger.info(
+                    "window %r/%r (run %s) is no longer this process's; dropping it",
+                    *stale.ident,
+                    stale.run_id,
+                )
+                self._close_shared(stale)
         for run_id, window in list(self._fail_open_runs.items()):
             if run_id not in seen and window.state == CLOSED:
                 del self._fail_open_runs[run_id]

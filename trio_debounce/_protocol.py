@@ -67,6 +67,8 @@ class WindowDoc:
     armed: float
     count: int
     write: str
+    #: The write id of the write that opened the window (kept by every later write).
+    opened_by: str
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -85,6 +87,7 @@ class WindowDoc:
                 "armed": self.armed,
                 "count": self.count,
                 "write": self.write,
+                "open": self.opened_by,
             },
             separators=(",", ":"),
             ensure_ascii=False,
@@ -110,6 +113,7 @@ class WindowDoc:
             armed=_num(obj, "armed"),
             count=int(obj["count"]),
             write=_str(obj, "write"),
+            opened_by=_str(obj, "open"),
         )
         if doc.count < 1:
             raise ValueError("count < 1")
@@ -379,6 +383,7 @@ class KvDebounceBackend(DebounceBackend):
                 at,
                 1,
                 write,
+                write,
             )
             return Registered.OPENED, new, None
         if doc.mode is not mode:
@@ -437,9 +442,14 @@ class KvDebounceBackend(DebounceBackend):
                 try:
                     entry = await self._get(kv_key)
                     doc = self._parse(entry)
-                    if doc is not None and doc.write == write and attempted is not None:
-                        # A write that failed ambiguously had landed after all.
-                        return self._registered(kv_key, attempted[0], doc, attempted[1])
+                    if doc is not None and attempted is not None:
+                        # A write of this call that failed ambiguously had landed: the
+                        # write that opened the window (even if a peer has written since,
+                        # so its leading edge still fires here), or the latest write.
+                        if doc.opened_by == write:
+                            return self._registered(kv_key, Registered.OPENED, doc, None)
+                        if doc.write == write:
+                            return self._registered(kv_key, attempted[0], doc, attempted[1])
                     now = self._wall()
                     live = doc is not None and await self._owner_live(doc, now)
                     last_doc, last_live = doc, live
@@ -493,14 +503,20 @@ class KvDebounceBackend(DebounceBackend):
             + (f": {error}" if error is not None else "")
         )
 
+    def _disown(self, kv_key: str, run_id: str) -> None:
+        """Forget that this process owns window ``kv_key`` under ``run_id`` (and only
+        under that run: a stale task's finalize must not forget a newer window)."""
+        if self._owned.get(kv_key) == run_id:
+            del self._owned[kv_key]
+
     def _registered(
         self, kv_key: str, outcome: Registered, doc: WindowDoc, take_at: float | None
     ) -> Registration:
         """The result of a register whose write landed; tracks what this process owns."""
         if outcome is not Registered.COALESCED:
             self._owned[kv_key] = doc.run_id
-        elif self._owned.get(kv_key) == doc.run_id:
-            del self._owned[kv_key]
+        else:
+            self._disown(kv_key, doc.run_id)
         return Registration(
             outcome, doc.run_id, doc.mode, doc.at, doc.first, doc.count, True, take_at
         )
@@ -525,10 +541,10 @@ class KvDebounceBackend(DebounceBackend):
                             # Our delete failed ambiguously and the record is gone: it
                             # landed (at-least-once: fire).
                             return self._fire(kv_key, deleting, fired_at)
-                        self._owned.pop(kv_key, None)
+                        self._disown(kv_key, run_id)
                         return Finalization(Finalized.ABANDONED)
                     if not take and not self._mine(doc):
-                        self._owned.pop(kv_key, None)
+                        self._disown(kv_key, run_id)
                         return Finalization(Finalized.ABANDONED)
                     assert entry is not None
                     now = self._wall()
@@ -570,7 +586,7 @@ class KvDebounceBackend(DebounceBackend):
         )
 
     def _fire(self, kv_key: str, doc: WindowDoc, fired_at: float) -> Finalization:
-        self._owned.pop(kv_key, None)
+        self._disown(kv_key, doc.run_id)
         return Finalization(Finalized.FIRE, fired_at, doc.count, doc.first, doc.mode, doc.last)
 
     async def _apply_queued_deletes(self) -> None:

@@ -43,6 +43,22 @@ def positive_duration(name: str, value: object) -> float:
     return seconds
 
 
+def shareable(what: str, value: str) -> str:
+    """Return ``value`` if it can leave the process as UTF-8 (no lone surrogate).
+
+    Raises:
+      ValueError: ``value`` holds a lone surrogate (the message gives its index).
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} {value[:60]!r} is not valid Unicode text (lone surrogate at index "
+            f"{exc.start}), so it cannot be shared with other processes"
+        ) from None
+    return value
+
+
 def name(what: str, value: object) -> str:
     """Return ``value`` if it is a non-empty :class:`str`, else raise.
 

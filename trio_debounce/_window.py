@@ -7,6 +7,7 @@ A ping that lands in an open window writes a few attributes here and nothing els
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ class SharedWindow:
     """
 
     __slots__ = (
+        "confirmed_at",
         "count",
         "deadline",
         "first_ping_at",
@@ -124,6 +126,8 @@ class SharedWindow:
         self.payload = payload
         self.on_fire = on_fire
         self.taker = taker
+        #: When (Trio's clock) the backend last said this window is ours to fire.
+        self.confirmed_at = -math.inf
         #: True while this window is counted as a pending trailing fire.
         self.trailing = False
         self.scope: trio.CancelScope | None = None
