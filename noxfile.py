@@ -41,6 +41,7 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against same-run baselines (pyperf); never part of the test suite."""
     session.install("-e", ".[bench]")
-    out = session.create_tmp() + "/bench-core.json"
-    session.run("python", "bench/bench_core.py", "--quiet", "-o", out, *session.posargs)
-    session.run("python", "bench/report.py", out)
+    for name in ("core", "shared"):
+        out = f"{session.create_tmp()}/bench-{name}.json"
+        session.run("python", f"bench/bench_{name}.py", "--quiet", "-o", out, *session.posargs)
+        session.run("python", "bench/report.py", out)

@@ -13,6 +13,9 @@ PAIRS = [
     ("coalescing-ping", "naive-rearm"),
     ("open-window", "spawn-sleeper"),
     ("replay-reference", "parse-reference"),
+    ("shared-ping-nats", "kv-get-put-nats"),
+    ("shared-ping-memory", "local-ping"),
+    ("shared-ping-nats", "local-ping"),
 ]
 
 
