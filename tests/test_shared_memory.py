@@ -21,7 +21,9 @@ from trio_debounce import (
     Coordinator,
     Edge,
     Fire,
+    Mode,
     Outcome,
+    Registered,
     open_coordinator,
 )
 from trio_debounce.abc import DebounceBackend
@@ -383,7 +385,7 @@ async def test_reconcile_rearms_a_window_that_names_us(
         backend_a = a._backend
         assert isinstance(backend_a, MemoryBackend)
         r = await backend_a.register(
-            "wf", "k", mode=a_mode(), delay=2.0, max_delay=None, run_id="r"
+            "wf", "k", mode=Mode.TRAILING, delay=2.0, max_delay=None, run_id="r"
         )
         assert r.owner
         assert len(a) == 0
@@ -391,12 +393,6 @@ async def test_reconcile_rearms_a_window_that_names_us(
     [(process, fire)] = fires.log
     assert process == "A"
     assert fire.run_id == "r"
-
-
-def a_mode() -> Any:
-    from trio_debounce import Mode
-
-    return Mode.TRAILING
 
 
 @pytest.mark.parametrize("delay", [1.0, 20.0])
@@ -473,7 +469,7 @@ async def test_requests_per_operation(autojump_clock: trio.testing.MockClock) ->
         await call
         return dict(store.requests - before)
 
-    kw: dict[str, Any] = {"mode": a_mode(), "delay": 5.0, "max_delay": None, "run_id": "r"}
+    kw: dict[str, Any] = {"mode": Mode.TRAILING, "delay": 5.0, "max_delay": None, "run_id": "r"}
     assert await cost(a.register("wf", "k", **kw)) == {"get": 1, "put": 1}  # opened
     assert await cost(a.register("wf", "k", **kw)) == {"get": 1, "put": 1}  # extended
     await trio.sleep(2.0)
@@ -561,8 +557,8 @@ async def test_sweep_removes_markers_and_long_dead_leases_only(
     store = MemoryStore()
     dead, live = backend(store, "dead"), backend(store, "live")
     await dead.refresh_lease()
-    await dead.register("wf", "kept", mode=a_mode(), delay=1e6, max_delay=None, run_id="r1")
-    await dead.register("wf", "gone", mode=a_mode(), delay=1e6, max_delay=None, run_id="r2")
+    await dead.register("wf", "kept", mode=Mode.TRAILING, delay=1e6, max_delay=None, run_id="r1")
+    await dead.register("wf", "gone", mode=Mode.TRAILING, delay=1e6, max_delay=None, run_id="r2")
     await dead.cancel("wf", "gone")
     await trio.sleep(11 * LEASE + SKEW + 1.0)  # expired more than 10 leases ago
     await live.refresh_lease()
@@ -754,3 +750,27 @@ async def test_a_run_id_that_cannot_be_shared_is_refused(
         with pytest.raises(ValueError, match="run_id '\\\\ud800' is not valid Unicode"):
             await a.debounce("wf", "k", delay=1.0, run_id="\ud800")
     assert fires.log == []
+
+
+async def test_no_takeover_right_after_an_outage(autojump_clock: trio.testing.MockClock) -> None:
+    # After B's store calls fail and then answer again, B waits one heartbeat interval
+    # plus the tolerated skew before taking anything over, so live peers can renew
+    # their leases first.
+    store = MemoryStore()
+    a, b = backend(store, "A"), backend(store, "B")
+    kw: dict[str, Any] = {"mode": Mode.TRAILING, "delay": 1e6, "max_delay": None}
+    await a.register("wf", "k", run_id="r", **kw)  # A then stops renewing: it is dead
+    await b.refresh_lease()
+    await trio.sleep(LEASE + SKEW + 1.0)
+    b.faults.partitioned = True
+    with pytest.raises(BackendUnavailableError):
+        await b.refresh_lease()
+    b.faults.partitioned = False
+    await b.refresh_lease()  # the backend answers again
+    r = await b.register("wf", "k", run_id="x", **kw)
+    assert r.outcome is Registered.COALESCED  # A's lease lapsed long ago, yet no takeover
+    await trio.sleep(b.heartbeat_interval + SKEW)
+    r = await b.register("wf", "k", run_id="x", **kw)
+    assert r.outcome is Registered.TOOK_OVER
+    assert r.run_id == "r"
+    assert r.ping_count == 3
