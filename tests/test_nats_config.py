@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
 from typing import Any
 
 import pytest
@@ -121,3 +123,12 @@ def test_importing_the_library_does_not_load_the_nats_submodule() -> None:
     code = "import sys, trio_debounce; print('trio_debounce.nats' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_missing_extra_gives_a_clear_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(sys.modules):
+        if name == "trio_debounce.nats" or name.startswith("trio_debounce.nats."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "nats", None)  # as if nats-py were not installed
+    with pytest.raises(ImportError, match=r"needs the nats extra .* pip install '\.\[nats\]'"):
+        importlib.import_module("trio_debounce.nats")

@@ -17,7 +17,7 @@ def test_readme_example(
 ) -> None:
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
-    [code] = [block for block in blocks if "trio.run(main)" in block]
+    [code] = [block for block in blocks if "nats" not in block]
     for other in blocks:  # the NATS example needs a server: it must at least compile
         compile(other, "README.md", "exec")
     real_run = trio.run

@@ -273,7 +273,7 @@ def _nats_backend(
         from .nats import NatsConfig, open_nats_backend
     except ImportError as exc:
         _error(
-            f"--backend needs the nats extra (pip install 'trio-debounce[nats]'): "
+            f"--backend needs the nats extra (from a clone: pip install '.[nats]'): "
             f"cannot import {exc.name or 'it'}"
         )
         return None

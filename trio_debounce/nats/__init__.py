@@ -1,10 +1,20 @@
 """The NATS JetStream KV backend for cross-process debouncing.
 
-Needs the ``nats`` extra (``pip install 'trio-debounce[nats]'``): nats-py, driven
+Needs the ``nats`` extra (from a clone: ``pip install '.[nats]'``): nats-py, driven
 through trio-asyncio. This submodule is not imported by ``import trio_debounce``.
 """
 
 from __future__ import annotations
+
+try:
+    import nats as _nats  # noqa: F401
+    import trio_asyncio as _trio_asyncio  # noqa: F401
+except ImportError as _exc:
+    raise ImportError(
+        "trio_debounce.nats needs the nats extra (nats-py and trio-asyncio): from a clone, "
+        f"pip install '.[nats]' (missing: {_exc.name})",
+        name=_exc.name,
+    ) from _exc
 
 from ._backend import open_nats_backend as open_nats_backend
 from ._config import NatsConfig as NatsConfig
