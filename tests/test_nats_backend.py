@@ -216,6 +216,7 @@ class _Dead(KvStore):
     """A store that no longer answers, standing in for a dead process's connection."""
 
     max_value_bytes = 0
+    created = 0.0
 
     async def get(self, key: str) -> KvEntry | None:
         raise BackendUnavailableError("dead")
@@ -347,6 +348,7 @@ class PauseAfterGet(KvStore):
         self._server = server
         self._key = key
         self.max_value_bytes = store.max_value_bytes
+        self.created = store.created
 
     async def get(self, key: str) -> KvEntry | None:
         entry = await self._store.get(key)

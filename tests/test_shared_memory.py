@@ -21,6 +21,7 @@ from trio_debounce import (
     Coordinator,
     Edge,
     Fire,
+    Finalized,
     Mode,
     Outcome,
     Registered,
@@ -107,7 +108,7 @@ async def test_burst_over_three_processes_fires_once(
     [(process, fire)] = fires.of("k")
     assert process == "A"
     assert fire.ping_count == 6
-    assert fire.payload == "p2"  # the owner's latest local payload
+    assert fire.payload == "p4"  # the latest stored payload, whichever process sent it
     assert fire.fired_at == near(t0 + 7.0)
     assert fire.first_ping_at == near(t0)
     assert fire.edge is Edge.TRAILING
@@ -305,10 +306,11 @@ async def test_finalize_during_an_outage_fires_and_deletes_later(
 ) -> None:
     store, fires = MemoryStore(), Fires()
     async with processes(store, fires, "AB") as (a, b):
-        await a.debounce("wf", "k", 1, delay=3.0)
-        await b.debounce("wf", "k", 2, delay=3.0)
+        await a.debounce("wf", "k", 1, delay=1.0)
+        await b.debounce("wf", "k", 2, delay=1.0)
         store.down = True
-        # Due at 3 s; finalize retries for op_timeout (2 s), then the owner fires.
+        # Due at 1 s; finalize retries for op_timeout (2 s), then the owner, whose lease
+        # (renewed at 0 s, for 6 s) it still holds, fires.
         await trio.sleep(6.0)
         assert [p for p, _ in fires.log] == ["A"]  # fired without the backend
         assert a.statistics().unconfirmed_fires == 1
@@ -363,9 +365,10 @@ async def test_conflict_storm_fires_once(autojump_clock: trio.testing.MockClock)
 
 
 async def test_exit_releases_owned_windows(autojump_clock: trio.testing.MockClock) -> None:
+    # Under at-most-once, on_exit="cancel" deletes the windows it owns.
     store, fires = MemoryStore(), Fires()
     async with processes(store, fires, "B") as (b,):
-        async with processes(store, fires, "A", on_exit="cancel") as (a,):
+        async with processes(store, fires, "A", on_exit="cancel", delivery="at-most-once") as (a,):
             await a.debounce("wf", "k", "a", delay=50.0)
         # A released its window (and its lease): B's ping opens a fresh one at once.
         r = await b.debounce("wf", "k", "b", delay=1.0)
@@ -417,7 +420,7 @@ async def test_register_that_timed_out_but_landed_fires_once(
     assert [p for p, _ in fires.log] == ["A"]
     [(_, fire)] = fires.log
     assert fire.ping_count == 2
-    assert fire.payload == "a"
+    assert fire.payload == "b"  # the latest stored payload (B's), not A's local one
 
 
 @pytest.mark.parametrize(("peer_ping_at", "fires_expected"), [(0.5, 1), (6.0, 2)])
@@ -461,8 +464,8 @@ async def test_requests_per_operation(autojump_clock: trio.testing.MockClock) ->
     # The protocol's cost per operation, as the protocol page states it.
     store = MemoryStore()
     a, b = backend(store, "A"), backend(store, "B")
+    await b.refresh_lease()  # B's lease table does not know A yet
     await a.refresh_lease()
-    await b.refresh_lease()
 
     async def cost(call: Any) -> dict[str, int]:
         before = store.requests.copy()
@@ -478,9 +481,27 @@ async def test_requests_per_operation(autojump_clock: trio.testing.MockClock) ->
     assert await cost(b.register("wf", "k", **kw)) == {"get": 1, "put": 1}
     await trio.sleep(3.0)
     # the owner finalizes after B pushed the fire: a reschedule records when it wakes
+    await a.refresh_lease()
     assert await cost(a.finalize("wf", "k", "r")) == {"get": 1, "put": 1}
     await trio.sleep(2.0)
-    assert await cost(a.finalize("wf", "k", "r")) == {"get": 1, "delete": 1}  # fire
+    # fire, at-least-once: a fire record, then the window delete; the record's delete
+    # once the handler has returned
+    await a.refresh_lease()  # as its heartbeat does (a lapsed lease is renewed first)
+    before = store.requests.copy()
+    fired = await a.finalize("wf", "k", "r")
+    assert dict(store.requests - before) == {"get": 1, "put": 1, "delete": 1}
+    assert fired.outcome is Finalized.FIRE
+    assert fired.fire_id is not None
+    assert await cost(a.complete(fired.fire_id)) == {"delete": 1}
+    # fire, at-most-once: one compare-and-swap that marks the window fired
+    await a.register("wf", "k", **kw)
+    await trio.sleep(5.0)
+    await a.refresh_lease()
+    before = store.requests.copy()
+    fired = await a.finalize("wf", "k", "r", delivery="at-most-once")
+    assert dict(store.requests - before) == {"get": 1, "put": 1}
+    assert fired.outcome is Finalized.FIRE
+    assert fired.fire_id is None
 
 
 @pytest.mark.parametrize(
@@ -726,7 +747,7 @@ async def test_a_stale_finalize_does_not_forget_a_newer_window(
     # second one at exit, so B's next ping opens a fresh window (a new leading edge).
     store, fires = MemoryStore(), Fires()
     async with processes(store, fires, "B") as (b,):
-        async with processes(store, fires, "A", on_exit="cancel") as (a,):
+        async with processes(store, fires, "A", on_exit="cancel", delivery="at-most-once") as (a,):
             await a.debounce("wf", "k", 1, delay=3 * LEASE, mode="both")
             await b.debounce("wf", "k", 2, delay=1.0, mode="both")  # B takes it at t=1
             await trio.sleep(2.0)

@@ -5,11 +5,15 @@ The entry point is :func:`open_coordinator`; see the docs for the exact semantic
 
 from __future__ import annotations
 
+from ._backend import Delivery as Delivery
 from ._backend import Finalization as Finalization
 from ._backend import Finalized as Finalized
+from ._backend import OrphanFire as OrphanFire
+from ._backend import Orphans as Orphans
 from ._backend import OwnedWindow as OwnedWindow
 from ._backend import Registered as Registered
 from ._backend import Registration as Registration
+from ._backend import WindowStatus as WindowStatus
 from ._coordinator import Coordinator as Coordinator
 from ._coordinator import OnBackendError as OnBackendError
 from ._coordinator import OnExit as OnExit
@@ -20,6 +24,8 @@ from ._errors import BackendError as BackendError
 from ._errors import BackendUnavailableError as BackendUnavailableError
 from ._errors import DocumentTooLargeError as DocumentTooLargeError
 from ._errors import RevisionConflict as RevisionConflict
+from ._payload import JsonSerializer as JsonSerializer
+from ._payload import PayloadSerializer as PayloadSerializer
 from ._types import CoordinatorStatistics as CoordinatorStatistics
 from ._types import DebounceResult as DebounceResult
 from ._types import Edge as Edge
@@ -43,6 +49,11 @@ def _fixup_module_metadata() -> None:
         Finalization,
         Finalized,
         OwnedWindow,
+        OrphanFire,
+        Orphans,
+        WindowStatus,
+        JsonSerializer,
+        PayloadSerializer,
         Registered,
         Registration,
         RevisionConflict,

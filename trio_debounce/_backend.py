@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import abc
 import enum
-from typing import NamedTuple
+from collections.abc import Collection
+from typing import Any, Literal, NamedTuple
 
 from ._types import Mode
+
+#: The values of ``open_coordinator(delivery=...)``.
+Delivery = Literal["at-least-once", "at-most-once"]
 
 
 class Registered(str, enum.Enum):
@@ -81,6 +85,10 @@ class Registration(NamedTuple):
       take_at (float | None): for ``coalesced`` only: this ping moved the fire earlier
         than the time the owner armed, so the caller must call
         :meth:`DebounceBackend.finalize` with ``take=True`` at ``take_at``.
+      payload (Any): this ping's payload as every process reads it back (round-tripped
+        through the serializer); the leading fire of an ``opened`` window carries it.
+      fencing_token (int): the token of the write that stored this ping (the leading
+        fire of an ``opened`` window carries it).
     """
 
     outcome: Registered
@@ -91,6 +99,8 @@ class Registration(NamedTuple):
     ping_count: int
     stored: bool = True
     take_at: float | None = None
+    payload: Any = None
+    fencing_token: int = 0
 
     @property
     def owner(self) -> bool:
@@ -112,6 +122,11 @@ class Finalization(NamedTuple):
       mode (Mode | None): the window's mode (``None`` for ``abandoned``).
       last_ping_at (float | None): the window's last ping, wall clock (``None`` for
         ``abandoned``).
+      payload (Any): for ``fire``: the window's latest stored payload, deserialized.
+      fencing_token (int): for ``fire``: the fire's fencing token (see
+        :attr:`trio_debounce.Fire.fencing_token`).
+      fire_id (str | None): for ``fire`` under at-least-once delivery: the fire record
+        to pass to :meth:`DebounceBackend.complete` once the handler has returned.
     """
 
     outcome: Finalized
@@ -120,6 +135,9 @@ class Finalization(NamedTuple):
     first_ping_at: float | None = None
     mode: Mode | None = None
     last_ping_at: float | None = None
+    payload: Any = None
+    fencing_token: int = 0
+    fire_id: str | None = None
 
 
 class OwnedWindow(NamedTuple):
@@ -142,6 +160,79 @@ class OwnedWindow(NamedTuple):
     scheduled_at: float
     first_ping_at: float
     ping_count: int
+
+
+class OrphanFire(NamedTuple):
+    """A fire whose process died while its handler ran, now adopted by this process
+    (at-least-once delivery): run the handler again, then :meth:`~DebounceBackend.complete`.
+
+    Attributes:
+      fire_id (str): the fire record.
+      workflow (str): the window's workflow.
+      key (str): the window's debounce key.
+      run_id (str): the window's run id.
+      payload (Any): the window's latest stored payload, deserialized.
+      ping_count (int): the window's global ping count.
+      first_ping_at (float): its first ping, wall clock.
+      fired_at (float): its logical fire time, wall clock.
+      attempt (int): this attempt's number (2 for the first re-run).
+      fencing_token (int): the original fire's fencing token.
+    """
+
+    fire_id: str
+    workflow: str
+    key: str
+    run_id: str
+    payload: Any
+    ping_count: int
+    first_ping_at: float
+    fired_at: float
+    attempt: int
+    fencing_token: int
+
+
+class Orphans(NamedTuple):
+    """What :meth:`DebounceBackend.adopt_orphans` took over from dead processes.
+
+    Attributes:
+      windows (list[OwnedWindow]): open windows, now owned by this process.
+      fires (list[OrphanFire]): interrupted fires to run again.
+    """
+
+    windows: list[OwnedWindow]
+    fires: list[OrphanFire]
+
+
+class WindowStatus(NamedTuple):
+    """The cluster-wide state of one open window (:meth:`Coordinator.window_status`).
+
+    Times are wall-clock epoch seconds.
+
+    Attributes:
+      run_id (str): the window's run id.
+      mode (Mode): its mode.
+      owner (str): the process id of its owner.
+      owner_live (bool): whether the owner's lease was live when read.
+      first_ping_at (float): its first ping.
+      last_ping_at (float): its latest ping.
+      scheduled_at (float): when it is due.
+      cap_at (float | None): ``first_ping_at + max_delay``, or None.
+      ping_count (int): pings across all processes.
+      revision (int): the document's revision in the store.
+      fencing_token (int): the token a fire at this revision would carry at least.
+    """
+
+    run_id: str
+    mode: Mode
+    owner: str
+    owner_live: bool
+    first_ping_at: float
+    last_ping_at: float
+    scheduled_at: float
+    cap_at: float | None
+    ping_count: int
+    revision: int
+    fencing_token: int
 
 
 class DebounceBackend(abc.ABC):
@@ -174,6 +265,12 @@ class DebounceBackend(abc.ABC):
         """Seconds between :meth:`refresh_lease` calls (a third of the lease by default)."""
 
     @abc.abstractmethod
+    def lease_held(self) -> bool:
+        """Is this process's own lease still live by its own clock, with the skew
+        margin? If not, a peer may have taken its windows over: a stale owner checks
+        this before it fires without the store's confirmation."""
+
+    @abc.abstractmethod
     def wall_time(self) -> float:
         """The backend's wall clock, epoch seconds: every shared time is read here."""
 
@@ -187,8 +284,9 @@ class DebounceBackend(abc.ABC):
         delay: float,
         max_delay: float | None,
         run_id: str,
+        payload: Any = None,
     ) -> Registration:
-        """Register one ping of ``(workflow, key)``.
+        """Register one ping of ``(workflow, key)``, with its payload.
 
         Atomic: the ping is applied to the window's record by one compare-and-swap
         (retried on conflict, with jittered backoff, until the operation deadline), or
@@ -196,6 +294,8 @@ class DebounceBackend(abc.ABC):
         becomes ``min(now + delay, first_ping + max_delay)``; ``mode`` and the cap
         belong to the record (the first ping's), ``run_id`` is used only when the ping
         opens a window. A record whose owner process is live is never replaced.
+        ``payload`` is serialized into the record and becomes the window's latest
+        payload.
 
         Returns:
           Registration: see :class:`Registered` for the outcomes.
@@ -209,7 +309,14 @@ class DebounceBackend(abc.ABC):
 
     @abc.abstractmethod
     async def finalize(
-        self, workflow: str, key: str, run_id: str, *, take: bool = False, force: bool = False
+        self,
+        workflow: str,
+        key: str,
+        run_id: str,
+        *,
+        take: bool = False,
+        force: bool = False,
+        delivery: Delivery = "at-least-once",
     ) -> Finalization:
         """Decide a window that is due on this process's clock.
 
@@ -222,12 +329,23 @@ class DebounceBackend(abc.ABC):
           take: finalize a window this process does not own (it moved the fire earlier
             than the owner armed, see :attr:`Registration.take_at`).
           force: fire now even if the fire time has not come (a flush).
+          delivery: ``"at-least-once"`` writes a fire record (returned as
+            ``fire_id``) before the window is deleted, so a fire whose process dies in
+            its handler runs again elsewhere; ``"at-most-once"`` commits the fire by one
+            compare-and-swap that marks the window fired, and fires only when that is
+            proven.
 
         If the store cannot be reached, the owner's call raises
         :class:`~trio_debounce.BackendUnavailableError` after queueing a
         revision-checked delete of the record, applied by a later
-        :meth:`refresh_lease`; the caller (the owner) fires anyway.
+        :meth:`refresh_lease`; under at-least-once the caller (the owner) fires anyway.
         """
+
+    @abc.abstractmethod
+    async def complete(self, fire_id: str) -> None:
+        """The handler of the fire ``fire_id`` returned: delete its fire record
+        (revision-checked; queued for a later :meth:`refresh_lease` if the store cannot
+        be reached). Idempotent."""
 
     @abc.abstractmethod
     async def cancel(self, workflow: str, key: str) -> bool:
@@ -238,11 +356,27 @@ class DebounceBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def refresh_lease(self) -> None:
-        """Renew this process's lease (creating it on the first call).
+    async def refresh_lease(self) -> Collection[str]:
+        """Renew this process's lease (creating it on the first call), and re-read the
+        other processes' leases.
 
         Also applies deletes queued while the store was unreachable. Idempotent.
+
+        Returns:
+          the ids of processes found dead (lease lapsed, or gone) since the last call.
         """
+
+    @abc.abstractmethod
+    async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:
+        """Take over, by compare-and-swap, the open windows and interrupted fires of
+        dead processes, for the given workflows (those this coordinator handles).
+
+        Scans the window and fire records once; nothing is taken over during the grace
+        period after an outage. Returns what was adopted."""
+
+    @abc.abstractmethod
+    async def window_status(self, workflow: str, key: str) -> WindowStatus | None:
+        """The cluster-wide state of the open window ``(workflow, key)``, or None."""
 
     @abc.abstractmethod
     async def owned_windows(self) -> list[OwnedWindow]:
@@ -257,6 +391,12 @@ class DebounceBackend(abc.ABC):
         Returns the number of records removed (0 if another process holds the sweep).
         Windows of dead owners are kept (a ping takes them over).
         """
+
+    @abc.abstractmethod
+    async def handoff(self) -> None:
+        """Leave: delete this process's lease but keep its windows and fire records,
+        so live peers (or the next coordinator that handles the workflow) take them
+        over at once. Called once, shielded, instead of :meth:`release`. Idempotent."""
 
     @abc.abstractmethod
     async def release(self) -> None:

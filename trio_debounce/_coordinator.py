@@ -20,11 +20,14 @@ if sys.version_info < (3, 11):
 from . import _validate
 from ._backend import (
     DebounceBackend,
+    Delivery,
     Finalization,
     Finalized,
+    OrphanFire,
     OwnedWindow,
     Registered,
     Registration,
+    WindowStatus,
 )
 from ._errors import BackendAuthError, BackendConfigError, BackendError, BackendUnavailableError
 from ._types import (
@@ -43,8 +46,9 @@ from ._window import CLOSED, FLUSHED, OPEN, SharedWindow, Window
 logger = logging.getLogger("trio_debounce")
 
 #: The values of ``open_coordinator(on_exit=...)``.
-OnExit = Literal["wait", "flush", "cancel"]
-_ON_EXIT = ("wait", "flush", "cancel")
+OnExit = Literal["wait", "flush", "cancel", "handoff"]
+_ON_EXIT = ("wait", "flush", "cancel", "handoff")
+_DELIVERY = ("at-least-once", "at-most-once")
 
 #: The values of ``open_coordinator(on_backend_error=...)``.
 OnBackendError = Literal["fail-open", "raise"]
@@ -122,15 +126,23 @@ class Coordinator(metaclass=_NoPublicConstructor):
         on_error: ErrorCallback | None,
         backend: DebounceBackend | None = None,
         on_backend_error: OnBackendError = "fail-open",
+        delivery: Delivery = "at-least-once",
     ) -> None:
         self._nursery = nursery
         self._backend = backend
+        self._delivery = delivery
         self._on_backend_error = on_backend_error
         #: The local side of windows shared through the backend.
         self._shared: dict[tuple[str, str], SharedWindow] = {}
         #: Local windows opened because a register failed, by the run id the failed
         #: register proposed (its write may land later).
         self._fail_open_runs: dict[str, Window] = {}
+        #: Run ids of registers in flight: the reconcile leaves their windows alone
+        #: (the register arms them, or fails open and the next reconcile adopts them).
+        self._registering: set[str] = set()
+        #: Run id -> when (Trio's clock) its shared window closed here, kept until the
+        #: next reconcile whose listing began after that.
+        self._closed_runs: dict[str, float] = {}
         self._reconcile_soon = False
         self._handlers: dict[str, Handler] = dict(handlers)
         self._on_error = on_error
@@ -158,6 +170,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._fail_open = 0
         self._unconfirmed = 0
         self._unstored = 0
+        self._takeovers = 0
+        self._refires = 0
+        self._dropped = 0
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -408,8 +423,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 self._idle_lot.unpark_all()
             return _new_tuple(DebounceResult, (_SCHEDULE_TRAILING, run_id, deadline, 1, True, True))
         handler = on_fire if on_fire is not None else self._handlers[workflow]
-        fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING)
         self._fires += 1
+        fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING, 1, self._fires)
         self._running += 1
         self._nursery.start_soon(self._call_handler, handler, fire)
         return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1, True, True))
@@ -460,9 +475,16 @@ class Coordinator(metaclass=_NoPublicConstructor):
             raise self._no_handler(workflow)
         if run_id is None:
             run_id = uuid.uuid4().hex
+        self._registering.add(run_id)
         try:
             registration = await backend.register(
-                workflow, key, mode=mode, delay=delay, max_delay=max_delay, run_id=run_id
+                workflow,
+                key,
+                mode=mode,
+                delay=delay,
+                max_delay=max_delay,
+                run_id=run_id,
+                payload=payload,
             )
         except BackendError as exc:
             if isinstance(exc, (ValueError, BackendAuthError, BackendConfigError)):
@@ -491,6 +513,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             self._fail_open_runs[run_id] = self._windows[ident]
             self._reconcile_soon = True
             return result
+        finally:
+            self._registering.discard(run_id)
         return self._apply_registration(ident, registration, payload, on_fire)
 
     def _to_trio(self, wall_at: float) -> float:
@@ -557,6 +581,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             # The block ended while the ping was in flight: release() gives the window
             # up (if it became ours) so peers open a fresh one.
             return _new_tuple(DebounceResult, (_COALESCE, run_id, pending_at, count, False, True))
+        if registration.outcome is Registered.TOOK_OVER:
+            self._takeovers += 1
         if registration.owner:
             self._arm_shared(
                 ident,
@@ -577,7 +603,18 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 workflow, key = ident
                 handler = on_fire if on_fire is not None else self._handlers.get(workflow)
                 now = self._now()
-                fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING)
+                fire = Fire(
+                    workflow,
+                    key,
+                    registration.payload,  # as every process reads it back
+                    run_id,
+                    1,
+                    now,
+                    now,
+                    Edge.LEADING,
+                    1,
+                    registration.fencing_token,
+                )
                 self._fires += 1
                 self._running += 1
                 self._nursery.start_soon(self._call_handler, handler, fire)
@@ -611,10 +648,16 @@ class Coordinator(metaclass=_NoPublicConstructor):
             DebounceResult, (_COALESCE, run_id, pending_at, count, False, registration.stored)
         )
 
-    def _close_shared(self, shared: SharedWindow) -> None:
+    def _detach_shared(self, shared: SharedWindow) -> None:
+        """Mark a shared window closed here and take it out of the table."""
         shared.state = CLOSED
         if self._shared.get(shared.ident) is shared:
             del self._shared[shared.ident]
+        # A reconcile whose listing began before this must not re-arm the window.
+        self._closed_runs[shared.run_id] = self._now()
+
+    def _close_shared(self, shared: SharedWindow) -> None:
+        self._detach_shared(shared)
         self._set_trailing(shared, False)
         if shared.scope is not None:
             shared.scope.cancel()
@@ -639,10 +682,41 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 force = shared.state == FLUSHED
                 try:
                     result = await backend.finalize(
-                        workflow, key, shared.run_id, take=shared.taker, force=force
+                        workflow,
+                        key,
+                        shared.run_id,
+                        take=shared.taker,
+                        force=force,
+                        delivery=self._delivery,
                     )
                 except BackendError as exc:
                     self._backend_errors += 1
+                    if self._delivery == "at-most-once" and not shared.taker:
+                        # Never fire on a guess: this window is dropped (a loss point).
+                        logger.warning(
+                            "finalize of %r/%r (run %s) failed (%s); at-most-once: the fire "
+                            "is dropped",
+                            workflow,
+                            key,
+                            shared.run_id,
+                            exc,
+                        )
+                        self._dropped += 1
+                        self._close_shared(shared)
+                        return
+                    if not shared.taker and not backend.lease_held():
+                        # Paused past our own lease: a peer may own the window now. Do
+                        # not fire on our stale view; ask again after a heartbeat.
+                        logger.warning(
+                            "finalize of %r/%r (run %s) failed (%s) and this process's "
+                            "lease has lapsed; retrying instead of firing",
+                            workflow,
+                            key,
+                            shared.run_id,
+                            exc,
+                        )
+                        shared.deadline = self._now() + backend.heartbeat_interval
+                        continue
                     if shared.taker:
                         logger.warning(
                             "could not take the fire of %r/%r (run %s): %s; its owner fires it",
@@ -664,12 +738,15 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     self._unconfirmed += 1
                     now = self._now()
                     fired_at = now if force else min(shared.deadline, now)
+                    # Unconfirmed: this process's latest payload, and fencing token 0
+                    # (older than any confirmed fire's).
                     result = Finalization(
                         Finalized.FIRE,
                         trio_to_wall(fired_at, wall_now=backend.wall_time(), trio_now=now),
                         shared.count,
                         None,
                         shared.mode,
+                        payload=shared.payload,
                     )
                 if result.outcome is Finalized.RESCHEDULE:
                     assert result.scheduled_at is not None
@@ -705,37 +782,87 @@ class Coordinator(metaclass=_NoPublicConstructor):
         fired_at = self._to_trio(result.scheduled_at)
         was_pending = shared.trailing
         shared.trailing = False  # moved from pending to running below, in one step
-        shared.state = CLOSED
-        if self._shared.get(shared.ident) is shared:
-            del self._shared[shared.ident]
+        self._detach_shared(shared)
         if not pending:
             if was_pending:
                 self._pending -= 1
                 self._check_idle()
+            await self._complete(result.fire_id)
             return
         if not was_pending:
             self._pending += 1
         handler = shared.on_fire if shared.on_fire is not None else self._handlers.get(workflow)
         fire = Fire(
-            workflow, key, shared.payload, shared.run_id, count, first, fired_at, Edge.TRAILING
+            workflow,
+            key,
+            result.payload,
+            shared.run_id,
+            count,
+            first,
+            fired_at,
+            Edge.TRAILING,
+            1,
+            result.fencing_token,
         )
         self._pending -= 1
         self._running += 1
         self._fires += 1
         await self._call_handler(handler, fire)
+        await self._complete(result.fire_id)
+
+    async def _complete(self, fire_id: str | None) -> None:
+        """The handler of an at-least-once fire returned: delete its fire record."""
+        if fire_id is None or self._backend is None:
+            return
+        try:
+            await self._backend.complete(fire_id)
+        except BackendError as exc:
+            self._backend_errors += 1
+            logger.warning("could not delete fire record %s: %s", fire_id, exc)
+
+    async def _refire(self, orphan: OrphanFire) -> None:
+        """Run again a fire whose process died in its handler (at-least-once)."""
+        handler = self._handlers.get(orphan.workflow)
+        fire = Fire(
+            orphan.workflow,
+            orphan.key,
+            orphan.payload,
+            orphan.run_id,
+            orphan.ping_count,
+            self._to_trio(orphan.first_ping_at),
+            self._to_trio(orphan.fired_at),
+            Edge.TRAILING,
+            orphan.attempt,
+            orphan.fencing_token,
+        )
+        self._refires += 1
+        self._fires += 1
+        self._running += 1
+        await self._call_handler(handler, fire)
+        await self._complete(orphan.fire_id)
 
     async def _maintain(self, backend: DebounceBackend) -> None:
         """The heartbeat task: renew the process lease once per interval; reconcile
         owned windows and sweep at a slower pace, and at once after an outage."""
         beats = 0
         down = False
+        # At start: adopt what dead processes (or a hand-off with no peer alive) left.
+        try:
+            with trio.fail_after(backend.heartbeat_interval):
+                await self._reconcile(backend)
+        except (BackendError, trio.TooSlowError) as exc:
+            self._backend_errors += 1
+            logger.warning("backend reconcile at start failed: %s", exc or "no answer")
+            down = True
         while True:
             await trio.sleep(backend.heartbeat_interval)
             beats += 1
             try:
                 with trio.fail_after(backend.heartbeat_interval):
-                    await backend.refresh_lease()
-                    if down or self._reconcile_soon or beats % _RECONCILE_EVERY == 0:
+                    dead = await backend.refresh_lease()
+                    if dead:
+                        logger.info("processes found dead: %s", ", ".join(sorted(dead)))
+                    if dead or down or self._reconcile_soon or beats % _RECONCILE_EVERY == 0:
                         self._reconcile_soon = False
                         await self._reconcile(backend)
                     if beats % _SWEEP_EVERY == 0:
@@ -754,7 +881,15 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     async def _reconcile(self, backend: DebounceBackend) -> None:
         """Arm a local task for every window the backend says is ours but we lack
-        (a write that timed out and committed later, say)."""
+        (a write that timed out and committed later, say); adopt the windows and
+        interrupted fires of dead processes, for the workflows this coordinator
+        handles."""
+        if self._closed:
+            return
+        orphans = await backend.adopt_orphans(frozenset(self._handlers))
+        self._takeovers += len(orphans.windows)
+        for orphan in orphans.fires:
+            self._nursery.start_soon(self._refire, orphan)
         listed_at = self._now()
         owned_windows = await backend.owned_windows()
         seen = {owned.run_id for owned in owned_windows}
@@ -780,8 +915,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
         for owned in owned_windows:
             ident = (owned.workflow, owned.key)
             shared = self._shared.get(ident)
-            if self._closed or (
-                shared is not None and shared.run_id == owned.run_id and shared.state == OPEN
+            if (
+                self._closed
+                or owned.run_id in self._registering
+                or self._closed_runs.get(owned.run_id, -_INF) >= listed_at
+                # open, or flushed and being finalized: ours already
+                or (shared is not None and shared.run_id == owned.run_id and shared.state != CLOSED)
             ):
                 continue
             local = self._fail_open_runs.pop(owned.run_id, None)
@@ -821,6 +960,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 on_fire,
                 taker=False,
             )
+        self._closed_runs = {run: at for run, at in self._closed_runs.items() if at >= listed_at}
 
     async def _settle_landed(
         self, backend: DebounceBackend, owned: OwnedWindow, local: Window
@@ -1067,6 +1207,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             window.first_ping_at,
             fired_at,
             Edge.TRAILING,
+            1,
+            self._fires,  # the fencing token: this coordinator's fire counter
         )
         return handler, fire
 
@@ -1104,6 +1246,16 @@ class Coordinator(metaclass=_NoPublicConstructor):
             self._running -= 1
             self._check_idle()
 
+    def _hands_off(self, on_exit: OnExit, *, aborted: bool) -> bool:
+        """Does leaving the block hand the shared windows off (instead of deleting
+        them)? With ``on_exit="handoff"``; under at-least-once also on a cancel exit,
+        a cancellation or an error, so that no stored ping is lost."""
+        if self._backend is None:
+            return False
+        if on_exit == "handoff":
+            return True
+        return self._delivery == "at-least-once" and (aborted or on_exit == "cancel")
+
     def _check_idle(self) -> None:
         if self._pending == 0 and self._running == 0:
             self._idle_lot.unpark_all()
@@ -1127,6 +1279,34 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return True
         shared = self._shared.get((workflow, key))
         return shared is not None and shared.state == OPEN and not shared.taker
+
+    async def window_status(self, workflow: str, key: str) -> WindowStatus | None:
+        """The cluster-wide state of the shared window ``(workflow, key)``.
+
+        One read of the store (two if the owner's lease is not in this process's
+        table). Times in the result are wall-clock epoch seconds, as stored.
+
+        Returns:
+          WindowStatus | None: owner, first and last ping, scheduled time, cap, ping
+          count, revision and fencing token; None if no window is open.
+
+        Raises:
+          RuntimeError: the coordinator has no backend (use :meth:`has` for in-memory
+            windows).
+          trio.ClosedResourceError: the coordinator's ``async with`` block has exited.
+          trio_debounce.BackendError: the store could not be read.
+          TypeError, ValueError: ``workflow`` or ``key`` is not a non-empty str.
+        """
+        if self._backend is None:
+            raise RuntimeError(
+                "window_status() reads the shared store: open the coordinator with a "
+                "backend (in memory, use has())"
+            )
+        if self._closed:
+            raise _closed_error()
+        _validate.name("workflow", workflow)
+        _validate.name("key", key)
+        return await self._backend.window_status(workflow, key)
 
     def __len__(self) -> int:
         """The number of windows in the table.
@@ -1152,6 +1332,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
             fail_open_windows=self._fail_open,
             unconfirmed_fires=self._unconfirmed,
             unstored_pings=self._unstored,
+            takeovers=self._takeovers,
+            refires=self._refires,
+            dropped_fires=self._dropped,
         )
 
     async def wait_idle(self) -> None:
@@ -1189,6 +1372,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     if window.trailing and now < window.deadline:
                         self._cancelled += 1
                         self._cancel_window(window)
+            if self._hands_off(on_exit, aborted=False):
+                for shared in list(self._shared.values()):
+                    if shared.state == OPEN:
+                        # Left in the store for a live peer (or the next coordinator).
+                        self._close_shared(shared)
+            elif on_exit == "cancel":
                 for shared in list(self._shared.values()):
                     if shared.trailing and shared.state == OPEN:
                         # The document is released (deleted) when the block closes.
@@ -1229,6 +1418,7 @@ async def open_coordinator(
     on_exit: OnExit = "wait",
     backend: DebounceBackend | None = None,
     on_backend_error: OnBackendError = "fail-open",
+    delivery: Delivery = "at-least-once",
 ) -> AsyncIterator[Coordinator]:
     """Open a :class:`Coordinator` that lives as long as the ``async with``.
 
@@ -1251,7 +1441,10 @@ async def open_coordinator(
         cancel the coordinator or other windows.
       on_exit (str): what a normal exit of the block does with pending trailing fires:
         ``"wait"`` (the default) lets them fire at their scheduled times; ``"flush"``
-        fires them at once; ``"cancel"`` drops them. In every case the exit then waits
+        fires them at once; ``"cancel"`` drops them; ``"handoff"`` (with a backend only)
+        leaves the shared windows in the store, where a live peer that handles the
+        workflow takes each over at once and fires it on time (or, with no peer alive,
+        the next coordinator that handles it does). In every case the exit then waits
         for running handlers to finish, and pings made meanwhile (by handlers, say) are
         accepted and treated the same way. Leading windows with nothing left to fire
         are not waited for: they stay open while the exit waits, then close.
@@ -1269,6 +1462,16 @@ async def open_coordinator(
         :exc:`~trio_debounce.BackendUnavailableError`. Misconfiguration
         (:exc:`~trio_debounce.BackendAuthError`, an oversized record) is never failed
         open.
+      delivery (str): what a shared window promises when a process dies, see
+        :doc:`/protocol`. ``"at-least-once"`` (the default): a window whose ping was
+        stored is never lost; the owner writes a fire record before it runs the handler,
+        and a survivor runs the fire again (``Fire.attempt`` 2) if its process died in
+        the handler; leaving the block by cancellation, by an error or with
+        ``on_exit="cancel"`` hands the shared windows off instead of deleting them.
+        ``"at-most-once"``: a window never fires twice; the owner fires only after a
+        compare-and-swap it can prove, and drops the fire otherwise (counted in
+        ``statistics().dropped_fires``). Without a backend both behave alike (a
+        process's windows die with it).
 
     If the block raises, or is cancelled from outside, running handlers are cancelled,
     fires whose deadline had been reached (or that ``flush`` committed) still start,
@@ -1289,7 +1492,13 @@ async def open_coordinator(
         a str.
     """
     if on_exit not in _ON_EXIT:
-        raise ValueError(f"on_exit must be one of 'wait', 'flush', 'cancel', got {on_exit!r}")
+        raise ValueError(
+            f"on_exit must be one of 'wait', 'flush', 'cancel', 'handoff', got {on_exit!r}"
+        )
+    if on_exit == "handoff" and backend is None:
+        raise ValueError("on_exit='handoff' needs a backend: there is no peer to hand off to")
+    if delivery not in _DELIVERY:
+        raise ValueError(f"delivery must be 'at-least-once' or 'at-most-once', got {delivery!r}")
     if on_backend_error not in _ON_BACKEND_ERROR:
         raise ValueError(
             f"on_backend_error must be 'fail-open' or 'raise', got {on_backend_error!r}"
@@ -1333,7 +1542,7 @@ async def open_coordinator(
     try:
         async with trio.open_nursery() as nursery:
             coordinator: Coordinator = Coordinator._create(
-                nursery, handler_map, on_error, backend, on_backend_error
+                nursery, handler_map, on_error, backend, on_backend_error, delivery
             )
             if backend is not None:
                 nursery.start_soon(coordinator._maintain, backend)
@@ -1350,8 +1559,12 @@ async def open_coordinator(
         # outside cancel scope on their way out.
         nursery_error = exc
     if backend is not None:
+        aborted = body_error is not None or nursery_error is not None
         with trio.CancelScope(shield=True):
-            await backend.release()
+            if coordinator._hands_off(on_exit, aborted=aborted):
+                await backend.handoff()
+            else:
+                await backend.release()
         backend._in_use = False
     try:
         if nursery_error is not None:

@@ -51,6 +51,10 @@ class KvStore(abc.ABC):
     #: The largest value, in bytes, that :meth:`put` accepts.
     max_value_bytes: int
 
+    #: When the store (the bucket) was created, wall-clock epoch seconds. Revisions
+    #: restart when a bucket is re-created; fencing tokens pair them with this.
+    created: float
+
     @abc.abstractmethod
     async def get(self, key: str) -> KvEntry | None:
         """The latest entry of ``key``: a value, a delete marker (``value=None``), or

@@ -22,7 +22,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,15 +31,20 @@ import trio
 from . import _validate
 from ._backend import (
     DebounceBackend,
+    Delivery,
     Finalization,
     Finalized,
+    OrphanFire,
+    Orphans,
     OwnedWindow,
     Registered,
     Registration,
+    WindowStatus,
 )
 from ._errors import BackendError, BackendUnavailableError, RevisionConflict
 from ._keys import WINDOW_PREFIX, parse_window_key, process_key, window_key
 from ._kv import KvEntry, KvStore
+from ._payload import JsonSerializer, PayloadSerializer
 from ._types import Mode
 
 logger = logging.getLogger("trio_debounce.backend")
@@ -48,6 +53,9 @@ SCHEMA_VERSION = 1
 SWEEPER_KEY = "s.sweeper"
 _LEASE_PREFIX = "p."
 _WINDOW_PREFIX = WINDOW_PREFIX + "."
+_FIRE_PREFIX = "f."
+#: Fencing tokens are ``(bucket creation time in ms) << _TOKEN_SHIFT | revision``.
+_TOKEN_SHIFT = 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,11 @@ class WindowDoc:
     write: str
     #: The write id of the write that opened the window (kept by every later write).
     opened_by: str
+    #: The latest payload, serialized (None: no ping stored one).
+    payload: str | None = None
+    #: True once the window has fired under at-most-once delivery: a tombstone that
+    #: proves the fire, which the next ping opens a new window over.
+    fired: bool = False
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -88,6 +101,8 @@ class WindowDoc:
                 "count": self.count,
                 "write": self.write,
                 "open": self.opened_by,
+                "payload": self.payload,
+                "fired": self.fired,
             },
             separators=(",", ":"),
             ensure_ascii=False,
@@ -114,6 +129,8 @@ class WindowDoc:
             count=int(obj["count"]),
             write=_str(obj, "write"),
             opened_by=_str(obj, "open"),
+            payload=_opt_str(obj, "payload"),
+            fired=obj.get("fired", False) is True,
         )
         if doc.count < 1:
             raise ValueError("count < 1")
@@ -124,6 +141,13 @@ def _str(obj: dict[str, Any], name: str) -> str:
     value = obj[name]
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} is not a non-empty string")
+    return value
+
+
+def _opt_str(obj: dict[str, Any], name: str) -> str | None:
+    value = obj.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{name} is not a string")
     return value
 
 
@@ -163,6 +187,62 @@ def _encode_lease(lease: _Lease) -> bytes:
     ).encode("utf-8")
 
 
+@dataclass(frozen=True, slots=True)
+class _FireRecord:
+    """An at-least-once fire in progress (``f.<id>``): outlives its window's document
+    until the handler returns, so a survivor can run it again."""
+
+    owner: str
+    epoch: str
+    workflow: str
+    key: str
+    run_id: str
+    payload: str | None
+    count: int
+    first: float
+    at: float
+    attempt: int
+    token: int
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "v": SCHEMA_VERSION,
+                "owner": self.owner,
+                "epoch": self.epoch,
+                "workflow": self.workflow,
+                "key": self.key,
+                "run": self.run_id,
+                "payload": self.payload,
+                "count": self.count,
+                "first": self.first,
+                "at": self.at,
+                "attempt": self.attempt,
+                "token": self.token,
+            },
+            separators=(",", ":"),
+        ).encode("utf-8")
+
+    @classmethod
+    def decode(cls, raw: bytes) -> _FireRecord:
+        obj = json.loads(raw)
+        if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
+            raise ValueError("not a version 1 fire record")
+        return cls(
+            owner=_str(obj, "owner"),
+            epoch=_str(obj, "epoch"),
+            workflow=_str(obj, "workflow"),
+            key=_str(obj, "key"),
+            run_id=_str(obj, "run"),
+            payload=_opt_str(obj, "payload"),
+            count=int(obj["count"]),
+            first=_num(obj, "first"),
+            at=_num(obj, "at"),
+            attempt=int(obj["attempt"]),
+            token=int(obj["token"]),
+        )
+
+
 @dataclass(slots=True)
 class _QueuedDelete:
     key: str
@@ -183,6 +263,9 @@ class KvDebounceBackend(DebounceBackend):
         lease arithmetic tolerates, seconds: an owner is dead only once its lease
         expired more than this long ago.
       wall_time: the wall clock, ``() -> float`` epoch seconds (:func:`time.time`).
+      serializer (PayloadSerializer | None): how payloads are stored
+        (:class:`~trio_debounce.JsonSerializer` when None); every process sharing the
+        store must use the same one.
     """
 
     def __init__(
@@ -194,12 +277,15 @@ class KvDebounceBackend(DebounceBackend):
         op_timeout: float = 2.0,
         max_clock_skew: float = 1.0,
         wall_time: Callable[[], float] = time.time,
+        serializer: PayloadSerializer | None = None,
     ) -> None:
         if process_id is None:
             process_id = uuid.uuid4().hex
         if not isinstance(process_id, str) or not process_id:
             raise ValueError(f"process_id must be a non-empty str, got {process_id!r}")
         self._store = store
+        self._serializer: PayloadSerializer = JsonSerializer() if serializer is None else serializer
+        self._token_base = int(store.created * 1000) << _TOKEN_SHIFT
         self._process_id = process_id
         self._process_key = process_key(process_id)
         self._epoch = uuid.uuid4().hex
@@ -214,6 +300,11 @@ class KvDebounceBackend(DebounceBackend):
         #: KV key -> run id of the windows this process owns, as far as it knows.
         self._owned: dict[str, str] = {}
         self._queued_deletes: dict[str, _QueuedDelete] = {}
+        #: Fire records this process wrote or adopted: id -> revision.
+        self._fire_records: dict[str, int] = {}
+        #: Fire records whose delete could not reach the store: retried by heartbeats.
+        self._queued_completions: set[str] = set()
+        self._lease_expires = -math.inf
         self._in_outage = False
         #: Trio time before which no takeover happens (after an outage).
         self._takeover_after = -math.inf
@@ -223,6 +314,8 @@ class KvDebounceBackend(DebounceBackend):
         self.conflicts = 0
         self.unstored_coalesces = 0
         self.requests = 0
+        self.takeovers = 0
+        self.adopted_fires = 0
 
     # ----------------------------------------------------------------- basics
 
@@ -294,13 +387,17 @@ class KvDebounceBackend(DebounceBackend):
 
     async def _owner_live(self, doc: WindowDoc, now: float) -> bool:
         """Is the document's owner process live? Known live owners cost no request."""
-        if self._mine(doc):
+        return await self._live(doc.owner, doc.epoch, now)
+
+    async def _live(self, owner: str, epoch: str, now: float) -> bool:
+        """Is process ``owner`` in its opening ``epoch`` live, by its lease?"""
+        if owner == self._process_id and epoch == self._epoch:
             return True
-        lease = self._leases.get(doc.owner)
-        if lease is not None and lease.epoch == doc.epoch and now <= lease.expires + self._skew:
+        lease = self._leases.get(owner)
+        if lease is not None and lease.epoch == epoch and now <= lease.expires + self._skew:
             return True
         # Unknown, another epoch, or expired in the table: read the lease itself.
-        entry = await self._get(process_key(doc.owner))
+        entry = await self._get(process_key(owner))
         lease = None
         if entry is not None and entry.value is not None:
             try:
@@ -308,15 +405,20 @@ class KvDebounceBackend(DebounceBackend):
             except (ValueError, KeyError, TypeError):
                 logger.warning("lease %s is unreadable; its process counts as dead", entry.key)
         if lease is None:
-            self._leases.pop(doc.owner, None)
+            self._leases.pop(owner, None)
             return False
-        self._leases[doc.owner] = lease
-        return lease.epoch == doc.epoch and now <= lease.expires + self._skew
+        self._leases[owner] = lease
+        return lease.epoch == epoch and now <= lease.expires + self._skew
 
     def _can_take_over(self) -> bool:
         return trio.current_time() >= self._takeover_after
 
-    async def refresh_lease(self) -> None:
+    def lease_held(self) -> bool:
+        """Is this process's own lease still live, by its own clock, with the skew
+        margin? If not, a peer may have taken its windows over."""
+        return self._wall() < self._lease_expires - self._skew
+
+    async def refresh_lease(self) -> set[str]:
         now = self._wall()
         lease = _Lease(self._process_id, self._epoch, now + self._lease)
         value = _encode_lease(lease)
@@ -333,15 +435,19 @@ class KvDebounceBackend(DebounceBackend):
                 await self._backoff(attempt)
         else:
             raise BackendError(f"could not renew the lease of process {self._process_id!r}")
+        self._lease_expires = lease.expires
+        dead = await self.reload_leases()
         self._leases[self._process_id] = lease
-        self._refreshes += 1
-        if self._refreshes % 3 == 0:
-            await self.reload_leases()
-            self._leases[self._process_id] = lease
         await self._apply_queued_deletes()
+        return dead
 
-    async def reload_leases(self) -> None:
-        """Re-read every process lease into the local table (a periodic safety net)."""
+    async def reload_leases(self) -> set[str]:
+        """Re-read every process lease into the local table.
+
+        Returns the processes that were live in the previous table and are now gone or
+        lapsed (beyond the skew).
+        """
+        now = self._wall()
         table: dict[str, _Lease] = {}
         for entry in await self._call(self._store.entries, _LEASE_PREFIX):
             if entry.value is None:
@@ -351,7 +457,15 @@ class KvDebounceBackend(DebounceBackend):
             except (ValueError, KeyError, TypeError):
                 continue
             table[lease.process] = lease
+        dead = set()
+        for process, old in self._leases.items():
+            if process == self._process_id or now > old.expires + self._skew:
+                continue  # ourselves, or already dead at the last look
+            new = table.get(process)
+            if new is None or new.epoch != old.epoch or now > new.expires + self._skew:
+                dead.add(process)
         self._leases = table
+        return dead
 
     # ---------------------------------------------------------------- register
 
@@ -365,8 +479,9 @@ class KvDebounceBackend(DebounceBackend):
         max_delay: float | None,
         run_id: str,
         write: str,
+        payload: str,
     ) -> tuple[Registered, WindowDoc, float | None]:
-        if doc is None:
+        if doc is None or doc.fired:
             cap = None if max_delay is None else now + max_delay
             at = now + delay if cap is None else min(now + delay, cap)
             new = WindowDoc(
@@ -384,6 +499,7 @@ class KvDebounceBackend(DebounceBackend):
                 1,
                 write,
                 write,
+                payload,
             )
             return Registered.OPENED, new, None
         if doc.mode is not mode:
@@ -393,10 +509,12 @@ class KvDebounceBackend(DebounceBackend):
             )
         at = now + delay if doc.cap is None else min(now + delay, doc.cap)
         if self._mine(doc):
-            new = replace(doc, last=now, at=at, armed=at, count=doc.count + 1, write=write)
+            new = replace(
+                doc, last=now, at=at, armed=at, count=doc.count + 1, write=write, payload=payload
+            )
             return Registered.EXTENDED, new, None
         if owner_live or not self._can_take_over():
-            new = replace(doc, last=now, at=at, count=doc.count + 1, write=write)
+            new = replace(doc, last=now, at=at, count=doc.count + 1, write=write, payload=payload)
             return Registered.COALESCED, new, (at if at < doc.armed else None)
         new = replace(
             doc,
@@ -407,6 +525,7 @@ class KvDebounceBackend(DebounceBackend):
             armed=at,
             count=doc.count + 1,
             write=write,
+            payload=payload,
         )
         return Registered.TOOK_OVER, new, None
 
@@ -419,8 +538,11 @@ class KvDebounceBackend(DebounceBackend):
         delay: float,
         max_delay: float | None,
         run_id: str,
+        payload: Any = None,
     ) -> Registration:
         kv_key = window_key(workflow, key)
+        text = self._serializer.dumps(payload)
+        own = self._serializer.loads(text)
         deadline = trio.current_time() + self._op_timeout
         if not self._lease_revision:
             # Peers must see our lease before a document names us as owner.
@@ -442,22 +564,27 @@ class KvDebounceBackend(DebounceBackend):
                 try:
                     entry = await self._get(kv_key)
                     doc = self._parse(entry)
-                    if doc is not None and attempted is not None:
+                    if doc is not None and not doc.fired and attempted is not None:
                         # A write of this call that failed ambiguously had landed: the
                         # write that opened the window (even if a peer has written since,
                         # so its leading edge still fires here), or the latest write.
+                        assert entry is not None
                         if doc.opened_by == write:
-                            return self._registered(kv_key, Registered.OPENED, doc, None)
+                            return self._registered(
+                                kv_key, Registered.OPENED, doc, None, entry.revision, own
+                            )
                         if doc.write == write:
-                            return self._registered(kv_key, attempted[0], doc, attempted[1])
+                            return self._registered(
+                                kv_key, attempted[0], doc, attempted[1], entry.revision, own
+                            )
                     now = self._wall()
-                    live = doc is not None and await self._owner_live(doc, now)
+                    live = doc is not None and not doc.fired and await self._owner_live(doc, now)
                     last_doc, last_live = doc, live
                     outcome, new, take_at = self._apply_ping(
-                        doc, live, now, mode, delay, max_delay, run_id, write
+                        doc, live, now, mode, delay, max_delay, run_id, write, text
                     )
                     attempted = (outcome, take_at)
-                    await self._call(
+                    revision = await self._call(
                         self._store.put,
                         kv_key,
                         new.encode(),
@@ -469,11 +596,12 @@ class KvDebounceBackend(DebounceBackend):
                 except BackendUnavailableError as exc:
                     error = exc
                 else:
-                    return self._registered(kv_key, outcome, new, take_at)
+                    return self._registered(kv_key, outcome, new, take_at, revision, own)
                 await self._backoff(attempt)
                 attempt += 1
         if (
             last_doc is not None
+            and not last_doc.fired
             and last_live
             and not self._mine(last_doc)
             and last_doc.mode is not Mode.LEADING
@@ -497,6 +625,7 @@ class KvDebounceBackend(DebounceBackend):
                 last_doc.first,
                 last_doc.count,
                 stored=False,
+                payload=own,
             )
         raise BackendUnavailableError(
             f"register of {workflow!r}/{key!r} did not complete within {self._op_timeout} s"
@@ -510,25 +639,59 @@ class KvDebounceBackend(DebounceBackend):
             del self._owned[kv_key]
 
     def _registered(
-        self, kv_key: str, outcome: Registered, doc: WindowDoc, take_at: float | None
+        self,
+        kv_key: str,
+        outcome: Registered,
+        doc: WindowDoc,
+        take_at: float | None,
+        revision: int,
+        payload: Any,
     ) -> Registration:
         """The result of a register whose write landed; tracks what this process owns."""
+        if outcome is Registered.TOOK_OVER:
+            self.takeovers += 1
         if outcome is not Registered.COALESCED:
             self._owned[kv_key] = doc.run_id
         else:
             self._disown(kv_key, doc.run_id)
         return Registration(
-            outcome, doc.run_id, doc.mode, doc.at, doc.first, doc.count, True, take_at
+            outcome,
+            doc.run_id,
+            doc.mode,
+            doc.at,
+            doc.first,
+            doc.count,
+            True,
+            take_at,
+            payload,
+            self._token(revision),
         )
+
+    def _load(self, text: str | None) -> Any:
+        """A stored payload, deserialized (None if none was stored)."""
+        return None if text is None else self._serializer.loads(text)
+
+    def _token(self, revision: int) -> int:
+        """The fencing token of a step that committed at ``revision``."""
+        return self._token_base | revision
 
     # ---------------------------------------------------------------- finalize
 
     async def finalize(
-        self, workflow: str, key: str, run_id: str, *, take: bool = False, force: bool = False
+        self,
+        workflow: str,
+        key: str,
+        run_id: str,
+        *,
+        take: bool = False,
+        force: bool = False,
+        delivery: Delivery = "at-least-once",
     ) -> Finalization:
         kv_key = window_key(workflow, key)
         error: BackendError | None = None
-        deleting: WindowDoc | None = None
+        # The commit in flight, in case its answer is lost: (window, write id, time).
+        committing: tuple[WindowDoc, str, float] | None = None
+        fire_id = f"{_FIRE_PREFIX}{uuid.uuid4().hex}"
         fired_at = self._wall()
         with trio.move_on_after(self._op_timeout):
             attempt = 0
@@ -536,11 +699,14 @@ class KvDebounceBackend(DebounceBackend):
                 try:
                     entry = await self._get(kv_key)
                     doc = self._parse(entry)
-                    if doc is None or doc.run_id != run_id:
-                        if deleting is not None and (entry is None or entry.value is None):
-                            # Our delete failed ambiguously and the record is gone: it
-                            # landed (at-least-once: fire).
-                            return self._fire(kv_key, deleting, fired_at)
+                    if committing is not None:
+                        proven = await self._proven(
+                            kv_key, entry, doc, committing, fire_id, delivery
+                        )
+                        if proven is not None:
+                            return proven
+                        committing = None
+                    if doc is None or doc.fired or doc.run_id != run_id:
                         self._disown(kv_key, run_id)
                         return Finalization(Finalized.ABANDONED)
                     if not take and not self._mine(doc):
@@ -567,17 +733,46 @@ class KvDebounceBackend(DebounceBackend):
                         return Finalization(
                             Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
                         )
+                    if not take and not self.lease_held():
+                        # Paused past our own lease: a peer may have taken the window
+                        # over. The compare-and-swap below would catch that, but renew
+                        # first so that peers stop treating us as dead.
+                        await self.refresh_lease()
+                        continue
                     fired_at = now if force else doc.at
-                    deleting = doc
-                    await self._call(self._store.delete, kv_key, last=entry.revision)
-                    return self._fire(kv_key, doc, fired_at)
+                    write = uuid.uuid4().hex
+                    committing = (doc, write, fired_at)
+                    if delivery == "at-most-once":
+                        revision = await self._call(
+                            self._store.put,
+                            kv_key,
+                            replace(doc, fired=True, write=write).encode(),
+                            last=entry.revision,
+                        )
+                        return self._fire(kv_key, doc, fired_at, revision, None)
+                    record = self._fire_record(workflow, key, doc, fired_at, 1, entry.revision)
+                    self._fire_records[fire_id] = await self._call(
+                        self._store.put, fire_id, record.encode(), last=0
+                    )
+                    try:
+                        marker = await self._call(self._store.delete, kv_key, last=entry.revision)
+                    except RevisionConflict:
+                        # A ping landed after our read: take the record back, re-read.
+                        await self._drop_record(fire_id)
+                        raise
+                    return self._fire(kv_key, doc, fired_at, marker, fire_id)
                 except RevisionConflict:
                     self.conflicts += 1
-                    deleting = None
+                    committing = None
                 except BackendUnavailableError as exc:
                     error = exc
                 await self._backoff(attempt)
                 attempt += 1
+        if delivery == "at-most-once":
+            raise BackendUnavailableError(
+                f"finalize of {workflow!r}/{key!r} (run {run_id}) could not prove its fire "
+                f"within {self._op_timeout} s" + (f": {error}" if error is not None else "")
+            )
         if not take:
             self._queued_deletes[kv_key] = _QueuedDelete(kv_key, run_id, fired_at)
         raise BackendUnavailableError(
@@ -585,9 +780,103 @@ class KvDebounceBackend(DebounceBackend):
             f"{self._op_timeout} s" + (f": {error}" if error is not None else "")
         )
 
-    def _fire(self, kv_key: str, doc: WindowDoc, fired_at: float) -> Finalization:
+    async def _proven(
+        self,
+        kv_key: str,
+        entry: KvEntry | None,
+        doc: WindowDoc | None,
+        committing: tuple[WindowDoc, str, float],
+        fire_id: str,
+        delivery: Delivery,
+    ) -> Finalization | None:
+        """After a commit whose answer was lost: the fire, if the re-read proves it."""
+        window, write, fired_at = committing
+        if delivery == "at-most-once":
+            if entry is not None and doc is not None and doc.fired and doc.write == write:
+                return self._fire(kv_key, window, fired_at, entry.revision, None)
+            return None  # not proven: never fire on a guess (the caller re-reads)
+        # at-least-once: our fire record decides.
+        record = await self._get(fire_id)
+        if record is None or record.value is None:
+            return None  # the record never landed: start over
+        self._fire_records[fire_id] = record.revision
+        if doc is not None and not doc.fired and doc.run_id == window.run_id:
+            if doc.write != window.write:
+                # A ping landed after our read, so our delete cannot have: take the
+                # record back and decide again.
+                await self._drop_record(fire_id)
+                return None
+            assert entry is not None
+            try:  # the record landed, the window delete did not: finish it
+                await self._call(self._store.delete, kv_key, last=entry.revision)
+            except RevisionConflict:
+                await self._drop_record(fire_id)
+                return None
+        return self._fire(kv_key, window, fired_at, record.revision, fire_id)
+
+    def _fire_record(
+        self, workflow: str, key: str, doc: WindowDoc, fired_at: float, attempt: int, rev: int
+    ) -> _FireRecord:
+        return _FireRecord(
+            self._process_id,
+            self._epoch,
+            workflow,
+            key,
+            doc.run_id,
+            doc.payload,
+            doc.count,
+            doc.first,
+            fired_at,
+            attempt,
+            self._token(rev),
+        )
+
+    async def _drop_record(self, fire_id: str) -> None:
+        revision = self._fire_records.pop(fire_id, None)
+        if revision is not None:
+            with contextlib.suppress(RevisionConflict):
+                await self._call(self._store.delete, fire_id, last=revision)
+
+    def _fire(
+        self,
+        kv_key: str,
+        doc: WindowDoc,
+        fired_at: float,
+        revision: int,
+        fire_id: str | None,
+    ) -> Finalization:
         self._disown(kv_key, doc.run_id)
-        return Finalization(Finalized.FIRE, fired_at, doc.count, doc.first, doc.mode, doc.last)
+        return Finalization(
+            Finalized.FIRE,
+            fired_at,
+            doc.count,
+            doc.first,
+            doc.mode,
+            doc.last,
+            self._load(doc.payload),
+            self._token(revision),
+            fire_id,
+        )
+
+    async def complete(self, fire_id: str) -> None:
+        revision = self._fire_records.get(fire_id)
+        if revision is None:
+            return
+        try:
+            with trio.move_on_after(self._op_timeout) as scope:
+                await self._call(self._store.delete, fire_id, last=revision)
+        except RevisionConflict:
+            # Adopted by a peer that thought us dead: it runs the fire again (documented).
+            logger.warning("fire record %s was taken over before its handler finished", fire_id)
+        except BackendUnavailableError:
+            self._queued_completions.add(fire_id)
+            return
+        else:
+            if scope.cancelled_caught:
+                self._queued_completions.add(fire_id)
+                return
+        self._fire_records.pop(fire_id, None)
+        self._queued_completions.discard(fire_id)
 
     async def _apply_queued_deletes(self) -> None:
         """Apply deletes queued by finalizes that could not reach the store."""
@@ -605,6 +894,8 @@ class KvDebounceBackend(DebounceBackend):
                 # else: pings landed after the unconfirmed fire; the window stays and
                 # the owner's reconcile re-arms it, so they are not lost.
             del self._queued_deletes[kv_key]
+        for fire_id in list(self._queued_completions):
+            await self.complete(fire_id)
 
     # ---------------------------------------------------------- cancel & co
 
@@ -614,7 +905,8 @@ class KvDebounceBackend(DebounceBackend):
             attempt = 0
             while True:
                 entry = await self._get(kv_key)
-                if entry is None or entry.value is None:
+                doc = self._parse(entry)
+                if entry is None or entry.value is None or (doc is not None and doc.fired):
                     return False
                 try:
                     await self._call(self._store.delete, kv_key, last=entry.revision)
@@ -633,7 +925,7 @@ class KvDebounceBackend(DebounceBackend):
         owned = []
         for entry in await self._call(self._store.entries, _WINDOW_PREFIX):
             doc = self._parse(entry)
-            if doc is None or not self._mine(doc):
+            if doc is None or doc.fired or not self._mine(doc):
                 continue
             try:
                 workflow, key = parse_window_key(entry.key)
@@ -672,9 +964,17 @@ class KvDebounceBackend(DebounceBackend):
             return 0  # another process won the election
         removed = 0
         for item in await self._call(self._store.entries, _WINDOW_PREFIX):
-            if item.value is None and await self._call(
-                self._store.purge_marker, item.key, revision=item.revision
-            ):
+            marker = item.revision if item.value is None else None
+            if marker is None:
+                doc = self._parse(item)
+                if doc is None or not doc.fired or doc.last > now - self._lease:
+                    continue
+                # An at-most-once tombstone a lease old: its proof is no longer needed.
+                try:
+                    marker = await self._call(self._store.delete, item.key, last=item.revision)
+                except RevisionConflict:
+                    continue
+            if await self._call(self._store.purge_marker, item.key, revision=marker):
                 removed += 1
         # A lease that expired long ago (ten leases) belongs to a dead process.
         grave = now - 10 * self._lease - self._skew
@@ -696,6 +996,126 @@ class KvDebounceBackend(DebounceBackend):
                     removed += 1
                 self._leases.pop(lease.process, None)
         return removed
+
+    async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:
+        orphans = Orphans([], [])
+        if not self._can_take_over():
+            return orphans
+        now = self._wall()
+        for entry in await self._call(self._store.entries, _WINDOW_PREFIX):
+            doc = self._parse(entry)
+            if doc is None or doc.fired or self._mine(doc):
+                continue
+            try:
+                workflow, key = parse_window_key(entry.key)
+            except ValueError:
+                continue
+            if workflow not in workflows or await self._owner_live(doc, now):
+                continue
+            # The owner died with the window open: take it over as it is (no ping).
+            new = replace(
+                doc,
+                owner=self._process_id,
+                epoch=self._epoch,
+                armed=doc.at,
+                write=uuid.uuid4().hex,
+            )
+            try:
+                await self._call(self._store.put, entry.key, new.encode(), last=entry.revision)
+            except RevisionConflict:
+                continue  # a peer adopted it, or a ping took it over
+            self.takeovers += 1
+            self._owned[entry.key] = doc.run_id
+            logger.info(
+                "adopted window %s (run %s) of dead process %s", entry.key, doc.run_id, doc.owner
+            )
+            orphans.windows.append(
+                OwnedWindow(workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
+            )
+        for entry in await self._call(self._store.entries, _FIRE_PREFIX):
+            if entry.value is None:
+                continue
+            try:
+                record = _FireRecord.decode(entry.value)
+            except (ValueError, KeyError, TypeError):
+                logger.warning("fire record %s is unreadable; leaving it", entry.key)
+                continue
+            if record.workflow not in workflows or await self._live(
+                record.owner, record.epoch, now
+            ):
+                continue
+            adopted = replace(
+                record, owner=self._process_id, epoch=self._epoch, attempt=record.attempt + 1
+            )
+            try:
+                revision = await self._call(
+                    self._store.put, entry.key, adopted.encode(), last=entry.revision
+                )
+            except RevisionConflict:
+                continue
+            self.adopted_fires += 1
+            self._fire_records[entry.key] = revision
+            logger.info(
+                "adopted interrupted fire %s (run %s, attempt %d) of dead process %s",
+                entry.key,
+                record.run_id,
+                adopted.attempt,
+                record.owner,
+            )
+            orphans.fires.append(
+                OrphanFire(
+                    entry.key,
+                    record.workflow,
+                    record.key,
+                    record.run_id,
+                    self._load(record.payload),
+                    record.count,
+                    record.first,
+                    record.at,
+                    adopted.attempt,
+                    record.token,
+                )
+            )
+        return orphans
+
+    async def window_status(self, workflow: str, key: str) -> WindowStatus | None:
+        entry = await self._get(window_key(workflow, key))
+        doc = self._parse(entry)
+        if doc is None or doc.fired:
+            return None
+        assert entry is not None
+        return WindowStatus(
+            doc.run_id,
+            doc.mode,
+            doc.owner,
+            await self._owner_live(doc, self._wall()),
+            doc.first,
+            doc.last,
+            doc.at,
+            doc.cap,
+            doc.count,
+            entry.revision,
+            self._token(entry.revision),
+        )
+
+    async def handoff(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        try:
+            with trio.move_on_after(self._op_timeout):
+                if self._lease_revision:
+                    with contextlib.suppress(RevisionConflict):
+                        await self._call(
+                            self._store.delete, self._process_key, last=self._lease_revision
+                        )
+        except BackendError as exc:
+            logger.warning(
+                "hand-off could not delete the lease (%s); peers take over %d windows once "
+                "it lapses",
+                exc,
+                len(self._owned),
+            )
 
     async def release(self) -> None:
         if self._released:

@@ -119,6 +119,14 @@ class Fire:
         the handler starts, so it is exact even when a :class:`trio.testing.MockClock`
         autojump lands a few ulps past the deadline.
       edge (Edge): :attr:`Edge.LEADING` or :attr:`Edge.TRAILING`.
+      attempt (int): 1, or more when a fire interrupted by its process's death runs
+        again in another process (at-least-once delivery, see :doc:`/protocol`).
+      fencing_token (int): strictly increases per ``(workflow, key)`` across windows,
+        owners and re-creations of the shared store: a side-effect store that keeps
+        the highest token it has seen per key can refuse a stale owner's late write.
+        With a backend it is ``(bucket creation time in ms) << 40 | revision`` of the
+        step that committed the fire (a re-run keeps its fire's token); without one it
+        is a counter of this coordinator's fires, meaningful only in this process.
     """
 
     workflow: str
@@ -129,6 +137,8 @@ class Fire:
     first_ping_at: float
     fired_at: float
     edge: Edge
+    attempt: int = 1
+    fencing_token: int = 0
 
 
 #: The type of a fire handler: ``async def handler(fire: Fire) -> None``.
@@ -169,6 +179,12 @@ class CoordinatorStatistics:
       unstored_pings (int): pings absorbed by another process's live window without
         being written, because every write lost a conflict until the backend's
         operation deadline (``DebounceResult.stored`` is False).
+      takeovers (int): shared windows this coordinator took over from a dead owner
+        (by a ping, or by adopting them without one).
+      refires (int): interrupted fires of dead processes this coordinator ran again
+        (at-least-once delivery).
+      dropped_fires (int): fires not run because they could not be proven
+        (at-most-once delivery, backend unreachable at fire time).
     """
 
     open_windows: int
@@ -183,3 +199,6 @@ class CoordinatorStatistics:
     fail_open_windows: int = 0
     unconfirmed_fires: int = 0
     unstored_pings: int = 0
+    takeovers: int = 0
+    refires: int = 0
+    dropped_fires: int = 0

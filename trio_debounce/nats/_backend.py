@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from .._backend import DebounceBackend
+from .._payload import PayloadSerializer
 from .._protocol import KvDebounceBackend
 from ._config import NatsConfig
 from ._store import open_nats_store
@@ -18,6 +19,7 @@ async def open_nats_backend(
     *,
     process_id: str | None = None,
     wall_time: Callable[[], float] = time.time,
+    serializer: PayloadSerializer | None = None,
 ) -> AsyncIterator[DebounceBackend]:
     """Connect to NATS and yield a backend for :func:`~trio_debounce.open_coordinator`.
 
@@ -40,6 +42,9 @@ async def open_nats_backend(
         None. Two live coordinators must never share one.
       wall_time: the wall clock, ``() -> float`` epoch seconds (:func:`time.time`); all
         times shared with other processes are read from it.
+      serializer (PayloadSerializer | None): how payloads are stored in the bucket
+        (:class:`~trio_debounce.JsonSerializer` when None); every process sharing the
+        bucket must use the same one.
 
     Raises:
       trio_debounce.BackendUnavailableError: no server answered within
@@ -61,4 +66,5 @@ async def open_nats_backend(
             op_timeout=config.op_timeout,
             max_clock_skew=config.max_clock_skew,
             wall_time=wall_time,
+            serializer=serializer,
         )

@@ -249,6 +249,7 @@ class NatsKvStore(KvStore):
         kv: KeyValue,
         api_prefix: str,
         max_value_bytes: int,
+        created: float,
         state: _State,
     ) -> None:
         self._config = config
@@ -259,6 +260,7 @@ class NatsKvStore(KvStore):
         self._api_prefix = api_prefix
         self._state = state
         self.max_value_bytes = max_value_bytes
+        self.created = created
 
     async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``await fn(*args)`` on the asyncio side, within ``op_timeout``; errors mapped."""
@@ -606,6 +608,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
                 kv=kv,
                 api_prefix=_api_prefix(config),
                 max_value_bytes=limit - HEADROOM,
+                created=info.created.timestamp() if info.created is not None else 0.0,
                 state=state,
             )
         except trio.Cancelled:

@@ -17,6 +17,7 @@ from .._errors import (
     RevisionConflict,
 )
 from .._kv import KvEntry, KvStore
+from .._payload import PayloadSerializer
 from .._protocol import KvDebounceBackend
 
 T = TypeVar("T")
@@ -39,6 +40,9 @@ class MemoryStore(KvStore):
       epoch (float): the wall-clock reading, in epoch seconds, when Trio's clock reads
         0; the wall clock of every :class:`MemoryBackend` is Trio's clock plus this
         (plus its own skew), so :class:`trio.testing.MockClock` drives it.
+      created (float | None): when the store counts as created, epoch seconds
+        (``epoch`` when None): the high part of fencing tokens. A store made later (a
+        re-created bucket) must be given a later ``created``.
 
     Attributes:
       down (bool): set True to make every call of every client fail with
@@ -47,10 +51,15 @@ class MemoryStore(KvStore):
     """
 
     def __init__(
-        self, *, max_value_bytes: int = 1024 * 1024 - 1024, epoch: float = DEFAULT_EPOCH
+        self,
+        *,
+        max_value_bytes: int = 1024 * 1024 - 1024,
+        epoch: float = DEFAULT_EPOCH,
+        created: float | None = None,
     ) -> None:
         self.max_value_bytes = max_value_bytes
         self.epoch = epoch
+        self.created = epoch if created is None else created
         self.down = False
         self.requests: collections.Counter[str] = collections.Counter()
         self._data: dict[str, KvEntry] = {}
@@ -208,6 +217,7 @@ class _FaultyStore(KvStore):
         self._store = store
         self._faults = faults
         self.max_value_bytes = store.max_value_bytes
+        self.created = store.created
 
     def __repr__(self) -> str:
         return repr(self._store)
@@ -267,6 +277,7 @@ class MemoryBackend(KvDebounceBackend):
       op_timeout (float): seconds a register or finalize may take, retries included.
       max_clock_skew (float): seconds of wall-clock skew between processes that the
         lease arithmetic tolerates.
+      serializer (PayloadSerializer | None): how payloads are stored (JSON when None).
 
     Attributes:
       faults (StoreFaults): faults to inject into this process's calls.
@@ -281,6 +292,7 @@ class MemoryBackend(KvDebounceBackend):
         process_lease: float = 60.0,
         op_timeout: float = 2.0,
         max_clock_skew: float = 1.0,
+        serializer: PayloadSerializer | None = None,
     ) -> None:
         if not isinstance(store, MemoryStore):
             raise TypeError(f"store must be a MemoryStore, not {store!r}")
@@ -299,4 +311,5 @@ class MemoryBackend(KvDebounceBackend):
             op_timeout=op_timeout,
             max_clock_skew=max_clock_skew,
             wall_time=lambda: trio.current_time() + offset,
+            serializer=serializer,
         )
