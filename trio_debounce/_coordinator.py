@@ -807,8 +807,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._pending -= 1
         self._running += 1
         self._fires += 1
-        await self._call_handler(handler, fire)
-        await self._complete(result.fire_id)
+        await self._call_handler(handler, fire, result.fire_id)
 
     async def _complete(self, fire_id: str | None) -> None:
         """The handler of an at-least-once fire returned: delete its fire record."""
@@ -838,8 +837,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._refires += 1
         self._fires += 1
         self._running += 1
-        await self._call_handler(handler, fire)
-        await self._complete(orphan.fire_id)
+        await self._call_handler(handler, fire, orphan.fire_id)
 
     async def _maintain(self, backend: DebounceBackend) -> None:
         """The heartbeat task: renew the process lease once per interval; reconcile
@@ -1213,9 +1211,15 @@ class Coordinator(metaclass=_NoPublicConstructor):
         return handler, fire
 
     @enable_ki_protection
-    async def _call_handler(self, handler: Handler | None, fire: Fire) -> None:
+    async def _call_handler(
+        self, handler: Handler | None, fire: Fire, fire_id: str | None = None
+    ) -> None:
         # KI-protected, so Ctrl-C cannot land between the counters and the try; the
         # handler and on_error run unprotected (see _invoke and _report).
+        # ``fire_id``: an at-least-once fire record, deleted once the handler has
+        # returned or raised (not if it was cancelled: a peer runs it again), before
+        # the handler counts as finished, so an exit cannot cut the delete short.
+        finished = False
         try:
             if handler is None:
                 raise LookupError(
@@ -1223,7 +1227,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     f"{fire.key!r} fired (run {fire.run_id})"
                 )
             await _invoke(handler, fire)
+            finished = True
         except Exception as exc:
+            finished = True
             self._handler_errors += 1
             logger.error(
                 "handler for workflow %r key %r (run %s, %s edge) raised",
@@ -1243,6 +1249,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
                         exc_info=callback_exc,
                     )
         finally:
+            if finished and fire_id is not None:
+                with trio.CancelScope(shield=True):  # bounded by the op deadline
+                    await self._complete(fire_id)
             self._running -= 1
             self._check_idle()
 

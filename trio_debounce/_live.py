@@ -50,10 +50,11 @@ class BackendStartError(Exception):
     with unusable settings); ``str()`` is a one-line reason."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Line:
-    text: str
-    payload: Any
+def _line(text: str, payload: Any) -> dict[str, Any]:
+    """A line's payload as pinged: its text (for a command's stdin) and its parsed
+    payload (for the fire line). A plain JSON object, so that a backend can store it
+    and every process reads back the same."""
+    return {"text": text, "payload": payload}
 
 
 async def _read_lines(fd: int) -> AsyncGenerator[tuple[int, bytes], None]:
@@ -94,14 +95,14 @@ async def _read_lines(fd: int) -> AsyncGenerator[tuple[int, bytes], None]:
         yield number + 1, b"".join(partial)
 
 
-def _line_event(raw: bytes, number: int, key_field: str | None) -> tuple[str, _Line]:
+def _line_event(raw: bytes, number: int, key_field: str | None) -> tuple[str, dict[str, Any]]:
     text = decode_line(raw, number)
     if key_field is None:
         if not text:
             raise EventError(number, "empty line (the key would be empty)")
-        return text, _Line(text, text)
+        return text, _line(text, text)
     obj = parse_json_object(text, number)
-    return event_key(obj, key_field, number), _Line(text, obj)
+    return event_key(obj, key_field, number), _line(text, obj)
 
 
 class _LogGate(logging.Filter):
@@ -153,13 +154,12 @@ class _LogGate(logging.Filter):
 
 
 def _fire_json(fire: Fire, wall: WallClock) -> str:
-    line: _Line = fire.payload
     return json.dumps(
         fire_line(
             fire.key,
             wall.from_trio(fire.fired_at),
             wall.from_trio(fire.first_ping_at),
-            line.payload,
+            fire.payload["payload"],
             fire.ping_count,
             fire.edge.value,
         )
@@ -211,7 +211,7 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
             stream_scope.cancel()
 
     async def run_command(fire: Fire) -> None:
-        line: _Line = fire.payload
+        text: str = fire.payload["text"]
         env = dict(os.environ)
         env["TRIO_DEBOUNCE_KEY"] = fire.key
         env["TRIO_DEBOUNCE_PINGS"] = str(fire.ping_count)
@@ -219,7 +219,7 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
             try:
                 result = await trio.run_process(
                     list(options.command),
-                    stdin=(line.text + "\n").encode("utf-8"),
+                    stdin=(text + "\n").encode("utf-8"),
                     env=env,
                     check=False,
                     deliver_cancel=_kill_fast,

@@ -166,13 +166,23 @@ class _Lease:
     process: str
     epoch: str
     expires: float
+    #: Handed off: the process left, its windows are for peers to take at once.
+    released: bool = False
+
+    def live(self, now: float, skew: float) -> bool:
+        return not self.released and now <= self.expires + skew
 
 
 def _decode_lease(raw: bytes) -> _Lease:
     obj = json.loads(raw)
     if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
         raise ValueError("not a version 1 lease")
-    return _Lease(_str(obj, "process"), _str(obj, "epoch"), _num(obj, "expires"))
+    return _Lease(
+        _str(obj, "process"),
+        _str(obj, "epoch"),
+        _num(obj, "expires"),
+        obj.get("released", False) is True,
+    )
 
 
 def _encode_lease(lease: _Lease) -> bytes:
@@ -182,6 +192,7 @@ def _encode_lease(lease: _Lease) -> bytes:
             "process": lease.process,
             "epoch": lease.epoch,
             "expires": lease.expires,
+            "released": lease.released,
         },
         separators=(",", ":"),
     ).encode("utf-8")
@@ -297,6 +308,9 @@ class KvDebounceBackend(DebounceBackend):
         self._refreshes = 0
         #: process id -> its lease as last read (the local lease table).
         self._leases: dict[str, _Lease] = {}
+        #: (process, epoch) of the leases that were live at the last reload.
+        self._live_at_last_look: set[tuple[str, str]] = set()
+        self._seen_released: set[tuple[str, str]] = set()
         #: KV key -> run id of the windows this process owns, as far as it knows.
         self._owned: dict[str, str] = {}
         self._queued_deletes: dict[str, _QueuedDelete] = {}
@@ -394,7 +408,7 @@ class KvDebounceBackend(DebounceBackend):
         if owner == self._process_id and epoch == self._epoch:
             return True
         lease = self._leases.get(owner)
-        if lease is not None and lease.epoch == epoch and now <= lease.expires + self._skew:
+        if lease is not None and lease.epoch == epoch and lease.live(now, self._skew):
             return True
         # Unknown, another epoch, or expired in the table: read the lease itself.
         entry = await self._get(process_key(owner))
@@ -408,7 +422,7 @@ class KvDebounceBackend(DebounceBackend):
             self._leases.pop(owner, None)
             return False
         self._leases[owner] = lease
-        return lease.epoch == epoch and now <= lease.expires + self._skew
+        return lease.epoch == epoch and lease.live(now, self._skew)
 
     def _can_take_over(self) -> bool:
         return trio.current_time() >= self._takeover_after
@@ -457,13 +471,18 @@ class KvDebounceBackend(DebounceBackend):
             except (ValueError, KeyError, TypeError):
                 continue
             table[lease.process] = lease
-        dead = set()
-        for process, old in self._leases.items():
-            if process == self._process_id or now > old.expires + self._skew:
-                continue  # ourselves, or already dead at the last look
-            new = table.get(process)
-            if new is None or new.epoch != old.epoch or now > new.expires + self._skew:
-                dead.add(process)
+        live = {
+            (lease.process, lease.epoch) for lease in table.values() if lease.live(now, self._skew)
+        }
+        released = {(lease.process, lease.epoch) for lease in table.values() if lease.released}
+        # Dead since the last look: lapsed or gone, or handed off (a process may have
+        # come and gone between two looks: its released lease still says so).
+        dead = {
+            process
+            for process, _ in (self._live_at_last_look - live) | (released - self._seen_released)
+        }
+        self._live_at_last_look = live
+        self._seen_released = released
         self._leases = table
         return dead
 
@@ -749,7 +768,7 @@ class KvDebounceBackend(DebounceBackend):
                             replace(doc, fired=True, write=write).encode(),
                             last=entry.revision,
                         )
-                        return self._fire(kv_key, doc, fired_at, revision, None)
+                        return self._fire(kv_key, doc, fired_at, self._token(revision), None)
                     record = self._fire_record(workflow, key, doc, fired_at, 1, entry.revision)
                     self._fire_records[fire_id] = await self._call(
                         self._store.put, fire_id, record.encode(), last=0
@@ -760,7 +779,9 @@ class KvDebounceBackend(DebounceBackend):
                         # A ping landed after our read: take the record back, re-read.
                         await self._drop_record(fire_id)
                         raise
-                    return self._fire(kv_key, doc, fired_at, marker, fire_id)
+                    del marker
+                    # The token of the revision the fire was decided on: the record's.
+                    return self._fire(kv_key, doc, fired_at, record.token, fire_id)
                 except RevisionConflict:
                     self.conflicts += 1
                     committing = None
@@ -793,7 +814,7 @@ class KvDebounceBackend(DebounceBackend):
         window, write, fired_at = committing
         if delivery == "at-most-once":
             if entry is not None and doc is not None and doc.fired and doc.write == write:
-                return self._fire(kv_key, window, fired_at, entry.revision, None)
+                return self._fire(kv_key, window, fired_at, self._token(entry.revision), None)
             return None  # not proven: never fire on a guess (the caller re-reads)
         # at-least-once: our fire record decides.
         record = await self._get(fire_id)
@@ -812,7 +833,8 @@ class KvDebounceBackend(DebounceBackend):
             except RevisionConflict:
                 await self._drop_record(fire_id)
                 return None
-        return self._fire(kv_key, window, fired_at, record.revision, fire_id)
+        token = _FireRecord.decode(record.value).token
+        return self._fire(kv_key, window, fired_at, token, fire_id)
 
     def _fire_record(
         self, workflow: str, key: str, doc: WindowDoc, fired_at: float, attempt: int, rev: int
@@ -842,7 +864,7 @@ class KvDebounceBackend(DebounceBackend):
         kv_key: str,
         doc: WindowDoc,
         fired_at: float,
-        revision: int,
+        token: int,
         fire_id: str | None,
     ) -> Finalization:
         self._disown(kv_key, doc.run_id)
@@ -854,7 +876,7 @@ class KvDebounceBackend(DebounceBackend):
             doc.mode,
             doc.last,
             self._load(doc.payload),
-            self._token(revision),
+            token,
             fire_id,
         )
 
@@ -975,6 +997,11 @@ class KvDebounceBackend(DebounceBackend):
                 except RevisionConflict:
                     continue
             if await self._call(self._store.purge_marker, item.key, revision=marker):
+                removed += 1
+        for item in await self._call(self._store.entries, _FIRE_PREFIX):
+            if item.value is None and await self._call(
+                self._store.purge_marker, item.key, revision=item.revision
+            ):
                 removed += 1
         # A lease that expired long ago (ten leases) belongs to a dead process.
         grave = now - 10 * self._lease - self._skew
@@ -1102,17 +1129,23 @@ class KvDebounceBackend(DebounceBackend):
         if self._released:
             return
         self._released = True
+        # The lease is marked released (not deleted), so that peers see the hand-off at
+        # their next look even if they never saw this process alive; the sweeper
+        # deletes it ten leases later.
+        lease = _Lease(self._process_id, self._epoch, self._wall(), released=True)
         try:
             with trio.move_on_after(self._op_timeout):
-                if self._lease_revision:
-                    with contextlib.suppress(RevisionConflict):
-                        await self._call(
-                            self._store.delete, self._process_key, last=self._lease_revision
-                        )
+                with contextlib.suppress(RevisionConflict):
+                    await self._call(
+                        self._store.put,
+                        self._process_key,
+                        _encode_lease(lease),
+                        last=self._lease_revision,
+                    )
         except BackendError as exc:
             logger.warning(
-                "hand-off could not delete the lease (%s); peers take over %d windows once "
-                "it lapses",
+                "hand-off could not mark the lease released (%s); peers take over %d "
+                "windows once it lapses",
                 exc,
                 len(self._owned),
             )

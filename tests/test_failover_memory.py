@@ -1,0 +1,363 @@
+"""No lost windows, on the in-memory fake under MockClock: shared payloads, failover
+without a ping, both delivery guarantees, stale owners, fencing and hand-off."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from trio_debounce import (
+    Coordinator,
+    Edge,
+    Fire,
+    open_coordinator,
+)
+from trio_debounce.testing import MemoryBackend, MemoryStore
+
+LEASE = 6.0
+SKEW = 1.0
+BEAT = LEASE / 3
+#: The longest a dead owner's window waits past its due time: its lease lapses, the
+#: skew passes, and a survivor's next heartbeat notices.
+FAILOVER = LEASE + SKEW + BEAT
+
+
+class Fires:
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Fire]] = []
+
+    def handler(self, process: str, *, hold: float = 0.0) -> Any:
+        async def handle(fire: Fire) -> None:
+            self.log.append((process, fire))
+            if hold:
+                await trio.sleep(hold)
+
+        return handle
+
+    def summary(self) -> list[tuple[str, str, Any, int, int]]:
+        return [(p, f.key, f.payload, f.ping_count, f.attempt) for p, f in self.log]
+
+
+def backend(store: MemoryStore, name: str, **kwargs: Any) -> MemoryBackend:
+    kwargs.setdefault("process_lease", LEASE)
+    kwargs.setdefault("max_clock_skew", SKEW)
+    return MemoryBackend(store, process_id=name, **kwargs)
+
+
+@asynccontextmanager
+async def process(
+    store: MemoryStore, fires: Fires, name: str, *, hold: float = 0.0, **kwargs: Any
+) -> AsyncIterator[tuple[Coordinator, MemoryBackend, trio.CancelScope]]:
+    """A simulated process: kill it with ``die()`` below."""
+    b = backend(store, name)
+    with trio.CancelScope() as scope:
+        async with open_coordinator(
+            handlers={"wf": fires.handler(name, hold=hold)}, backend=b, **kwargs
+        ) as c:
+            yield c, b, scope
+
+
+def die(b: MemoryBackend, scope: trio.CancelScope) -> None:
+    """The process dies at once: it can no longer reach the store (no lease renewal,
+    no release, no hand-off) and its tasks stop."""
+    b.faults.partitioned = True
+    scope.cancel()
+
+
+async def test_payload_is_the_latest_stored_one_whoever_fires(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "A") as (a, _, _), process(store, fires, "B") as (b, _, _):
+        await a.debounce("wf", "k", {"n": 1}, delay=2.0)
+        await b.debounce("wf", "k", {"n": 2, "t": (1, 2)}, delay=2.0)
+    # the owner fires B's payload, as JSON round-tripped (a tuple comes back a list)
+    assert fires.summary() == [("A", "k", {"n": 2, "t": [1, 2]}, 2, 1)]
+
+
+async def test_a_payload_that_cannot_be_stored_is_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(max_value_bytes=2000), Fires()
+    async with process(store, fires, "A") as (a, _, _):
+        with pytest.raises(TypeError, match=r"payload <object object at .*> cannot be stored"):
+            await a.debounce("wf", "k", object(), delay=1.0)
+        with pytest.raises(ValueError, match="payload nan cannot be stored as JSON"):
+            await a.debounce("wf", "k", float("nan"), delay=1.0)
+        with pytest.raises(ValueError, match="exceeds 2000"):
+            await a.debounce("wf", "k", "x" * 5000, delay=1.0)
+        assert len(a) == 0
+        assert a.statistics().fail_open_windows == 0
+    assert fires.log == []
+
+
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+async def test_dead_owner_window_fires_without_a_ping(
+    autojump_clock: trio.testing.MockClock, delivery: Any
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B", delivery=delivery) as (b, _, _):
+        async with process(store, fires, "A", delivery=delivery) as (a, a_backend, a_scope):
+            t0 = trio.current_time()
+            await a.debounce("wf", "k", "a", delay=3.0)
+            await b.debounce("wf", "k", "b", delay=3.0)  # due at t0 + 3
+            die(a_backend, a_scope)
+        assert fires.log == []
+        await trio.sleep(FAILOVER + 3.0)
+        assert b.statistics().takeovers == 1
+    [(process_, fire)] = fires.log
+    assert (process_, fire.payload, fire.ping_count, fire.attempt) == ("B", "b", 2, 1)
+    # fired at once when adopted, its time having passed, within the failover bound
+    assert fire.fired_at <= t0 + 3.0 + FAILOVER
+
+
+async def test_dead_owner_window_due_later_fires_on_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B") as (b, _, _):
+        async with process(store, fires, "A") as (a, a_backend, a_scope):
+            t0 = trio.current_time()
+            await a.debounce("wf", "k", "a", delay=60.0)
+            die(a_backend, a_scope)
+        await trio.sleep(FAILOVER)
+        # B adopted it before its time: it fires at its scheduled time, not before
+        assert fires.log == []
+        assert len(b) == 1
+        await b.wait_idle()
+    [(process_, fire)] = fires.log
+    assert process_ == "B"
+    assert fire.fired_at == pytest.approx(t0 + 60.0, abs=0.05)
+    assert trio.current_time() == pytest.approx(t0 + 60.0, abs=0.05)
+
+
+async def test_a_survivor_adopts_only_workflows_it_handles(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    other = backend(store, "O")
+    async with open_coordinator(handlers={"other": fires.handler("O")}, backend=other) as o:
+        async with process(store, fires, "A") as (a, a_backend, a_scope):
+            await a.debounce("wf", "k", "a", delay=1.0)
+            die(a_backend, a_scope)
+        await trio.sleep(2 * FAILOVER)
+        assert o.statistics().takeovers == 0
+        async with process(store, fires, "B") as (b, _, _):
+            await trio.sleep(BEAT)  # B adopts it at start
+            assert b.statistics().takeovers == 1
+    assert [(p, f.payload) for p, f in fires.log] == [("B", "a")]
+
+
+async def test_at_least_once_reruns_a_fire_whose_process_died_in_the_handler(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B") as (b, _, _):
+        async with process(store, fires, "A", hold=100.0) as (a, a_backend, a_scope):
+            await a.debounce("wf", "k", "a", delay=1.0)
+            await trio.sleep(2.0)  # A's handler is running
+            assert fires.summary() == [("A", "k", "a", 1, 1)]
+            die(a_backend, a_scope)
+        await trio.sleep(FAILOVER)
+        assert b.statistics().refires == 1
+    assert fires.summary() == [("A", "k", "a", 1, 1), ("B", "k", "a", 1, 2)]
+    first, second = fires.log[0][1], fires.log[1][1]
+    assert second.fencing_token == first.fencing_token  # the same fire, run again
+    assert second.run_id == first.run_id
+    records = [e for k, e in store._data.items() if k.startswith("f.")]
+    assert all(e.value is None for e in records)  # deleted once the re-run returned
+
+
+async def test_at_most_once_never_reruns_and_drops_an_unproven_fire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B", delivery="at-most-once") as (b, _, _):
+        async with process(store, fires, "A", hold=100.0, delivery="at-most-once") as (
+            a,
+            a_backend,
+            a_scope,
+        ):
+            await a.debounce("wf", "k", "a", delay=1.0)
+            await trio.sleep(2.0)
+            die(a_backend, a_scope)  # inside the handler: that fire is lost, not re-run
+        await trio.sleep(2 * FAILOVER)
+        assert b.statistics().refires == 0
+        # The backend unreachable at fire time: at-most-once drops the fire.
+        b_backend = b._backend
+        assert isinstance(b_backend, MemoryBackend)
+        await b.debounce("wf", "j", "b", delay=1.0)
+        b_backend.faults.partitioned = True
+        await trio.sleep(5.0)
+        assert b.statistics().dropped_fires == 1
+        assert [p for p, _ in fires.log] == ["A"]
+        # The unproven fire had not committed: its window is still in the store, and
+        # B's reconcile fires it once the backend answers (late, never twice).
+        b_backend.faults.partitioned = False
+        await trio.sleep(3 * LEASE)
+    assert fires.summary() == [("A", "k", "a", 1, 1), ("B", "j", "b", 1, 1)]
+
+
+async def test_at_most_once_proves_a_fire_whose_answer_was_lost(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "A", delivery="at-most-once") as (a, a_backend, _):
+        await a.debounce("wf", "k", "a", delay=1.0)
+        a_backend.faults.apply_then_fail_next(ops=("put",))  # the tombstone lands, unseen
+        await trio.sleep(3.0)
+        assert a.statistics().dropped_fires == 0
+    assert fires.summary() == [("A", "k", "a", 1, 1)]
+
+
+async def test_stale_owner_does_not_fire_on_its_own_view(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A is cut off past its lease: it must not fire unconfirmed, since B may have
+    # taken the window over (B has, and fires it once).
+    store, fires = MemoryStore(), Fires()
+    async with (
+        process(store, fires, "A") as (a, a_backend, _),
+        process(store, fires, "B") as (_b, _, _),
+    ):
+        await a.debounce("wf", "k", "a", delay=LEASE + SKEW + 2.0)
+        a_backend.faults.partitioned = True
+        with caplog.at_level(logging.WARNING, logger="trio_debounce"):
+            await trio.sleep(LEASE + SKEW + 2.0 + FAILOVER)
+        assert "lease has lapsed; retrying instead of firing" in caplog.text
+        assert [p for p, _ in fires.log] == ["B"]
+        a_backend.faults.partitioned = False
+        await trio.sleep(2 * LEASE)
+        assert a.statistics().unconfirmed_fires == 0
+    assert [p for p, _ in fires.log] == ["B"]
+
+
+async def test_fencing_tokens_increase_across_takeover_and_bucket_recreation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B") as (_b, _, _):
+        async with process(store, fires, "A") as (a, a_backend, a_scope):
+            await a.debounce("wf", "k", 1, delay=1.0)
+            await trio.sleep(2.0)
+            await a.debounce("wf", "k", 2, delay=1.0)
+            die(a_backend, a_scope)
+        await trio.sleep(FAILOVER + 1.0)  # B adopts and fires A's second window
+    recreated, later = MemoryStore(created=store.created + 3600.0), Fires()
+    async with process(recreated, later, "C") as (c, _, _):
+        await c.debounce("wf", "k", 3, delay=1.0)
+    tokens = [f.fencing_token for _, f in fires.log + later.log]
+    assert [(p, f.payload) for p, f in fires.log + later.log] == [("A", 1), ("B", 2), ("C", 3)]
+    assert tokens == sorted(tokens)
+    assert len(set(tokens)) == 3
+    # revisions restart in the re-created store, the creation time keeps the order
+    assert later.log[0][1].fencing_token & ((1 << 40) - 1) < fires.log[-1][1].fencing_token & (
+        (1 << 40) - 1
+    )
+
+
+@pytest.mark.parametrize("exit_how", ["handoff", "cancel-at-least-once", "error"])
+async def test_exit_hands_windows_off_to_a_live_peer(
+    autojump_clock: trio.testing.MockClock, exit_how: str
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    on_exit: Any = "handoff" if exit_how == "handoff" else "cancel"
+    async with process(store, fires, "B") as (b, _, _):
+        t0 = trio.current_time()
+        with pytest.raises(RuntimeError) if exit_how == "error" else _nothing():
+            async with process(store, fires, "A", on_exit=on_exit) as (a, _, _):
+                await a.debounce("wf", "k1", "a1", delay=5.0)
+                await a.debounce("wf", "k2", "a2", delay=8.0, mode="both")
+                await a.debounce("wf", "k2", "a3", delay=8.0, mode="both")
+                if exit_how == "error":
+                    raise RuntimeError("boom")
+        # A deleted its lease: B notices at its next heartbeat and adopts both windows
+        await trio.sleep(BEAT + 0.1)
+        await b.wait_idle()
+    assert sorted((p, f.key, f.payload, f.edge) for p, f in fires.log) == [
+        ("A", "k2", "a2", Edge.LEADING),
+        ("B", "k1", "a1", Edge.TRAILING),
+        ("B", "k2", "a3", Edge.TRAILING),
+    ]
+    trailing = {f.key: f.fired_at for p, f in fires.log if f.edge is Edge.TRAILING}
+    assert trailing["k1"] == pytest.approx(t0 + 5.0, abs=0.05)  # on time
+    assert trailing["k2"] == pytest.approx(t0 + 8.0, abs=0.05)
+
+
+async def test_handoff_with_no_peer_waits_for_the_next_coordinator(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "A", on_exit="handoff") as (a, _, _):
+        await a.debounce("wf", "k", "a", delay=5.0)
+    await trio.sleep(100.0)
+    assert fires.log == []
+    async with process(store, fires, "C") as (_c, _, _):
+        await trio.sleep(0.1)
+    assert fires.summary() == [("C", "k", "a", 1, 1)]
+
+
+async def test_handoff_needs_a_backend_and_delivery_is_checked() -> None:
+    with pytest.raises(ValueError, match="on_exit='handoff' needs a backend"):
+        async with open_coordinator(on_exit="handoff"):
+            pass  # pragma: no cover
+    with pytest.raises(ValueError, match="delivery must be 'at-least-once' or 'at-most-once'"):
+        async with open_coordinator(delivery="exactly-once"):  # type: ignore[arg-type]
+            pass  # pragma: no cover
+
+
+async def test_window_status(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "A") as (a, _, _), process(store, fires, "B") as (b, _, _):
+        assert await b.window_status("wf", "k") is None
+        r = await a.debounce("wf", "k", "a", delay=5.0, max_delay=20.0)
+        await trio.sleep(1.0)
+        await b.debounce("wf", "k", "b", delay=5.0)
+        status = await b.window_status("wf", "k")
+        assert status is not None
+        assert status.owner == "A"
+        assert status.owner_live
+        assert status.run_id == r.active_run_id
+        assert status.ping_count == 2
+        assert status.last_ping_at - status.first_ping_at == pytest.approx(1.0, abs=1e-3)
+        assert status.scheduled_at - status.last_ping_at == pytest.approx(5.0, abs=1e-3)
+        assert status.cap_at == pytest.approx(status.first_ping_at + 20.0, abs=1e-3)
+        assert status.fencing_token & ((1 << 40) - 1) == status.revision
+    async with open_coordinator() as local:
+        with pytest.raises(RuntimeError, match="window_status"):
+            await local.window_status("wf", "k")
+    assert [p for p, _ in fires.log] == ["A"]
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+async def test_statistics_count_takeovers_refires_and_drops(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B") as (b, _, _):
+        async with process(store, fires, "A", hold=100.0) as (a, a_backend, a_scope):
+            await a.debounce("wf", "fired", 1, delay=1.0)
+            await a.debounce("wf", "open", 2, delay=50.0)
+            await trio.sleep(2.0)
+            die(a_backend, a_scope)
+        await trio.sleep(FAILOVER)
+        stats = b.statistics()
+        assert (stats.takeovers, stats.refires, stats.dropped_fires) == (1, 1, 0)
+        await b.cancel("wf", "open")
+    assert sorted((p, f.key, f.attempt) for p, f in fires.log) == [
+        ("A", "fired", 1),
+        ("B", "fired", 2),
+    ]
