@@ -361,3 +361,26 @@ async def test_statistics_count_takeovers_refires_and_drops(
         ("A", "fired", 1),
         ("B", "fired", 2),
     ]
+
+
+async def test_a_ping_into_a_dead_owner_window_before_its_lease_lapses_is_not_lost(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # B's ping lands while dead A's lease is still live: it coalesces into A's window
+    # (nobody can tell A is dead yet), and still fires within lease + skew + heartbeat
+    # interval + delay of the death.
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B") as (b, _, _):
+        async with process(store, fires, "A") as (a, a_backend, a_scope):
+            await a.debounce("wf", "k", "a", delay=2.0)
+            await trio.sleep(BEAT)  # B's table now knows A alive
+            died_at = trio.current_time()
+            die(a_backend, a_scope)
+        await trio.sleep(1.0)
+        r = await b.debounce("wf", "k", "b", delay=2.0)
+        assert not r.owner  # A's lease still looks live
+        await trio.sleep(FAILOVER + 2.0)
+    [(process_, fire)] = fires.log
+    assert (process_, fire.payload, fire.ping_count) == ("B", "b", 2)
+    fired_at = fire.fired_at
+    assert fired_at <= died_at + LEASE + SKEW + BEAT + 2.0 + 0.1

@@ -8,6 +8,7 @@ bucket in one ``trio.run``, each through its own connection.
 
 from __future__ import annotations
 
+import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -436,3 +437,24 @@ async def test_key_deleted_and_recreated_in_a_race(nats_server: NatsServer) -> N
                     assert await canceller.cancel("wf", "k")
                 else:
                     assert not await canceller.cancel("wf", "k")
+
+
+async def test_fencing_tokens_increase_across_a_bucket_recreation(nats_server: NatsServer) -> None:
+    fires = Fires()
+    cfg = config(nats_server)
+    with trio.fail_after(30):
+        for round_ in range(2):
+            async with processes(cfg, fires, "A") as (a,):
+                for i in range(3 - 2 * round_):  # fewer writes the second time
+                    await a.debounce("wf", f"k{i}", round_, delay=0.05)
+                await a.wait_idle()
+            # Re-create the bucket from scratch: revisions start again at 1.
+            nats_server.stop()
+            shutil.rmtree(nats_server.store_dir)
+            await trio.sleep(0.01)
+            nats_server.start()
+    tokens = [(f.payload, f.fencing_token) for _, f in fires.log if f.key == "k0"]
+    assert [payload for payload, _ in tokens] == [0, 1]
+    (_, old), (_, new) = tokens
+    assert new > old
+    assert new & ((1 << 40) - 1) <= old & ((1 << 40) - 1)  # revisions alone did not grow

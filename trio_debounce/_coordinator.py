@@ -965,12 +965,20 @@ class Coordinator(metaclass=_NoPublicConstructor):
     ) -> None:
         """A failed register landed after its fail-open window closed: delete the
         shared window, and fire it too if peers' pings reached it (never lose them)."""
-        result = await backend.finalize(owned.workflow, owned.key, owned.run_id, force=True)
-        if result.outcome is not Finalized.FIRE or self._closed:
+        result = await backend.finalize(
+            owned.workflow, owned.key, owned.run_id, force=True, delivery=self._delivery
+        )
+        if result.outcome is not Finalized.FIRE:
             return
         local_fired_at = local.flushed_at if local.flushed_at else local.deadline
-        if result.last_ping_at is None or self._to_trio(result.last_ping_at) <= local_fired_at:
-            return  # the local fire came after every ping of the shared window
+        if (
+            self._closed
+            or result.last_ping_at is None
+            or self._to_trio(result.last_ping_at) <= local_fired_at
+        ):
+            # The local fire came after every ping of the shared window: nothing to run.
+            await self._complete(result.fire_id)
+            return
         shared = SharedWindow(
             (owned.workflow, owned.key),
             owned.run_id,

@@ -57,6 +57,9 @@ async def check_debounce_backend(
         _concurrent_pings,
         _sweep,
         _takeover,
+        _payloads_and_tokens,
+        _at_most_once,
+        _adopt_orphans_and_status,
     )
     for check in checks:
         try:
@@ -290,3 +293,88 @@ async def _takeover(open_backends: OpenBackends, lease: float, skew: float, tick
         await trio.sleep(t.scheduled_at - b.wall_time() + tick)
         f = await b.finalize(wf, "k", "r")
         _check(f.outcome is Finalized.FIRE and f.ping_count == 2, f"the new owner's fire: {f}")
+
+
+async def _payloads_and_tokens(
+    open_backends: OpenBackends, lease: float, skew: float, tick: float
+) -> None:
+    wf = _workflow("payload")
+    async with open_backends(2) as (a, b):
+        r = await a.register(
+            wf, "k", mode=Mode.BOTH, delay=3 * tick, max_delay=None, run_id="r", payload=(1, 2)
+        )
+        _check(r.payload == [1, 2], f"a ping's payload, round-tripped: {r.payload!r}")
+        await b.register(
+            wf, "k", mode=Mode.BOTH, delay=3 * tick, max_delay=None, run_id="x", payload={"b": 2}
+        )
+        await trio.sleep(r.scheduled_at - a.wall_time() + 4 * tick)
+        await a.refresh_lease()
+        f = await a.finalize(wf, "k", "r")
+        _check(f.outcome is Finalized.FIRE, f"the fire: {f}")
+        _check(f.payload == {"b": 2}, f"the latest stored payload: {f.payload!r}")
+        _check(f.fencing_token > r.fencing_token, f"tokens: {r.fencing_token}, {f}")
+        _check(f.fire_id is not None, "an at-least-once fire has a fire record")
+        assert f.fire_id is not None
+        await a.complete(f.fire_id)
+        await a.complete(f.fire_id)  # idempotent
+        r2 = await b.register(
+            wf, "k", mode=Mode.BOTH, delay=tick, max_delay=None, run_id="s", payload=None
+        )
+        _check(r2.outcome is Registered.OPENED, f"a ping after the fire: {r2}")
+        _check(r2.fencing_token > f.fencing_token, "tokens increase across windows")
+        await b.cancel(wf, "k")
+
+
+async def _at_most_once(
+    open_backends: OpenBackends, lease: float, skew: float, tick: float
+) -> None:
+    wf = _workflow("at-most-once")
+    async with open_backends(2) as (a, b):
+        r = await a.register(
+            wf, "k", mode=Mode.TRAILING, delay=2 * tick, max_delay=None, run_id="r", payload=1
+        )
+        await trio.sleep(r.scheduled_at - a.wall_time() + 2 * tick)
+        await a.refresh_lease()
+        f = await a.finalize(wf, "k", "r", delivery="at-most-once")
+        _check(f.outcome is Finalized.FIRE and f.fire_id is None, f"the fire: {f}")
+        again = await a.finalize(wf, "k", "r", delivery="at-most-once", force=True)
+        _check(again.outcome is Finalized.ABANDONED, f"fired twice: {again}")
+        _check(await a.window_status(wf, "k") is None, "a fired window has no status")
+        n = await b.register(
+            wf, "k", mode=Mode.TRAILING, delay=tick, max_delay=None, run_id="s", payload=2
+        )
+        _check(n.outcome is Registered.OPENED, f"a ping over the tombstone: {n}")
+        await b.cancel(wf, "k")
+
+
+async def _adopt_orphans_and_status(
+    open_backends: OpenBackends, lease: float, skew: float, tick: float
+) -> None:
+    wf = _workflow("orphans")
+    async with open_backends(2) as (a, b):
+        await b.refresh_lease()
+        await a.refresh_lease()
+        r = await a.register(
+            wf, "k", mode=Mode.TRAILING, delay=100 * lease, max_delay=None, run_id="r", payload=7
+        )
+        status = await b.window_status(wf, "k")
+        _check(status is not None and status.owner == a.process_id, f"status: {status}")
+        assert status is not None
+        _check(status.owner_live and status.ping_count == 1, f"status: {status}")
+        _check(status.scheduled_at == r.scheduled_at, f"status time: {status}")
+        none = await b.adopt_orphans([wf])
+        _check(not none.windows, "a live owner's window was adopted")
+        await b.refresh_lease()
+        await a.handoff()  # a leaves: its lease is released at once
+        dead = await b.refresh_lease()
+        _check(a.process_id in dead, f"the hand-off was not seen: {dead}")
+        other = await b.adopt_orphans(["another-workflow"])
+        _check(not other.windows, "a window of a workflow not handled was adopted")
+        adopted = await b.adopt_orphans([wf])
+        _check(
+            [(w.key, w.run_id) for w in adopted.windows] == [("k", "r")],
+            f"adopted: {adopted}",
+        )
+        status = await b.window_status(wf, "k")
+        _check(status is not None and status.owner == b.process_id, f"after: {status}")
+        await b.cancel(wf, "k")
