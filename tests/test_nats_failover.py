@@ -79,6 +79,7 @@ class Driver:
     ready_at: float | None = None
     exited_at: float | None = None
     killed_at: float | None = None
+    closed: bool = False
     eof: bool = False
 
     @property
@@ -130,6 +131,7 @@ class Cluster:
         self.errors: list[Event] = []
         self.outstanding: set[str] = set()  # payloads sent whose ack has not come
         self.sent_to: dict[str, str] = {}  # payload -> the process it was sent to
+        self.crashed: list[str] = []  # drivers that ended without a kill or a close
 
     # ------------------------------------------------------------ processes
 
@@ -202,6 +204,8 @@ class Cluster:
             driver = self.drivers[name]
             if event is None:
                 driver.eof = True
+                if driver.killed_at is None and not driver.closed:
+                    self.crashed.append(driver.name)
                 continue
             self.events.append(event)
             kind = event["ev"]
@@ -224,12 +228,23 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while True:
             self.pump()
+            self.check_crashes()
             if predicate():
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             self.pump(min(left, 0.02))
+
+    def check_crashes(self) -> None:
+        """Fail at once if a driver ended on its own (neither killed nor closed)."""
+        if self.crashed:
+            for name in self.crashed:
+                self.drivers[name].proc.wait(5)
+            raise AssertionError(
+                "driver processes died on their own: "
+                + ", ".join(f"{n} (rc {self.drivers[n].proc.returncode})" for n in self.crashed)
+            )
 
     def sleep(self, seconds: float) -> None:
         """Sleep while taking in reports."""
@@ -276,6 +291,7 @@ class Cluster:
     def close(self, driver: Driver) -> None:
         """Close the driver's stdin: its coordinator's block exits normally."""
         assert driver.proc.stdin is not None
+        driver.closed = True
         with contextlib.suppress(BrokenPipeError, OSError):
             driver.proc.stdin.close()
 
@@ -368,6 +384,11 @@ class Tally:
     ran_twice: int = 0
     interrupted: int = 0
     rerun: int = 0
+    #: Re-runs (attempt > 1) of a fire no killed process had started: the owner died
+    #: after writing its fire record and before committing the fire (deleting the
+    #: window), and a survivor ran both the record and the window.
+    uncommitted_reruns: int = 0
+    stale_payloads: int = 0
     kills: int = 0
     owner_kill_events: int = 0
     max_failover_latency: float = 0.0
@@ -421,9 +442,11 @@ def tally(cluster: Cluster, kills: list[Kill]) -> tuple[Tally, list[str]]:
             if cluster.delivery == "at-most-once":
                 problems.append(f"ran twice under at-most-once: run {run}: {starts}")
             elif len(starts) - 1 > len(interrupted):
+                t.uncommitted_reruns += len(starts) - 1 - len(interrupted)
                 problems.append(f"re-run without an interrupted attempt: run {run}: {starts}")
         for start in starts:
             if start["payload"] != latest["payload"] or start["count"] != latest["count"]:
+                t.stale_payloads += 1
                 problems.append(
                     f"run {run} fired with payload {start['payload']!r} (count "
                     f"{start['count']}), its latest stored ping was {latest['payload']!r} "
@@ -522,13 +545,18 @@ def test_sigkill_failover(nats_server: NatsServer, tmp_path: Path, delivery: str
             run_round(cluster, round_no, kills)
             round_no += 1
         cluster.shutdown()
+        cluster.check_crashes()
         result, problems = tally(cluster, kills)
+        for driver in cluster.drivers.values():
+            if driver.killed_at is None and driver.proc.returncode != 0:
+                problems.append(f"{driver.name} exited with {driver.proc.returncode}")
         elapsed = time.monotonic() - started
         print(  # noqa: T201
             f"\n[{delivery}] seed {seed}: {round_no} rounds in {elapsed:.1f} s; "
             f"windows {result.runs}, fires {result.fires}, lost {result.lost} "
             f"({result.lost_at_fire} killed in their fire), "
-            f"ran twice {result.ran_twice} (re-runs {result.rerun}), "
+            f"ran twice {result.ran_twice} (re-runs {result.rerun}, of uncommitted fires "
+            f"{result.uncommitted_reruns}), stale payloads {result.stale_payloads}, "
             f"interrupted {result.interrupted}, kills {result.kills}, "
             f"owner-kill events {result.owner_kill_events} "
             f"({sum(len(k.interrupted) for k in kills)} in a handler), "
