@@ -384,3 +384,42 @@ async def test_a_ping_into_a_dead_owner_window_before_its_lease_lapses_is_not_lo
     assert (process_, fire.payload, fire.ping_count) == ("B", "b", 2)
     fired_at = fire.fired_at
     assert fired_at <= died_at + LEASE + SKEW + BEAT + 2.0 + 0.1
+
+
+async def test_death_between_the_fire_record_and_the_window_delete_fires_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A wrote its fire record, then died before it could delete the window: the fire
+    # never committed. B adopts the window and fires it once; the stale record is
+    # dropped, not run as a second attempt.
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B") as (b, _, _):
+        async with process(store, fires, "A") as (a, a_backend, a_scope):
+            await a.debounce("wf", "k", "a", delay=1.0)
+            a_backend.faults.fail_next(100, ops=("delete",))
+            await trio.sleep(1.5)  # A is retrying its window delete
+            die(a_backend, a_scope)
+        assert [k for k, e in store._data.items() if k.startswith("f.") and e.value]
+        await trio.sleep(FAILOVER + 1.0)
+        assert b.statistics().refires == 0
+    assert fires.summary() == [("B", "k", "a", 1, 1)]
+    assert not [k for k, e in store._data.items() if k.startswith("f.") and e.value]
+
+
+async def test_a_lost_delete_answer_leaves_no_fire_record_behind(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A's window delete lands but its answer comes too late: A fires unconfirmed, and
+    # deletes its fire record once the store answers, so nobody runs the fire again
+    # after A has gone.
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B") as (b, _, _):
+        async with process(store, fires, "A") as (a, a_backend, _):
+            await a.debounce("wf", "k", "a", delay=1.0)
+            a_backend.faults.delay_next(5.0, ops=("delete",))
+            await trio.sleep(4 * BEAT)
+            assert a.statistics().unconfirmed_fires == 1
+        await trio.sleep(2 * FAILOVER)
+        assert b.statistics().refires == 0
+    assert fires.summary() == [("A", "k", "a", 1, 1)]
+    assert not [k for k, e in store._data.items() if k.startswith("f.") and e.value]

@@ -591,7 +591,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 scheduled,
                 self._to_trio(registration.first_ping_at),
                 count,
-                payload,
+                registration.payload,  # as stored: an unconfirmed fire carries it
                 on_fire,
                 taker=False,
             )
@@ -635,12 +635,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 self._to_trio(registration.take_at),
                 self._to_trio(registration.first_ping_at),
                 count,
-                payload,
+                registration.payload,
                 on_fire,
                 taker=True,
             )
         elif shared is not None and shared.run_id == run_id and shared.state == OPEN:
-            shared.payload = payload
+            shared.payload = registration.payload
             shared.count = count
             if on_fire is not None:
                 shared.on_fire = on_fire
@@ -691,7 +691,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     )
                 except BackendError as exc:
                     self._backend_errors += 1
-                    if self._delivery == "at-most-once" and not shared.taker:
+                    if self._delivery == "at-most-once":
                         # Never fire on a guess: this window is dropped (a loss point).
                         logger.warning(
                             "finalize of %r/%r (run %s) failed (%s); at-most-once: the fire "

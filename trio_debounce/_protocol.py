@@ -259,6 +259,8 @@ class _QueuedDelete:
     key: str
     run_id: str
     fired_at: float
+    #: A fire record the failed finalize may have written.
+    fire_id: str | None = None
 
 
 class KvDebounceBackend(DebounceBackend):
@@ -790,12 +792,19 @@ class KvDebounceBackend(DebounceBackend):
                 await self._backoff(attempt)
                 attempt += 1
         if delivery == "at-most-once":
+            # Not ours to delete at exit any more: the window stays in the store for
+            # our reconcile (or, once we are gone, a peer) unless the fire committed.
+            self._disown(kv_key, run_id)
             raise BackendUnavailableError(
                 f"finalize of {workflow!r}/{key!r} (run {run_id}) could not prove its fire "
                 f"within {self._op_timeout} s" + (f": {error}" if error is not None else "")
             )
         if not take:
-            self._queued_deletes[kv_key] = _QueuedDelete(kv_key, run_id, fired_at)
+            # The owner fires unconfirmed; once the store answers, delete the window
+            # (unless pings landed since) and the fire record this call may have left.
+            self._queued_deletes[kv_key] = _QueuedDelete(
+                kv_key, run_id, fired_at, fire_id if committing is not None else None
+            )
         raise BackendUnavailableError(
             f"finalize of {workflow!r}/{key!r} (run {run_id}) did not complete within "
             f"{self._op_timeout} s" + (f": {error}" if error is not None else "")
@@ -880,6 +889,20 @@ class KvDebounceBackend(DebounceBackend):
             fire_id,
         )
 
+    async def _delete_own_record(self, fire_id: str) -> None:
+        """Delete fire record ``fire_id`` if it exists and is still this process's."""
+        entry = await self._get(fire_id)
+        if entry is None or entry.value is None:
+            return
+        try:
+            record = _FireRecord.decode(entry.value)
+        except (ValueError, KeyError, TypeError):
+            return
+        if record.owner == self._process_id and record.epoch == self._epoch:
+            with contextlib.suppress(RevisionConflict):
+                await self._call(self._store.delete, fire_id, last=entry.revision)
+        self._fire_records.pop(fire_id, None)
+
     async def complete(self, fire_id: str) -> None:
         revision = self._fire_records.get(fire_id)
         if revision is None:
@@ -915,6 +938,8 @@ class KvDebounceBackend(DebounceBackend):
                     logger.info("applied the queued delete of %s (run %s)", kv_key, queued.run_id)
                 # else: pings landed after the unconfirmed fire; the window stays and
                 # the owner's reconcile re-arms it, so they are not lost.
+            if queued.fire_id is not None:
+                await self._delete_own_record(queued.fire_id)
             del self._queued_deletes[kv_key]
         for fire_id in list(self._queued_completions):
             await self.complete(fire_id)
@@ -1070,6 +1095,19 @@ class KvDebounceBackend(DebounceBackend):
             if record.workflow not in workflows or await self._live(
                 record.owner, record.epoch, now
             ):
+                continue
+            window = self._parse(await self._get(window_key(record.workflow, record.key)))
+            if (
+                window is not None
+                and not window.fired
+                and window.run_id == record.run_id
+                and window.first == record.first
+            ):
+                # The owner died between writing the record and deleting the window:
+                # the fire never committed, and the window (adopted, or to be) fires
+                # it. Running the record too would run the burst twice.
+                with contextlib.suppress(RevisionConflict):
+                    await self._call(self._store.delete, entry.key, last=entry.revision)
                 continue
             adopted = replace(
                 record, owner=self._process_id, epoch=self._epoch, attempt=record.attempt + 1

@@ -223,6 +223,16 @@ async def _run_cancellable(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs
         raise
 
 
+def _log_asyncio_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The asyncio loop's exception handler: nats-py's stray errors become log lines."""
+    exception = context.get("exception")
+    logger.warning(
+        "asyncio reported: %s%s",
+        context.get("message") or "an error",
+        f" ({type(exception).__name__}: {exception})" if exception is not None else "",
+    )
+
+
 def _check_key(key: str) -> str:
     if not isinstance(key, str):
         raise TypeError(f"key must be a str, not {key!r}")
@@ -568,7 +578,12 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
     # are; Cancelled and KeyboardInterrupt still pass through (a cancel scope unwraps
     # a group of Cancelled).
     error: BaseException | None = None
-    async with trio_asyncio.open_loop():
+    async with trio_asyncio.open_loop() as loop:
+        # trio-asyncio's default handler re-raises whatever asyncio reports, which
+        # would take the whole backend (and its coordinator) down for nats-py's own
+        # leftovers, such as "Task was destroyed but it is pending!" for a watcher
+        # subscription whose listing was cancelled. Log them instead.
+        loop.set_exception_handler(_log_asyncio_error)
         nc = Client()
         try:
             with trio.move_on_after(config.connect_timeout) as scope:
