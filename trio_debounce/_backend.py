@@ -394,9 +394,10 @@ class DebounceBackend(abc.ABC):
 
     @abc.abstractmethod
     async def handoff(self) -> None:
-        """Leave: delete this process's lease but keep its windows and fire records,
-        so live peers (or the next coordinator that handles the workflow) take them
-        over at once. Called once, shielded, instead of :meth:`release`. Idempotent."""
+        """Leave: mark this process's lease released (its process counts as dead at
+        once) but keep its windows and fire records, so live peers (or the next
+        coordinator that handles the workflow) take them over at their next look.
+        Called once, shielded, instead of :meth:`release`. Idempotent."""
 
     @abc.abstractmethod
     async def release(self) -> None:

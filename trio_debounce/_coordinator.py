@@ -1503,7 +1503,8 @@ async def open_coordinator(
     and ``wait_idle`` keep working.
 
     Raises:
-      ValueError: ``on_exit`` is not one of the three values, or a workflow name in
+      ValueError: ``on_exit`` or ``delivery`` is not one of its values, ``on_exit`` is
+        ``"handoff"`` without a backend, or a workflow name in
         ``handlers`` is empty.
       TypeError: a handler or ``on_error`` is not callable, or a workflow name is not
         a str.
