@@ -12,10 +12,10 @@ import pytest
 import trio
 import trio.testing
 
+from tests.fires import Fires
 from trio_debounce import (
     Coordinator,
     Edge,
-    Fire,
     open_coordinator,
 )
 from trio_debounce.testing import MemoryBackend, MemoryStore
@@ -26,22 +26,6 @@ BEAT = LEASE / 3
 #: The longest a dead owner's window waits past its due time: its lease lapses, the
 #: skew passes, and a survivor's next heartbeat notices.
 FAILOVER = LEASE + SKEW + BEAT
-
-
-class Fires:
-    def __init__(self) -> None:
-        self.log: list[tuple[str, Fire]] = []
-
-    def handler(self, process: str, *, hold: float = 0.0) -> Any:
-        async def handle(fire: Fire) -> None:
-            self.log.append((process, fire))
-            if hold:
-                await trio.sleep(hold)
-
-        return handle
-
-    def summary(self) -> list[tuple[str, str, Any, int, int]]:
-        return [(p, f.key, f.payload, f.ping_count, f.attempt) for p, f in self.log]
 
 
 def backend(store: MemoryStore, name: str, **kwargs: Any) -> MemoryBackend:
@@ -78,7 +62,7 @@ async def test_payload_is_the_latest_stored_one_whoever_fires(
         await a.debounce("wf", "k", {"n": 1}, delay=2.0)
         await b.debounce("wf", "k", {"n": 2, "t": (1, 2)}, delay=2.0)
     # the owner fires B's payload, as JSON round-tripped (a tuple comes back a list)
-    assert fires.summary() == [("A", "k", {"n": 2, "t": [1, 2]}, 2, 1)]
+    assert fires.by_attempt() == [("A", "k", {"n": 2, "t": [1, 2]}, 2, 1)]
 
 
 async def test_a_payload_that_cannot_be_stored_is_refused(
@@ -162,11 +146,11 @@ async def test_at_least_once_reruns_a_fire_whose_process_died_in_the_handler(
         async with process(store, fires, "A", hold=100.0) as (a, a_backend, a_scope):
             await a.debounce("wf", "k", "a", delay=1.0)
             await trio.sleep(2.0)  # A's handler is running
-            assert fires.summary() == [("A", "k", "a", 1, 1)]
+            assert fires.by_attempt() == [("A", "k", "a", 1, 1)]
             die(a_backend, a_scope)
         await trio.sleep(FAILOVER)
         assert b.statistics().refires == 1
-    assert fires.summary() == [("A", "k", "a", 1, 1), ("B", "k", "a", 1, 2)]
+    assert fires.by_attempt() == [("A", "k", "a", 1, 1), ("B", "k", "a", 1, 2)]
     first, second = fires.log[0][1], fires.log[1][1]
     assert second.fencing_token == first.fencing_token  # the same fire, run again
     assert second.run_id == first.run_id
@@ -201,7 +185,7 @@ async def test_at_most_once_never_reruns_and_drops_an_unproven_fire(
         # B's reconcile fires it once the backend answers (late, never twice).
         b_backend.faults.partitioned = False
         await trio.sleep(3 * LEASE)
-    assert fires.summary() == [("A", "k", "a", 1, 1), ("B", "j", "b", 1, 1)]
+    assert fires.by_attempt() == [("A", "k", "a", 1, 1), ("B", "j", "b", 1, 1)]
 
 
 async def test_at_most_once_proves_a_fire_whose_answer_was_lost(
@@ -213,7 +197,7 @@ async def test_at_most_once_proves_a_fire_whose_answer_was_lost(
         a_backend.faults.apply_then_fail_next(ops=("put",))  # the tombstone lands, unseen
         await trio.sleep(3.0)
         assert a.statistics().dropped_fires == 0
-    assert fires.summary() == [("A", "k", "a", 1, 1)]
+    assert fires.by_attempt() == [("A", "k", "a", 1, 1)]
 
 
 async def test_stale_owner_does_not_fire_on_its_own_view(
@@ -300,7 +284,7 @@ async def test_handoff_with_no_peer_waits_for_the_next_coordinator(
     assert fires.log == []
     async with process(store, fires, "C") as (_c, _, _):
         await trio.sleep(0.1)
-    assert fires.summary() == [("C", "k", "a", 1, 1)]
+    assert fires.by_attempt() == [("C", "k", "a", 1, 1)]
 
 
 async def test_handoff_needs_a_backend_and_delivery_is_checked() -> None:
@@ -402,7 +386,7 @@ async def test_death_between_the_fire_record_and_the_window_delete_fires_once(
         assert [k for k, e in store._data.items() if k.startswith("f.") and e.value]
         await trio.sleep(FAILOVER + 1.0)
         assert b.statistics().refires == 0
-    assert fires.summary() == [("B", "k", "a", 1, 1)]
+    assert fires.by_attempt() == [("B", "k", "a", 1, 1)]
     assert not [k for k, e in store._data.items() if k.startswith("f.") and e.value]
 
 
@@ -421,5 +405,5 @@ async def test_a_lost_delete_answer_leaves_no_fire_record_behind(
             assert a.statistics().unconfirmed_fires == 1
         await trio.sleep(2 * FAILOVER)
         assert b.statistics().refires == 0
-    assert fires.summary() == [("A", "k", "a", 1, 1)]
+    assert fires.by_attempt() == [("A", "k", "a", 1, 1)]
     assert not [k for k, e in store._data.items() if k.startswith("f.") and e.value]

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import trio
 
+from tests.fires import Fires
 from tests.nats_server import NatsServer, NatsServerFactory, free_port
 from trio_debounce import (
     BackendAuthError,
     BackendUnavailableError,
     Coordinator,
     Edge,
-    Fire,
     Mode,
     Outcome,
     Registered,
@@ -51,25 +51,6 @@ def config(server: NatsServer, **kwargs: Any) -> NatsConfig:
     kwargs.setdefault("connect_timeout", 3.0)
     kwargs.setdefault("ping_interval", 1.0)
     return NatsConfig(servers=(server.url,), **kwargs)
-
-
-class Fires:
-    def __init__(self) -> None:
-        self.log: list[tuple[str, Fire]] = []
-        self._first = trio.Event()
-
-    def handler(self, process: str) -> Any:
-        async def handle(fire: Fire) -> None:
-            self.log.append((process, fire))
-            self._first.set()
-
-        return handle
-
-    async def wait_first(self) -> None:
-        await self._first.wait()
-
-    def summary(self) -> list[tuple[str, str, Any, int, Edge]]:
-        return [(p, f.key, f.payload, f.ping_count, f.edge) for p, f in self.log]
 
 
 @asynccontextmanager
@@ -123,7 +104,7 @@ async def test_two_and_three_processes_fire_each_burst_once(nats_server: NatsSer
                 assert len({r.active_run_id for r in mine}) == 1
                 assert [r.owner for r in mine] == [True, False, False] * 3
             await trio.sleep(0.8)
-            assert sorted(fires.summary()) == [
+            assert sorted(fires.by_edge()) == [
                 # the latest stored payload (C's ping 8), whichever process fires
                 ("A", "k1", 8, 9, Edge.TRAILING),
                 ("A", "k2", 8, 9, Edge.TRAILING),
@@ -167,7 +148,7 @@ async def test_non_owner_moves_the_fire_earlier(nats_server: NatsServer) -> None
             with trio.fail_after(2):
                 await fires.wait_first()
             assert trio.current_time() - start < 1.0
-            assert fires.summary() == [("B", "k", "b", 2, Edge.TRAILING)]
+            assert fires.by_edge() == [("B", "k", "b", 2, Edge.TRAILING)]
             assert fires.log[0][1].fired_at == pytest.approx(r.scheduled_at, abs=0.05)
         assert len(fires.log) == 1  # A's later finalize was abandoned
 
@@ -183,7 +164,7 @@ async def test_window_longer_than_the_lease_stays_with_its_owner(nats_server: Na
                 assert not r.owner
             await a.flush("wf", "k")
             await a.wait_idle()
-            assert fires.summary() == [("A", "k", "b", 4, Edge.TRAILING)]
+            assert fires.by_edge() == [("A", "k", "b", 4, Edge.TRAILING)]
 
 
 async def test_dead_owner_is_taken_over_and_fires_once(nats_server: NatsServer) -> None:
@@ -208,7 +189,7 @@ async def test_dead_owner_is_taken_over_and_fires_once(nats_server: NatsServer) 
             assert r.active_run_id == first.active_run_id
             assert r.ping_count == 2
             await trio.sleep(0.6)
-        assert fires.summary() == [
+        assert fires.by_edge() == [
             ("A", "k", "a", 1, Edge.LEADING),  # not fired again by the takeover
             ("B", "k", "b", 2, Edge.TRAILING),
         ]
@@ -249,7 +230,7 @@ async def test_leading_across_processes(nats_server: NatsServer) -> None:
             await trio.sleep(0.9)
             r = await b.debounce("wf", "k", 5, delay=0.5, mode="leading")
             assert r.outcome is Outcome.FIRE_IMMEDIATE
-        assert fires.summary() == [
+        assert fires.by_edge() == [
             ("A", "k", 0, 1, Edge.LEADING),
             ("B", "k", 5, 1, Edge.LEADING),
         ]
@@ -293,7 +274,7 @@ async def test_server_stopped_mid_window_then_restarted(nats_server: NatsServer)
             # A held the window and its lease: it fired although finalize could not
             # reach the server. An unconfirmed fire carries the last count and payload
             # its owner saw (its own ping).
-            assert sorted(fires.summary()) == [
+            assert sorted(fires.by_edge()) == [
                 ("A", "k", "a", 1, Edge.TRAILING),
                 ("B", "other", "x", 1, Edge.TRAILING),
             ]
@@ -310,7 +291,7 @@ async def test_server_stopped_mid_window_then_restarted(nats_server: NatsServer)
             assert not r.owner
             assert r.ping_count == 2
             await trio.sleep(0.8)
-            assert fires.summary() == [("B", "k", "a2", 2, Edge.TRAILING)]
+            assert fires.by_edge() == [("B", "k", "a2", 2, Edge.TRAILING)]
 
 
 async def test_register_that_times_out_but_lands(nats_server: NatsServer) -> None:
@@ -339,7 +320,7 @@ async def test_register_that_times_out_but_lands(nats_server: NatsServer) -> Non
                 assert r.ping_count == 2  # the write that timed out had landed
                 assert not r.owner
                 await trio.sleep(2 * LEASE + 2.0)
-        assert [p for p, *_ in fires.summary()] == ["A"]
+        assert [p for p, *_ in fires.by_edge()] == ["A"]
         assert fires.log[0][1].ping_count == 2
 
 

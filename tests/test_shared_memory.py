@@ -15,13 +15,13 @@ import pytest
 import trio
 import trio.testing
 
+from tests.fires import Fires
 from trio_debounce import (
     BackendAuthError,
     BackendUnavailableError,
     Coordinator,
     Edge,
     Finalized,
-    Fire,
     Mode,
     Outcome,
     Registered,
@@ -38,22 +38,6 @@ def near(t: float) -> Any:
     """Shared times pass through the wall clock (epoch seconds, about 2e-7 s apart as
     floats), and a ping that meets a heartbeat or a finalize backs off a few ms."""
     return pytest.approx(t, abs=0.02)
-
-
-class Fires:
-    """Fires recorded across coordinators, with the process that ran each."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[str, Fire]] = []
-
-    def handler(self, process: str) -> Any:
-        async def handle(fire: Fire) -> None:
-            self.log.append((process, fire))
-
-        return handle
-
-    def of(self, key: str) -> list[tuple[str, Fire]]:
-        return [(p, f) for p, f in self.log if f.key == key]
 
 
 def backend(store: MemoryStore, name: str, **kwargs: Any) -> MemoryBackend:

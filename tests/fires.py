@@ -1,0 +1,43 @@
+"""``Fires``: what the handlers of several simulated or real processes ran, in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from trio_debounce import Edge, Fire
+
+
+class Fires:
+    """Fires recorded across coordinators, with the process that ran each."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Fire]] = []
+        self._first = trio.Event()
+
+    def handler(self, process: str, *, hold: float = 0.0) -> Any:
+        """A handler for ``process`` that records each fire, then sleeps ``hold`` s."""
+
+        async def handle(fire: Fire) -> None:
+            self.log.append((process, fire))
+            self._first.set()
+            if hold:
+                await trio.sleep(hold)
+
+        return handle
+
+    def of(self, key: str) -> list[tuple[str, Fire]]:
+        return [(p, f) for p, f in self.log if f.key == key]
+
+    async def wait_first(self) -> None:
+        """Wait until some handler has run."""
+        await self._first.wait()
+
+    def by_edge(self) -> list[tuple[str, str, Any, int, Edge]]:
+        """(process, key, payload, ping count, edge) of each fire."""
+        return [(p, f.key, f.payload, f.ping_count, f.edge) for p, f in self.log]
+
+    def by_attempt(self) -> list[tuple[str, str, Any, int, int]]:
+        """(process, key, payload, ping count, attempt) of each fire."""
+        return [(p, f.key, f.payload, f.ping_count, f.attempt) for p, f in self.log]
