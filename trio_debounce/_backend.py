@@ -400,7 +400,9 @@ class DebounceBackend(abc.ABC):
         Called once, shielded, instead of :meth:`release`. Idempotent."""
 
     @abc.abstractmethod
-    async def release(self) -> None:
-        """Give up everything this process owns: revision-checked deletes of its
-        window records and of its lease. Called once, shielded, when the coordinator's
-        block is left. Idempotent."""
+    async def release(self, runs: Collection[str] | None = None) -> None:
+        """Leave: apply the deletes queued during an outage, delete (revision-checked)
+        the window records of ``runs`` that this process owns (all it owns when None),
+        then delete its lease. Windows it owns but does not delete stay in the store, and
+        peers adopt them once the lease is gone. Called once, shielded, when the
+        coordinator's block is left. Idempotent."""

@@ -143,6 +143,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         #: Run id -> when (Trio's clock) its shared window closed here, kept until the
         #: next reconcile whose listing began after that.
         self._closed_runs: dict[str, float] = {}
+        #: Run ids of the shared windows whose documents the release deletes at exit;
+        #: other windows this process owns stay in the store for peers to adopt.
+        self._release_runs: set[str] = set()
         self._reconcile_soon = False
         self._handlers: dict[str, Handler] = dict(handlers)
         self._on_error = on_error
@@ -680,6 +683,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 if shared.state == CLOSED:
                     return
                 force = shared.state == FLUSHED
+                shared.finalizing = True
                 try:
                     result = await backend.finalize(
                         workflow,
@@ -748,8 +752,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
                         shared.mode,
                         payload=shared.payload,
                     )
+                finally:
+                    shared.finalizing = False
                 if result.outcome is Finalized.RESCHEDULE:
                     assert result.scheduled_at is not None
+                    if self._wake_exit_on_pending:
+                        self._idle_lot.unpark_all()  # a hand-off exit may take it now
                     shared.deadline = self._to_trio(result.scheduled_at)
                     shared.count = result.ping_count
                     shared.confirmed_at = self._now()
@@ -917,9 +925,19 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 self._closed
                 or owned.run_id in self._registering
                 or self._closed_runs.get(owned.run_id, -_INF) >= listed_at
-                # open, or flushed and being finalized: ours already
-                or (shared is not None and shared.run_id == owned.run_id and shared.state != CLOSED)
             ):
+                continue
+            if shared is not None and shared.run_id == owned.run_id and shared.state != CLOSED:
+                # Open, or flushed and being finalized: ours already. A taker whose
+                # window became ours (adopted from its dead owner) is its owner now.
+                if shared.taker:
+                    shared.taker = False
+                    deadline = self._to_trio(owned.scheduled_at)
+                    if deadline < shared.deadline and shared.scope is not None:
+                        shared.scope.deadline = deadline
+                    shared.deadline = deadline
+                    shared.confirmed_at = self._now()
+                    self._set_trailing(shared, _owner_pending(shared))
                 continue
             local = self._fail_open_runs.pop(owned.run_id, None)
             payload: Any = None
@@ -1391,22 +1409,27 @@ class Coordinator(metaclass=_NoPublicConstructor):
                         self._cancel_window(window)
             if self._hands_off(on_exit, aborted=False):
                 for shared in list(self._shared.values()):
-                    if shared.state == OPEN:
-                        # Left in the store for a live peer (or the next coordinator).
+                    # Left in the store for a live peer (or the next coordinator); a
+                    # window whose finalize is in flight finishes first (its commit may
+                    # have landed), and is taken at the next turn if it reschedules.
+                    if shared.state == OPEN and not shared.finalizing:
                         self._close_shared(shared)
             elif on_exit == "cancel":
                 for shared in list(self._shared.values()):
                     if shared.trailing and shared.state == OPEN:
                         # The document is released (deleted) when the block closes.
                         self._cancelled += 1
+                        self._release_runs.add(shared.run_id)
                         self._close_shared(shared)
             if self._pending == 0 and self._running == 0:
                 break
             await self._idle_lot.park()
         # Nothing is pending and no handler runs: what is left are leading-only
-        # windows with nothing to fire. Close them now.
+        # windows with nothing to fire. Close them now; their documents are deleted by
+        # the release, so that peers' next pings open fresh windows.
         self._closed = True
         self._windows.clear()
+        self._release_runs.update(s.run_id for s in self._shared.values() if not s.taker)
         self._nursery.cancel_scope.cancel()
 
     @enable_ki_protection
@@ -1423,6 +1446,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._aborted = True
         self._aborted_at = self._now()
         self._windows.clear()
+        # Without a hand-off, the release deletes the shared windows open here (their
+        # pending fires are dropped).
+        self._release_runs.update(s.run_id for s in self._shared.values() if not s.taker)
         self._nursery.cancel_scope.cancel()
         self._check_idle()
 
@@ -1582,7 +1608,7 @@ async def open_coordinator(
             if coordinator._hands_off(on_exit, aborted=aborted):
                 await backend.handoff()
             else:
-                await backend.release()
+                await backend.release(coordinator._release_runs)
         backend._in_use = False
     try:
         if nursery_error is not None:

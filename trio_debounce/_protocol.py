@@ -213,7 +213,6 @@ class _FireRecord:
     first: float
     at: float
     attempt: int
-    token: int
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -229,7 +228,6 @@ class _FireRecord:
                 "first": self.first,
                 "at": self.at,
                 "attempt": self.attempt,
-                "token": self.token,
             },
             separators=(",", ":"),
         ).encode("utf-8")
@@ -250,7 +248,6 @@ class _FireRecord:
             first=_num(obj, "first"),
             at=_num(obj, "at"),
             attempt=int(obj["attempt"]),
-            token=int(obj["token"]),
         )
 
 
@@ -710,9 +707,10 @@ class KvDebounceBackend(DebounceBackend):
     ) -> Finalization:
         kv_key = window_key(workflow, key)
         error: BackendError | None = None
-        # The commit in flight, in case its answer is lost: (window, write id, time).
-        committing: tuple[WindowDoc, str, float] | None = None
-        fire_id = f"{_FIRE_PREFIX}{uuid.uuid4().hex}"
+        # The commit in flight, in case its answer is lost: (window, write id, time,
+        # fire record id). Each attempt has its own ids: a record taken back after a
+        # conflict leaves a delete marker that a second create would conflict with.
+        committing: tuple[WindowDoc, str, float, str] | None = None
         fired_at = self._wall()
         with trio.move_on_after(self._op_timeout):
             attempt = 0
@@ -721,9 +719,7 @@ class KvDebounceBackend(DebounceBackend):
                     entry = await self._get(kv_key)
                     doc = self._parse(entry)
                     if committing is not None:
-                        proven = await self._proven(
-                            kv_key, entry, doc, committing, fire_id, delivery
-                        )
+                        proven = await self._proven(kv_key, entry, doc, committing, delivery)
                         if proven is not None:
                             return proven
                         committing = None
@@ -762,7 +758,8 @@ class KvDebounceBackend(DebounceBackend):
                         continue
                     fired_at = now if force else doc.at
                     write = uuid.uuid4().hex
-                    committing = (doc, write, fired_at)
+                    fire_id = _FIRE_PREFIX + write
+                    committing = (doc, write, fired_at, fire_id)
                     if delivery == "at-most-once":
                         revision = await self._call(
                             self._store.put,
@@ -771,19 +768,20 @@ class KvDebounceBackend(DebounceBackend):
                             last=entry.revision,
                         )
                         return self._fire(kv_key, doc, fired_at, self._token(revision), None)
-                    record = self._fire_record(workflow, key, doc, fired_at, 1, entry.revision)
-                    self._fire_records[fire_id] = await self._call(
+                    record = self._fire_record(workflow, key, doc, fired_at, 1)
+                    record_revision = await self._call(
                         self._store.put, fire_id, record.encode(), last=0
                     )
+                    self._fire_records[fire_id] = record_revision
                     try:
-                        marker = await self._call(self._store.delete, kv_key, last=entry.revision)
+                        await self._call(self._store.delete, kv_key, last=entry.revision)
                     except RevisionConflict:
                         # A ping landed after our read: take the record back, re-read.
                         await self._drop_record(fire_id)
                         raise
-                    del marker
-                    # The token of the revision the fire was decided on: the record's.
-                    return self._fire(kv_key, doc, fired_at, record.token, fire_id)
+                    # The token of the commit: the record's revision, later than every
+                    # write of the window (its leading fire's included).
+                    return self._fire(kv_key, doc, fired_at, self._token(record_revision), fire_id)
                 except RevisionConflict:
                     self.conflicts += 1
                     committing = None
@@ -803,7 +801,7 @@ class KvDebounceBackend(DebounceBackend):
             # The owner fires unconfirmed; once the store answers, delete the window
             # (unless pings landed since) and the fire record this call may have left.
             self._queued_deletes[kv_key] = _QueuedDelete(
-                kv_key, run_id, fired_at, fire_id if committing is not None else None
+                kv_key, run_id, fired_at, committing[3] if committing is not None else None
             )
         raise BackendUnavailableError(
             f"finalize of {workflow!r}/{key!r} (run {run_id}) did not complete within "
@@ -815,12 +813,11 @@ class KvDebounceBackend(DebounceBackend):
         kv_key: str,
         entry: KvEntry | None,
         doc: WindowDoc | None,
-        committing: tuple[WindowDoc, str, float],
-        fire_id: str,
+        committing: tuple[WindowDoc, str, float, str],
         delivery: Delivery,
     ) -> Finalization | None:
         """After a commit whose answer was lost: the fire, if the re-read proves it."""
-        window, write, fired_at = committing
+        window, write, fired_at, fire_id = committing
         if delivery == "at-most-once":
             if entry is not None and doc is not None and doc.fired and doc.write == write:
                 return self._fire(kv_key, window, fired_at, self._token(entry.revision), None)
@@ -829,6 +826,13 @@ class KvDebounceBackend(DebounceBackend):
         record = await self._get(fire_id)
         if record is None or record.value is None:
             return None  # the record never landed: start over
+        try:
+            mine = _FireRecord.decode(record.value)
+        except (ValueError, KeyError, TypeError):
+            return None
+        if (mine.owner, mine.epoch) != (self._process_id, self._epoch):
+            # A peer took us for dead and adopted the record: it runs the fire.
+            return Finalization(Finalized.ABANDONED)
         self._fire_records[fire_id] = record.revision
         if doc is not None and not doc.fired and doc.run_id == window.run_id:
             if doc.write != window.write:
@@ -842,11 +846,10 @@ class KvDebounceBackend(DebounceBackend):
             except RevisionConflict:
                 await self._drop_record(fire_id)
                 return None
-        token = _FireRecord.decode(record.value).token
-        return self._fire(kv_key, window, fired_at, token, fire_id)
+        return self._fire(kv_key, window, fired_at, self._token(record.revision), fire_id)
 
     def _fire_record(
-        self, workflow: str, key: str, doc: WindowDoc, fired_at: float, attempt: int, rev: int
+        self, workflow: str, key: str, doc: WindowDoc, fired_at: float, attempt: int
     ) -> _FireRecord:
         return _FireRecord(
             self._process_id,
@@ -859,7 +862,6 @@ class KvDebounceBackend(DebounceBackend):
             doc.first,
             fired_at,
             attempt,
-            self._token(rev),
         )
 
     async def _drop_record(self, fire_id: str) -> None:
@@ -1138,7 +1140,7 @@ class KvDebounceBackend(DebounceBackend):
                     record.first,
                     record.at,
                     adopted.attempt,
-                    record.token,
+                    self._token(revision),  # this attempt's commit: later than the first
                 )
             )
         return orphans
@@ -1188,13 +1190,16 @@ class KvDebounceBackend(DebounceBackend):
                 len(self._owned),
             )
 
-    async def release(self) -> None:
+    async def release(self, runs: Collection[str] | None = None) -> None:
         if self._released:
             return
         self._released = True
         try:
             with trio.move_on_after(self._op_timeout) as scope:
+                await self._apply_queued_deletes()
                 for kv_key, run_id in list(self._owned.items()):
+                    if runs is not None and run_id not in runs:
+                        continue  # left for a peer to adopt once our lease is gone
                     entry = await self._get(kv_key)
                     doc = self._parse(entry)
                     if doc is not None and doc.run_id == run_id and self._mine(doc):

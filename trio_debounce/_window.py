@@ -92,6 +92,7 @@ class SharedWindow:
         "confirmed_at",
         "count",
         "deadline",
+        "finalizing",
         "first_ping_at",
         "ident",
         "mode",
@@ -128,6 +129,8 @@ class SharedWindow:
         self.taker = taker
         #: When (Trio's clock) the backend last said this window is ours to fire.
         self.confirmed_at = -math.inf
+        #: True while the task's finalize is in flight (its commit may land any time).
+        self.finalizing = False
         #: True while this window is counted as a pending trailing fire.
         self.trailing = False
         self.scope: trio.CancelScope | None = None
