@@ -125,8 +125,9 @@ class Fire:
         owners and re-creations of the shared store: a side-effect store that keeps
         the highest token it has seen per key can refuse a stale owner's late write.
         With a backend it is ``(bucket creation time in ms) << 40 | revision`` of the
-        step that committed the fire (a re-run keeps its fire's token); without one it
-        is a counter of this coordinator's fires, meaningful only in this process.
+        step that committed the fire (a re-run carries its adoption's, higher than the
+        attempt it repeats; an unconfirmed fire carries 0); without one it is a counter
+        of this coordinator's fires, meaningful only in this process.
     """
 
     workflow: str
