@@ -16,6 +16,7 @@ from tests.fires import Fires
 from trio_debounce import (
     Coordinator,
     Edge,
+    Outcome,
     open_coordinator,
 )
 from trio_debounce.testing import MemoryBackend, MemoryStore
@@ -408,3 +409,107 @@ async def test_a_lost_delete_answer_leaves_no_fire_record_behind(
         assert b.statistics().refires == 0
     assert fires.by_attempt() == [("A", "k", "a", 1, 1)]
     assert not [k for k, e in store._data.items() if k.startswith("f.") and e.value]
+
+
+@pytest.mark.parametrize("mode", ["trailing", "both"])
+async def test_a_ping_during_the_commit_fires_with_the_latest_payload(
+    autojump_clock: trio.testing.MockClock, mode: Any
+) -> None:
+    # B's ping lands between A's read and A's window delete (A's fire-record write is
+    # slow to answer) and leaves the window due at once: A's commit loses, takes its
+    # record back and commits again with a fresh record, so the fire is confirmed and
+    # carries B's payload and the global count. (A reused record id used to conflict
+    # with its own delete marker until op_timeout.)
+    store, fires = MemoryStore(), Fires()
+    async with (
+        process(store, fires, "A") as (a, a_backend, _),
+        process(store, fires, "B") as (b, _, _),
+    ):
+        await a.debounce("wf", "k", "a", delay=2.5, mode=mode)
+        await trio.sleep(2.4)
+        a_backend.faults.delay_next(0.2, ops=("put",))
+        await trio.sleep(0.15)
+        r = await b.debounce("wf", "k", "b", delay=0.0, mode=mode)
+        assert r.ping_count == 2
+        await trio.sleep(20.0)
+        assert a.statistics().unconfirmed_fires == 0
+    trailing = [f for _, f in fires.log if f.edge is Edge.TRAILING]
+    assert [(f.payload, f.ping_count) for f in trailing] == [("b", 2)]
+    assert trailing[0].fencing_token > 0
+
+
+async def test_pings_after_an_unconfirmed_fire_survive_a_normal_exit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A fires unconfirmed while cut off, the partition heals, B's ping lands in the
+    # still-open window, and A leaves before its next heartbeat: the release leaves
+    # the window to a peer (B), which fires it with B's ping.
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B") as (b, _, _):
+        async with process(store, fires, "A") as (a, a_backend, _):
+            await a.debounce("wf", "k", "a", delay=2.5)
+            await trio.sleep(2.3)
+            a_backend.faults.partitioned = True
+            await trio.sleep(2.5)
+            a_backend.faults.partitioned = False
+            await b.debounce("wf", "k", "b-after-fire", delay=2.0)
+        await trio.sleep(30.0)
+    assert [(p, f.payload) for p, f in fires.log] == [("A", "a"), ("B", "b-after-fire")]
+
+
+async def test_a_window_adopted_while_the_block_closes_is_left_for_the_next(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # B adopts dead D's window in a reconcile whose listing is slow, and leaves its
+    # block before arming it: the release leaves the window in the store (it used to
+    # delete it, with its stored ping), and the next coordinator fires it.
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B") as (_, b_backend, _):
+        async with process(store, fires, "D") as (d, d_backend, d_scope):
+            await d.debounce("wf", "k", "stored-ping", delay=30.0)
+            die(d_backend, d_scope)
+        listing = b_backend.owned_windows
+
+        async def slow_owned_windows() -> Any:
+            await trio.sleep(1.0)
+            return await listing()
+
+        b_backend.owned_windows = slow_owned_windows  # type: ignore[method-assign]
+        # B's heartbeat at t=8 finds D dead (lease 6 + skew 1), adopts, then lists
+        # for a second: B leaves in the middle of that.
+        await trio.sleep(8.5)
+        assert b_backend.takeovers == 1
+    assert fires.log == []
+    async with process(store, fires, "C"):
+        await trio.sleep(40.0)
+    assert [(p, f.payload) for p, f in fires.log] == [("C", "stored-ping")]
+
+
+async def test_leading_and_trailing_fires_never_share_a_token(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with (
+        process(store, fires, "A") as (a, a_backend, _),
+        process(store, fires, "B") as (b, _, _),
+    ):
+        await trio.sleep(0.5)
+        a_backend.faults.apply_then_fail_next(ops=("put",))  # the opening write lands
+
+        async def slow_backoff(attempt: int) -> None:
+            await trio.sleep(0.01)
+
+        a_backend._backoff = slow_backoff  # type: ignore[method-assign]
+
+        async def ping_b() -> None:
+            await trio.sleep(0.001)
+            await b.debounce("wf", "k", "b", delay=1.0, mode="both")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ping_b)
+            r = await a.debounce("wf", "k", "a", delay=5.0, mode="both")
+        assert r.outcome is Outcome.FIRE_IMMEDIATE
+        await trio.sleep(10.0)
+    tokens = [f.fencing_token for _, f in fires.log]
+    assert [f.edge for _, f in fires.log] == [Edge.LEADING, Edge.TRAILING]
+    assert tokens[0] < tokens[1]
