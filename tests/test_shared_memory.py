@@ -779,3 +779,41 @@ async def test_no_takeover_right_after_an_outage(autojump_clock: trio.testing.Mo
     assert r.outcome is Registered.TOOK_OVER
     assert r.run_id == "r"
     assert r.ping_count == 3
+
+
+@pytest.mark.parametrize("on_backend_error", ["fail-open", "raise"])
+async def test_a_lease_write_that_does_not_answer_at_start(
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+    on_backend_error: Any,
+) -> None:
+    store = MemoryStore()
+    slow = backend(store, "A")
+    slow.faults.delay_next(100.0, ops=("put",))  # the lease write gets no answer in time
+    if on_backend_error == "raise":
+        with pytest.raises(BackendUnavailableError, match="lease could not be written"):
+            async with open_coordinator(backend=slow, on_backend_error="raise"):
+                pytest.fail("opened")  # pragma: no cover
+        return
+    with caplog.at_level(logging.WARNING, logger="trio_debounce"):
+        async with open_coordinator(backend=slow, on_exit="cancel"):
+            pass
+    assert "backend unavailable at start" in caplog.text
+
+
+async def test_a_fail_open_fire_carries_token_zero(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "A") as (a,):
+        store.down = True
+        await a.debounce("wf", "k", "x", delay=1.0, mode="both")
+        await a.debounce("wf", "k", "y", delay=1.0, mode="both")
+        await a.wait_idle()
+        store.down = False
+    assert [(f.edge, f.fencing_token) for _, f in fires.log] == [
+        (Edge.LEADING, 0),
+        (Edge.TRAILING, 0),
+    ]
+    async with open_coordinator(handlers={"wf": fires.handler("L")}) as local:
+        await local.debounce("wf", "k", delay=1.0, mode="both")
+        await local.debounce("wf", "k", delay=1.0, mode="both")
+    assert [f.fencing_token for p, f in fires.log if p == "L"] == [1, 2]

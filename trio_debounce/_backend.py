@@ -46,8 +46,9 @@ class Finalized(str, enum.Enum):
     """What :meth:`DebounceBackend.finalize` decided for a due window.
 
     ``Finalized.FIRE`` (``"fire"``)
-      The window's record was removed by a revision-checked delete of the revision this
-      call read: the window is closed and its trailing fire (if its mode and count call
+      The fire was committed by a compare-and-swap on the revision this call read (a
+      delete of the window under at-least-once, after its fire record; a tombstone
+      under at-most-once): the window is closed and its trailing fire (if its mode and count call
       for one) belongs to the caller, exactly once.
     ``Finalized.RESCHEDULE`` (``"reschedule"``)
       Pings from other processes moved the fire time; wait until ``scheduled_at`` and
@@ -176,7 +177,8 @@ class OrphanFire(NamedTuple):
       first_ping_at (float): its first ping, wall clock.
       fired_at (float): its logical fire time, wall clock.
       attempt (int): this attempt's number (2 for the first re-run).
-      fencing_token (int): the original fire's fencing token.
+      fencing_token (int): this attempt's token: the adoption's write, higher than the
+        attempt it repeats.
     """
 
     fire_id: str
@@ -242,8 +244,9 @@ class DebounceBackend(abc.ABC):
     it has one :attr:`process_id` and one process lease). Pass it to
     :func:`~trio_debounce.open_coordinator` as ``backend=``; the coordinator calls
     these methods, and runs :meth:`refresh_lease` from one heartbeat task in its
-    nursery. Every method is a Trio async function bounded by the backend's operation
-    deadline: none of them can hang.
+    nursery. Every method is a Trio async function that cannot hang: register, finalize,
+    cancel and release are bounded as a whole by the backend's operation deadline, and
+    every single store request of the others by its own.
 
     All methods raise :class:`~trio_debounce.BackendUnavailableError` when the store
     cannot be reached or does not answer in time (the operation may still have been
@@ -321,8 +324,9 @@ class DebounceBackend(abc.ABC):
         """Decide a window that is due on this process's clock.
 
         The window is named by its active ``run_id``. Fires only after a
-        revision-checked delete of the exact revision read, so a ping that lands between
-        the read and the delete is never lost (the delete fails and the call re-reads).
+        compare-and-swap on the exact revision read (a delete, or an at-most-once
+        tombstone), so a ping that lands between the read and the commit is never lost
+        (the commit fails and the call re-reads).
         Idempotent in effect: once a window has fired, later calls return ``abandoned``.
 
         Args:
@@ -335,10 +339,12 @@ class DebounceBackend(abc.ABC):
             compare-and-swap that marks the window fired, and fires only when that is
             proven.
 
-        If the store cannot be reached, the owner's call raises
-        :class:`~trio_debounce.BackendUnavailableError` after queueing a
-        revision-checked delete of the record, applied by a later
-        :meth:`refresh_lease`; under at-least-once the caller (the owner) fires anyway.
+        If the store cannot be reached, the call raises
+        :class:`~trio_debounce.BackendUnavailableError`. Under at-least-once, an owner's
+        call first queues a revision-checked delete of the window (and of a fire record
+        it may have left), applied by a later :meth:`refresh_lease`, and the owner fires
+        anyway; under at-most-once the window is left in the store, unfired, for a
+        later reconcile (unless the lost commit had landed).
         """
 
     @abc.abstractmethod
@@ -363,7 +369,8 @@ class DebounceBackend(abc.ABC):
         Also applies deletes queued while the store was unreachable. Idempotent.
 
         Returns:
-          the ids of processes found dead (lease lapsed, or gone) since the last call.
+          the ids of processes found dead since the last call: lease lapsed (beyond the
+          skew), gone, or released by a hand-off.
         """
 
     @abc.abstractmethod
@@ -385,11 +392,12 @@ class DebounceBackend(abc.ABC):
 
     @abc.abstractmethod
     async def sweep(self) -> int:
-        """Remove garbage with revision-checked operations: delete markers and the
-        leases of long-dead processes. At most one process sweeps at a time.
+        """Remove garbage with revision-checked operations: delete markers (of windows,
+        fire records and leases), at-most-once tombstones a lease old, and the leases of
+        long-dead processes. At most one process sweeps at a time.
 
         Returns the number of records removed (0 if another process holds the sweep).
-        Windows of dead owners are kept (a ping takes them over).
+        Windows of dead owners are kept (survivors adopt them).
         """
 
     @abc.abstractmethod

@@ -427,7 +427,11 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return _new_tuple(DebounceResult, (_SCHEDULE_TRAILING, run_id, deadline, 1, True, True))
         handler = on_fire if on_fire is not None else self._handlers[workflow]
         self._fires += 1
-        fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING, 1, self._fires)
+        # The fencing token: this coordinator's fire counter; 0 for a fail-open window
+        # of a coordinator with a backend (outside the shared order, like an
+        # unconfirmed fire).
+        token = self._fires if self._backend is None else 0
+        fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING, 1, token)
         self._running += 1
         self._nursery.start_soon(self._call_handler, handler, fire)
         return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1, True, True))
@@ -1232,7 +1236,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
             fired_at,
             Edge.TRAILING,
             1,
-            self._fires,  # the fencing token: this coordinator's fire counter
+            # the fencing token: this coordinator's fire counter (0 for a fail-open
+            # window of a coordinator with a backend)
+            self._fires if self._backend is None else 0,
         )
         return handler, fire
 
@@ -1484,7 +1490,8 @@ async def open_coordinator(
         cancel the coordinator or other windows.
       on_exit (str): what a normal exit of the block does with pending trailing fires:
         ``"wait"`` (the default) lets them fire at their scheduled times; ``"flush"``
-        fires them at once; ``"cancel"`` drops them; ``"handoff"`` (with a backend only)
+        fires them at once; ``"cancel"`` drops them (with a backend under at-least-once
+        delivery, it hands the shared ones off instead); ``"handoff"`` (with a backend only)
         leaves the shared windows in the store, where a live peer that handles the
         workflow takes each over at once and fires it on time (or, with no peer alive,
         the next coordinator that handles it does). In every case the exit then waits
@@ -1494,9 +1501,12 @@ async def open_coordinator(
       backend (trio_debounce.abc.DebounceBackend | None): share windows across
         processes through this backend. One backend serves one coordinator at a time.
         The coordinator renews the backend's process lease from a heartbeat task in
-        its nursery, and when the block is left releases the windows it owns
-        (revision-checked deletes, shielded, bounded by the backend's operation
-        deadline) and its lease, so peers' later pings open fresh windows.
+        its nursery, adopts the windows of dead processes, and when the block is left
+        (shielded, bounded by the backend's operation deadline) either hands its
+        windows off (see ``on_exit`` and ``delivery``) or releases: it deletes the
+        windows it closed without firing them (so peers' later pings open fresh
+        windows) and its lease, and leaves any other window it owns for a peer to
+        adopt.
       on_backend_error (str): what a ping does when the backend fails:
         ``"fail-open"`` (the default) opens a local window, logged and counted in
         :meth:`Coordinator.statistics`, with the in-memory guarantees only (it dies
@@ -1574,8 +1584,13 @@ async def open_coordinator(
     if backend is not None:
         backend._in_use = True
         try:
-            with trio.move_on_after(backend.heartbeat_interval):
+            with trio.move_on_after(backend.heartbeat_interval) as lease_scope:
                 await backend.refresh_lease()
+            if lease_scope.cancelled_caught:
+                raise BackendUnavailableError(
+                    f"the process lease could not be written within "
+                    f"{backend.heartbeat_interval:.3g} s (the heartbeat interval)"
+                )
         except BackendError as exc:
             if on_backend_error == "raise" or not isinstance(exc, BackendUnavailableError):
                 backend._in_use = False
