@@ -468,15 +468,16 @@ async def test_a_window_adopted_while_the_block_closes_is_left_for_the_next(
         async with process(store, fires, "D") as (d, d_backend, d_scope):
             await d.debounce("wf", "k", "stored-ping", delay=30.0)
             die(d_backend, d_scope)
-        listing = b_backend.owned_windows
+        adopt = b_backend.adopt_orphans
 
-        async def slow_owned_windows() -> Any:
-            await trio.sleep(1.0)
-            return await listing()
+        async def slow_answer(workflows: Any) -> Any:
+            orphans = await adopt(workflows)
+            await trio.sleep(1.0)  # the adoption is written; its answer is slow
+            return orphans
 
-        b_backend.owned_windows = slow_owned_windows  # type: ignore[method-assign]
-        # B's heartbeat at t=8 finds D dead (lease 6 + skew 1), adopts, then lists
-        # for a second: B leaves in the middle of that.
+        b_backend.adopt_orphans = slow_answer  # type: ignore[method-assign]
+        # B's heartbeat at t=8 finds D dead (lease 6 + skew 1) and adopts its window,
+        # whose answer takes a second: B leaves in the middle of that.
         await trio.sleep(8.5)
         assert b_backend.takeovers == 1
     assert fires.log == []

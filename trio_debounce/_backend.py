@@ -199,10 +199,14 @@ class Orphans(NamedTuple):
     Attributes:
       windows (list[OwnedWindow]): open windows, now owned by this process.
       fires (list[OrphanFire]): interrupted fires to run again.
+      owned (list[OwnedWindow]): every window that names this process as its owner
+        after the call (the adopted ones included), from the same listing: what
+        :meth:`DebounceBackend.owned_windows` would return, without a second scan.
     """
 
     windows: list[OwnedWindow]
     fires: list[OrphanFire]
+    owned: list[OwnedWindow]
 
 
 class WindowStatus(NamedTuple):
@@ -379,7 +383,8 @@ class DebounceBackend(abc.ABC):
         dead processes, for the given workflows (those this coordinator handles).
 
         Scans the window and fire records once; nothing is taken over during the grace
-        period after an outage. Returns what was adopted."""
+        period after an outage. Returns what was adopted, and the windows this process
+        owns (so a reconcile needs no second listing)."""
 
     @abc.abstractmethod
     async def window_status(self, workflow: str, key: str) -> WindowStatus | None:

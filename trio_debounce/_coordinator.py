@@ -896,12 +896,14 @@ class Coordinator(metaclass=_NoPublicConstructor):
         handles."""
         if self._closed:
             return
+        # Taken before the listing starts: a window confirmed after it may be missing
+        # from the listing and must not be dropped.
+        listed_at = self._now()
         orphans = await backend.adopt_orphans(frozenset(self._handlers))
         self._takeovers += len(orphans.windows)
         for orphan in orphans.fires:
             self._nursery.start_soon(self._refire, orphan)
-        listed_at = self._now()
-        owned_windows = await backend.owned_windows()
+        owned_windows = orphans.owned
         seen = {owned.run_id for owned in owned_windows}
         for stale in list(self._shared.values()):
             if (

@@ -1052,19 +1052,24 @@ class KvDebounceBackend(DebounceBackend):
         return removed
 
     async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:
-        orphans = Orphans([], [])
-        if not self._can_take_over():
-            return orphans
+        orphans = Orphans([], [], [])
+        adopting = self._can_take_over()
         now = self._wall()
         for entry in await self._call(self._store.entries, _WINDOW_PREFIX):
             doc = self._parse(entry)
-            if doc is None or doc.fired or self._mine(doc):
+            if doc is None or doc.fired:
                 continue
             try:
                 workflow, key = parse_window_key(entry.key)
             except ValueError:
                 continue
-            if workflow not in workflows or await self._owner_live(doc, now):
+            if self._mine(doc):
+                self._owned[entry.key] = doc.run_id
+                orphans.owned.append(
+                    OwnedWindow(workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
+                )
+                continue
+            if not adopting or workflow not in workflows or await self._owner_live(doc, now):
                 continue
             # The owner died with the window open: take it over as it is (no ping).
             new = replace(
@@ -1083,9 +1088,13 @@ class KvDebounceBackend(DebounceBackend):
             logger.info(
                 "adopted window %s (run %s) of dead process %s", entry.key, doc.run_id, doc.owner
             )
-            orphans.windows.append(
-                OwnedWindow(workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
+            adopted_window = OwnedWindow(
+                workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count
             )
+            orphans.windows.append(adopted_window)
+            orphans.owned.append(adopted_window)
+        if not adopting:
+            return orphans  # the grace after an outage: no takeover yet
         for entry in await self._call(self._store.entries, _FIRE_PREFIX):
             if entry.value is None:
                 continue
