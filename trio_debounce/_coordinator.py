@@ -337,9 +337,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             if type(max_delay) is not float or not 0.0 <= max_delay < _INF:
                 max_delay = _validate.duration("max_delay", max_delay)
             if max_delay < delay:
-                raise ValueError(
-                    f"max_delay must be >= delay, got max_delay={max_delay!r} and delay={delay!r}"
-                )
+                raise _validate.max_delay_below_delay(max_delay, delay)
         if run_id is not None and (type(run_id) is not str or not run_id):
             _validate.run_id(run_id)
         if on_fire is not None:
@@ -456,9 +454,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         if max_delay is not None:
             max_delay = _validate.duration("max_delay", max_delay)
             if max_delay < delay:
-                raise ValueError(
-                    f"max_delay must be >= delay, got max_delay={max_delay!r} and delay={delay!r}"
-                )
+                raise _validate.max_delay_below_delay(max_delay, delay)
         _validate.run_id(run_id)
         if run_id is not None:
             _validate.shareable("run_id", run_id)
@@ -522,7 +518,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return result
         finally:
             self._registering.discard(run_id)
-        return self._apply_registration(ident, registration, payload, on_fire)
+        return self._apply_registration(ident, registration, on_fire)
 
     def _to_trio(self, wall_at: float) -> float:
         assert self._backend is not None
@@ -577,7 +573,6 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self,
         ident: tuple[str, str],
         registration: Registration,
-        payload: Any,
         on_fire: Handler | None,
     ) -> DebounceResult:
         run_id, mode, count = registration.run_id, registration.mode, registration.ping_count

@@ -59,6 +59,13 @@ def shareable(what: str, value: str) -> str:
     return value
 
 
+def max_delay_below_delay(max_delay: float, delay: float) -> ValueError:
+    """The error for a ping whose ``max_delay`` is shorter than its ``delay``."""
+    return ValueError(
+        f"max_delay must be >= delay, got max_delay={max_delay!r} and delay={delay!r}"
+    )
+
+
 def name(what: str, value: object) -> str:
     """Return ``value`` if it is a non-empty :class:`str`, else raise.
 
