@@ -93,3 +93,40 @@ def process_key(process_id: str) -> str:
     if len(encoded) > MAX_KEY_BYTES:
         raise ValueError(f"process_id is too long for a KV key: {len(encoded)} bytes encoded")
     return encoded
+
+
+RUN_PREFIX = "r"
+RUN_LEASE_PREFIX = "rl"
+
+
+def run_key(run_id: str) -> str:
+    """The KV key of the deferred run ``run_id``: ``r.<base64url>``.
+
+    Raises:
+      TypeError, ValueError: ``run_id`` is not a non-empty str of valid Unicode, or is
+        too long for a KV key.
+    """
+    encoded = RUN_PREFIX + "." + _encode_token("run_id", run_id)
+    if len(encoded) > MAX_KEY_BYTES:
+        raise ValueError(f"run_id is too long for a KV key: {len(encoded)} bytes encoded")
+    return encoded
+
+
+def run_lease_key(process_id: str) -> str:
+    """The KV key of the run-store lease of process ``process_id``: ``rl.<base64url>``."""
+    encoded = RUN_LEASE_PREFIX + "." + _encode_token("process_id", process_id)
+    if len(encoded) > MAX_KEY_BYTES:
+        raise ValueError(f"process_id is too long for a KV key: {len(encoded)} bytes encoded")
+    return encoded
+
+
+def parse_prefixed_key(prefix: str, encoded: str) -> str:
+    """The name that :func:`run_key` or :func:`run_lease_key` encoded (by ``prefix``).
+
+    Raises:
+      ValueError: ``encoded`` is not such a key.
+    """
+    parts = encoded.split(".")
+    if len(parts) != 2 or parts[0] != prefix:
+        raise ValueError(f"not a {prefix!r} key: {encoded[:80]!r}")
+    return _decode_token(parts[1])

@@ -19,6 +19,7 @@ from .._errors import (
 from .._kv import KvEntry, KvStore
 from .._payload import PayloadSerializer
 from .._protocol import KvDebounceBackend
+from .._run_kv import KvRunStore
 
 T = TypeVar("T")
 
@@ -313,3 +314,45 @@ class MemoryBackend(KvDebounceBackend):
             wall_time=lambda: trio.current_time() + offset,
             serializer=serializer,
         )
+
+
+class MemoryRunStore(KvRunStore):
+    """A deferred-run store on a shared :class:`MemoryStore`: one per simulated process.
+
+    The same run-store code as the NATS run store, with fault injection, for tests
+    under :class:`trio.testing.MockClock`::
+
+        shared = MemoryStore()
+        async with open_coordinator(run_store=MemoryRunStore(shared), ...) as a, \\
+                   open_coordinator(run_store=MemoryRunStore(shared), ...) as b:
+            ...
+
+    Args:
+      store (MemoryStore | None): the shared store (a fresh one when None).
+      clock_skew (float): seconds this process's wall clock runs ahead of the store's
+        (negative: behind).
+
+    Attributes:
+      store (MemoryStore): the shared store.
+      faults (StoreFaults): faults to inject into this process's calls.
+    """
+
+    def __init__(self, store: MemoryStore | None = None, *, clock_skew: float = 0.0) -> None:
+        if store is None:
+            store = MemoryStore()
+        if not isinstance(store, MemoryStore):
+            raise TypeError(f"store must be a MemoryStore, not {store!r}")
+        if (
+            isinstance(clock_skew, bool)
+            or not isinstance(clock_skew, (int, float))
+            or not math.isfinite(clock_skew)
+        ):
+            raise ValueError(f"clock_skew must be a finite number of seconds, got {clock_skew!r}")
+        self.store = store
+        self.faults = StoreFaults()
+        self._offset = store.epoch + float(clock_skew)
+        super().__init__(_FaultyStore(store, self.faults))
+
+    def wall_time(self) -> float:
+        """Trio's clock plus the store's epoch plus this process's skew."""
+        return trio.current_time() + self._offset

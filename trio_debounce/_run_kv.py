@@ -1,0 +1,332 @@
+"""A :class:`~trio_debounce.abc.RunStore` on any revisioned key-value store.
+
+Runs are JSON documents at ``r.<base64url(run id)>``, leases at
+``rl.<base64url(process id)>`` (see ``_keys.py``), in the same bucket as debounce
+windows if one is shared: the first key token keeps the kinds apart. Every write is a
+compare-and-swap on the key's revision; a delete removes its marker at once
+(revision-checked), so deleted runs leave nothing behind.
+
+:meth:`KvRunStore.list_runs` and :meth:`KvRunStore.list_leases` read the store through
+:meth:`_scan`, which lists every entry under the prefix. Stores that must not scan per
+tick (NATS) override :meth:`_scan` with an index kept from a watch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Collection
+from typing import Any
+
+from ._errors import DocumentTooLargeError, RevisionConflict
+from ._keys import (
+    RUN_LEASE_PREFIX,
+    RUN_PREFIX,
+    parse_prefixed_key,
+    run_key,
+    run_lease_key,
+)
+from ._kv import KvEntry, KvStore
+from ._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
+
+logger = logging.getLogger("trio_debounce.runs")
+
+#: The schema version of run and lease documents.
+SCHEMA = 1
+
+#: Bytes of a run document left for its own fields (ids, times, counters) when the
+#: payload limit is derived from the store's value limit.
+DOCUMENT_ALLOWANCE = 4096
+
+
+def encode_run(run: StoredRun) -> bytes:
+    """The document of ``run`` (without its revision)."""
+    doc: dict[str, Any] = {
+        "v": SCHEMA,
+        "id": run.run_id,
+        "wf": run.workflow,
+        "payload": run.payload,
+        "at": run.scheduled_at,
+        "exp": run.expires_at,
+        "state": run.state.value,
+        "owner": run.owner,
+        "epoch": run.epoch,
+        "version": run.version,
+        "attempt": run.attempt,
+        "token": run.token,
+        "created": run.created_at,
+        "started": run.started_at,
+        "finished": run.finished_at,
+        "outcome": run.outcome,
+    }
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _number(doc: dict[str, Any], name: str, *, optional: bool = False) -> Any:
+    value = doc.get(name)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"field {name!r} is not a finite number: {value!r}")
+    return value
+
+
+def _string(doc: dict[str, Any], name: str, *, optional: bool = False) -> Any:
+    value = doc.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"field {name!r} is not a str: {value!r}")
+    return value
+
+
+def decode_run(value: bytes, revision: int) -> StoredRun:
+    """The run in document ``value``.
+
+    Raises:
+      ValueError: the document is not a run document of a known schema version.
+    """
+    try:
+        doc = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    if doc.get("v") != SCHEMA:
+        raise ValueError(f"unknown schema version {doc.get('v')!r}")
+    return StoredRun(
+        run_id=_string(doc, "id"),
+        workflow=_string(doc, "wf"),
+        payload=_string(doc, "payload"),
+        scheduled_at=float(_number(doc, "at")),
+        expires_at=_number(doc, "exp", optional=True),
+        state=RunState(_string(doc, "state")),
+        owner=_string(doc, "owner", optional=True),
+        epoch=int(_number(doc, "epoch")),
+        version=int(_number(doc, "version")),
+        attempt=int(_number(doc, "attempt")),
+        token=int(_number(doc, "token")),
+        created_at=float(_number(doc, "created")),
+        started_at=_number(doc, "started", optional=True),
+        finished_at=_number(doc, "finished", optional=True),
+        outcome=_string(doc, "outcome", optional=True),
+        revision=revision,
+    )
+
+
+def encode_lease(lease: Lease) -> bytes:
+    """The document of ``lease`` (without its revision)."""
+    doc = {
+        "v": SCHEMA,
+        "pid": lease.process_id,
+        "epoch": lease.epoch,
+        "exp": lease.expires_at,
+        "released": lease.released,
+    }
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode_lease(value: bytes, revision: int) -> Lease:
+    """The lease in document ``value``.
+
+    Raises:
+      ValueError: the document is not a lease document of a known schema version.
+    """
+    try:
+        doc = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("v") != SCHEMA:
+        raise ValueError("not a lease document of a known schema version")
+    released = doc.get("released")
+    if not isinstance(released, bool):
+        raise ValueError(f"field 'released' is not a bool: {released!r}")
+    return Lease(
+        process_id=_string(doc, "pid"),
+        epoch=int(_number(doc, "epoch")),
+        expires_at=float(_number(doc, "exp")),
+        released=released,
+        revision=revision,
+    )
+
+
+def matches(
+    run: StoredRun,
+    *,
+    states: Collection[RunState] | None,
+    owner: str | _Any | None,
+    workflow: str | None,
+    due_before: float | None,
+    finished_before: float | None,
+) -> bool:
+    """Whether ``run`` passes the filters of :meth:`RunStore.list_runs`."""
+    if states is not None and run.state not in states:
+        return False
+    if owner is not ANY and run.owner != owner:
+        return False
+    if workflow is not None and run.workflow != workflow:
+        return False
+    if due_before is not None and not run.scheduled_at < due_before:
+        return False
+    if finished_before is not None and not (
+        run.finished_at is not None and run.finished_at < finished_before
+    ):
+        return False
+    return True
+
+
+class KvRunStore(RunStore):
+    """Deferred runs on a :class:`~trio_debounce.testing.KvStore` (JetStream KV
+    semantics); see the module docstring for the layout."""
+
+    def __init__(self, kv: KvStore) -> None:
+        self._kv = kv
+        self.max_payload_bytes = max(0, kv.max_value_bytes - DOCUMENT_ALLOWANCE)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} on {self._kv!r}>"
+
+    def _encode(self, run: StoredRun) -> bytes:
+        value = encode_run(run)
+        if len(value) > self._kv.max_value_bytes:
+            raise DocumentTooLargeError(
+                f"run {run.run_id!r}: its document is {len(value)} bytes, more than the "
+                f"store's {self._kv.max_value_bytes}"
+            )
+        return value
+
+    async def get_run(self, run_id: str) -> StoredRun | None:
+        entry = await self._kv.get(run_key(run_id))
+        return self._decode_entry(entry)
+
+    def _decode_entry(self, entry: KvEntry | None) -> StoredRun | None:
+        if entry is None or entry.value is None:
+            return None
+        try:
+            return decode_run(entry.value, entry.revision)
+        except (ValueError, TypeError) as exc:
+            logger.warning("ignoring the run document at %s: %s", entry.key[:80], exc)
+            return None
+
+    async def create_run(self, run: StoredRun) -> StoredRun | None:
+        key = run_key(run.run_id)
+        value = self._encode(run)
+        last = 0
+        for _ in range(2):
+            try:
+                revision = await self._kv.put(key, value, last=last)
+            except RevisionConflict:
+                entry = await self._kv.get(key)
+                if entry is None:
+                    last = 0
+                    continue
+                if entry.value is not None:
+                    return None
+                last = entry.revision  # a delete marker: create over it
+                continue
+            return run.replace(revision=revision)
+        return None
+
+    async def update_run(self, run: StoredRun) -> StoredRun | None:
+        if run.revision <= 0:
+            raise ValueError(f"run {run.run_id!r} has no revision to update against")
+        try:
+            revision = await self._kv.put(run_key(run.run_id), self._encode(run), last=run.revision)
+        except RevisionConflict:
+            return None
+        return run.replace(revision=revision)
+
+    async def delete_run(self, run_id: str, *, revision: int) -> bool:
+        key = run_key(run_id)
+        try:
+            marker = await self._kv.delete(key, last=revision)
+        except RevisionConflict:
+            return False
+        await self._kv.purge_marker(key, revision=marker)
+        return True
+
+    async def _scan(self, prefix: str) -> list[KvEntry]:
+        """Every live entry under ``prefix`` (``"r."`` or ``"rl."``)."""
+        return await self._kv.entries(prefix)
+
+    async def list_runs(
+        self,
+        *,
+        states: Collection[RunState] | None = None,
+        owner: str | _Any | None = ANY,
+        workflow: str | None = None,
+        due_before: float | None = None,
+        finished_before: float | None = None,
+        limit: int | None = None,
+    ) -> list[StoredRun]:
+        found = []
+        for entry in await self._scan(RUN_PREFIX + "."):
+            run = self._decode_entry(entry)
+            if run is None:
+                continue
+            if matches(
+                run,
+                states=states,
+                owner=owner,
+                workflow=workflow,
+                due_before=due_before,
+                finished_before=finished_before,
+            ):
+                found.append(run)
+        found.sort(key=lambda r: (r.scheduled_at, r.run_id))
+        return found if limit is None else found[:limit]
+
+    async def get_lease(self, process_id: str) -> Lease | None:
+        entry = await self._kv.get(run_lease_key(process_id))
+        return self._decode_lease_entry(entry)
+
+    def _decode_lease_entry(self, entry: KvEntry | None) -> Lease | None:
+        if entry is None or entry.value is None:
+            return None
+        try:
+            return decode_lease(entry.value, entry.revision)
+        except (ValueError, TypeError) as exc:
+            logger.warning("ignoring the lease document at %s: %s", entry.key[:80], exc)
+            return None
+
+    async def put_lease(self, lease: Lease) -> Lease | None:
+        key = run_lease_key(lease.process_id)
+        last = lease.revision
+        try:
+            revision = await self._kv.put(key, encode_lease(lease), last=last)
+        except RevisionConflict:
+            if last != 0:
+                return None
+            # Creating: a delete marker (or an unreadable document) may be in the way.
+            entry = await self._kv.get(key)
+            if entry is None or (
+                entry.value is not None and self._decode_lease_entry(entry) is not None
+            ):
+                return None
+            try:
+                revision = await self._kv.put(key, encode_lease(lease), last=entry.revision)
+            except RevisionConflict:
+                return None
+        return Lease(lease.process_id, lease.epoch, lease.expires_at, lease.released, revision)
+
+    async def delete_lease(self, process_id: str, *, revision: int) -> bool:
+        key = run_lease_key(process_id)
+        try:
+            marker = await self._kv.delete(key, last=revision)
+        except RevisionConflict:
+            return False
+        await self._kv.purge_marker(key, revision=marker)
+        return True
+
+    async def list_leases(self) -> list[Lease]:
+        leases = []
+        for entry in await self._scan(RUN_LEASE_PREFIX + "."):
+            try:
+                parse_prefixed_key(RUN_LEASE_PREFIX, entry.key)
+            except ValueError:
+                continue
+            lease = self._decode_lease_entry(entry)
+            if lease is not None:
+                leases.append(lease)
+        return leases
