@@ -169,11 +169,9 @@ def matches(
         return False
     if due_before is not None and not run.scheduled_at < due_before:
         return False
-    if finished_before is not None and not (
+    return finished_before is None or (
         run.finished_at is not None and run.finished_at < finished_before
-    ):
-        return False
-    return True
+    )
 
 
 class KvRunStore(RunStore):
