@@ -1,0 +1,976 @@
+"""The SQLite implementation of :class:`~trio_debounce.abc.RunStore`: deferred runs in
+one database file, shared by the processes of one host.
+
+The database (stdlib :mod:`sqlite3`, WAL journal) holds three tables:
+
+``runs``
+  One row per run id, a column per :class:`~trio_debounce.abc.StoredRun` field, and
+  the row's ``revision``.
+``leases``
+  One row per process id, a column per :class:`~trio_debounce.abc.Lease` field.
+``revision_sequence``
+  A single row, the last revision handed out. Every write takes the next number in
+  the same transaction as the write, so revisions increase across the whole file and
+  are never reused, not even by a run deleted and created again under the same id.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction (the write lock first, so the
+compare and the swap see the same database), without ``RETURNING`` (SQLite before
+3.35 lacks it). The schema is versioned with ``PRAGMA user_version``
+(:data:`_MIGRATIONS`).
+
+sqlite3 blocks, so every call runs in a worker thread (:func:`trio.to_thread.run_sync`)
+on the store's own :class:`trio.CapacityLimiter`; sqlite3's exceptions are mapped at
+this boundary (:func:`_map_error`) onto the library's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import trio
+
+from ._errors import (
+    BackendConfigError,
+    BackendError,
+    BackendUnavailableError,
+    DocumentTooLargeError,
+)
+from ._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
+
+logger = logging.getLogger("trio_debounce.runs")
+
+T = TypeVar("T")
+
+#: The schema migrations: step ``i`` takes a database from ``user_version`` ``i`` to
+#: ``i + 1``. Steps are applied in order, all pending ones in one transaction, and are
+#: never edited once released: a change of schema is a new step at the end.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: the tables and the revision sequence.
+    (
+        """CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY NOT NULL,
+            workflow TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            scheduled_at REAL NOT NULL,
+            expires_at REAL,
+            state TEXT NOT NULL,
+            owner TEXT,
+            epoch INTEGER NOT NULL,
+            version INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            token INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            started_at REAL,
+            finished_at REAL,
+            outcome TEXT,
+            revision INTEGER NOT NULL
+        )""",
+        """CREATE TABLE leases (
+            process_id TEXT PRIMARY KEY NOT NULL,
+            epoch INTEGER NOT NULL,
+            expires_at REAL NOT NULL,
+            released INTEGER NOT NULL,
+            revision INTEGER NOT NULL
+        )""",
+        """CREATE TABLE revision_sequence (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            last INTEGER NOT NULL
+        )""",
+        "INSERT INTO revision_sequence (id, last) VALUES (1, 0)",
+    ),
+    # 2: the indexes of list_runs' filters (each ends in the listing's order).
+    (
+        "CREATE INDEX runs_by_state ON runs (state, scheduled_at, run_id)",
+        "CREATE INDEX runs_by_owner ON runs (owner, scheduled_at, run_id)",
+        "CREATE INDEX runs_by_finished ON runs (finished_at) WHERE finished_at IS NOT NULL",
+    ),
+)
+
+#: The schema version this code writes (``PRAGMA user_version``).
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+_RUN_COLUMNS = (
+    "run_id, workflow, payload, scheduled_at, expires_at, state, owner, epoch, version, "
+    "attempt, token, created_at, started_at, finished_at, outcome, revision"
+)
+_LEASE_COLUMNS = "process_id, epoch, expires_at, released, revision"
+
+_INSERT_RUN = (
+    f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_RUN = (
+    "UPDATE runs SET workflow = ?, payload = ?, scheduled_at = ?, expires_at = ?, state = ?, "
+    "owner = ?, epoch = ?, version = ?, attempt = ?, token = ?, created_at = ?, "
+    "started_at = ?, finished_at = ?, outcome = ?, revision = ? "
+    "WHERE run_id = ? AND revision = ?"
+)
+
+# SQLite's primary result codes for "another connection holds the lock".
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+_SQLITE_NOTADB = 26
+
+
+def _map_error(exc: sqlite3.Error, path: str) -> BackendError:
+    """The library's exception for sqlite3's ``exc``."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    message = str(exc)
+    if code is not None:
+        busy = code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+        not_a_database = code & 0xFF == _SQLITE_NOTADB
+    else:
+        lowered = message.lower()
+        busy = "locked" in lowered or "busy" in lowered
+        not_a_database = "not a database" in lowered
+    if busy:
+        return BackendUnavailableError(
+            f"SQLite database {path!r} is locked by another connection: {message}"
+        )
+    if not_a_database:
+        return BackendConfigError(f"{path!r} is not an SQLite database: {message}")
+    return BackendError(f"SQLite database {path!r}: {type(exc).__name__}: {message}")
+
+
+# --- encoding and decoding rows ---------------------------------------------------
+
+
+def _check_text(value: object, what: str, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {value!r}")
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not encodable as UTF-8: {exc}") from None
+
+
+def _check_real(value: object, what: str, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be finite, not {value!r}")
+
+
+def _check_number(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {value!r}")
+
+
+def _check_integer(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {value!r}")
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"{what} does not fit in 64 bits: {value!r}")
+
+
+def _run_values(run: StoredRun, max_payload_bytes: int) -> tuple[Any, ...]:
+    """The column values of ``run`` in :data:`_RUN_COLUMNS` order, without the revision.
+
+    Raises:
+      DocumentTooLargeError: the payload is larger than ``max_payload_bytes``.
+      TypeError, ValueError: a field has the wrong type or a value SQLite cannot keep.
+    """
+    _check_text(run.run_id, "run_id")
+    what = f"run {run.run_id[:200]!r}:"
+    _check_text(run.payload, f"{what} payload")
+    size = len(run.payload.encode())
+    if size > max_payload_bytes:
+        raise DocumentTooLargeError(
+            f"{what} its payload is {size} bytes, more than the store's "
+            f"max_payload_bytes={max_payload_bytes}"
+        )
+    _check_text(run.workflow, f"{what} workflow")
+    _check_text(run.owner, f"{what} owner", optional=True)
+    _check_text(run.outcome, f"{what} outcome", optional=True)
+    for name in ("scheduled_at", "created_at"):
+        _check_real(getattr(run, name), f"{what} {name}")
+    for name in ("expires_at", "started_at", "finished_at"):
+        _check_real(getattr(run, name), f"{what} {name}", optional=True)
+    for name in ("epoch", "version", "attempt", "token"):
+        _check_integer(getattr(run, name), f"{what} {name}")
+    state = RunState(run.state).value
+    return (
+        run.run_id,
+        run.workflow,
+        run.payload,
+        run.scheduled_at,
+        run.expires_at,
+        state,
+        run.owner,
+        run.epoch,
+        run.version,
+        run.attempt,
+        run.token,
+        run.created_at,
+        run.started_at,
+        run.finished_at,
+        run.outcome,
+    )
+
+
+def _lease_values(lease: Lease) -> tuple[Any, ...]:
+    """The column values of ``lease`` in :data:`_LEASE_COLUMNS` order, without the
+    revision.
+
+    Raises:
+      TypeError, ValueError: a field has the wrong type or a value SQLite cannot keep.
+    """
+    _check_text(lease.process_id, "process_id")
+    what = f"lease of {lease.process_id[:200]!r}:"
+    _check_integer(lease.epoch, f"{what} epoch")
+    _check_real(lease.expires_at, f"{what} expires_at")
+    if not isinstance(lease.released, bool):
+        raise TypeError(f"{what} released must be a bool, not {lease.released!r}")
+    return (lease.process_id, lease.epoch, lease.expires_at, int(lease.released))
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"column {name!r} is not text: {value!r:.80}")
+    return value
+
+
+def _optional_text(value: object, name: str) -> str | None:
+    return None if value is None else _text(value, name)
+
+
+def _real(value: object, name: str) -> float:
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"column {name!r} is not a finite number: {value!r:.80}")
+    return float(value)
+
+
+def _optional_real(value: object, name: str) -> float | None:
+    return None if value is None else _real(value, name)
+
+
+def _integer(value: object, name: str) -> int:
+    if not isinstance(value, int):
+        raise ValueError(f"column {name!r} is not an integer: {value!r:.80}")
+    return value
+
+
+def _revision(value: object) -> int:
+    revision = _integer(value, "revision")
+    if revision <= 0:
+        raise ValueError(f"column 'revision' is not positive: {revision}")
+    return revision
+
+
+def _decode_run(row: Sequence[Any]) -> StoredRun:
+    """The run in a row of :data:`_RUN_COLUMNS`.
+
+    Raises:
+      ValueError: a column holds a value no run has.
+    """
+    return StoredRun(
+        run_id=_text(row[0], "run_id"),
+        workflow=_text(row[1], "workflow"),
+        payload=_text(row[2], "payload"),
+        scheduled_at=_real(row[3], "scheduled_at"),
+        expires_at=_optional_real(row[4], "expires_at"),
+        state=RunState(_text(row[5], "state")),
+        owner=_optional_text(row[6], "owner"),
+        epoch=_integer(row[7], "epoch"),
+        version=_integer(row[8], "version"),
+        attempt=_integer(row[9], "attempt"),
+        token=_integer(row[10], "token"),
+        created_at=_real(row[11], "created_at"),
+        started_at=_optional_real(row[12], "started_at"),
+        finished_at=_optional_real(row[13], "finished_at"),
+        outcome=_optional_text(row[14], "outcome"),
+        revision=_revision(row[15]),
+    )
+
+
+def _decode_lease(row: Sequence[Any]) -> Lease:
+    """The lease in a row of :data:`_LEASE_COLUMNS`.
+
+    Raises:
+      ValueError: a column holds a value no lease has.
+    """
+    released = row[3]
+    if released not in (0, 1) or isinstance(released, float):
+        raise ValueError(f"column 'released' is not 0 or 1: {released!r:.80}")
+    return Lease(
+        process_id=_text(row[0], "process_id"),
+        epoch=_integer(row[1], "epoch"),
+        expires_at=_real(row[2], "expires_at"),
+        released=bool(released),
+        revision=_revision(row[4]),
+    )
+
+
+def _run_or_none(row: Sequence[Any], path: str) -> StoredRun | None:
+    """The run in ``row``, or None (with a warning) if the row is unreadable."""
+    try:
+        return _decode_run(row)
+    except ValueError as exc:
+        logger.warning("ignoring an unreadable run row %.80r in %s: %s", row[0], path, exc)
+        return None
+
+
+def _lease_or_none(row: Sequence[Any], path: str) -> Lease | None:
+    """The lease in ``row``, or None (with a warning) if the row is unreadable."""
+    try:
+        return _decode_lease(row)
+    except ValueError as exc:
+        logger.warning("ignoring an unreadable lease row %.80r in %s: %s", row[0], path, exc)
+        return None
+
+
+# --- the schema -------------------------------------------------------------------
+
+
+def _user_version(conn: sqlite3.Connection) -> int:
+    row = conn.execute("PRAGMA user_version").fetchone()
+    return int(row[0])
+
+
+def _check_version(version: int, path: str) -> None:
+    if version > SCHEMA_VERSION:
+        raise BackendConfigError(
+            f"the run store {path!r} has schema version {version}, newer than the "
+            f"version {SCHEMA_VERSION} this trio_debounce knows: upgrade trio_debounce "
+            "(or open another file)"
+        )
+
+
+def _migrate(conn: sqlite3.Connection, path: str, *, target: int = SCHEMA_VERSION) -> None:
+    """Bring the schema of ``conn``'s database to version ``target``.
+
+    The pending steps run in one ``BEGIN IMMEDIATE`` transaction (SQLite's DDL is
+    transactional), which re-reads ``user_version`` under the write lock: of several
+    processes opening a new file at once, one migrates and the others find it done.
+
+    Raises:
+      BackendConfigError: the database's version is newer than :data:`SCHEMA_VERSION`.
+      sqlite3.Error: as raised by sqlite3 (mapped by the caller).
+    """
+    version = _user_version(conn)
+    _check_version(version, path)
+    if version >= target:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _user_version(conn)
+        _check_version(version, path)
+        for step in range(version, target):
+            for statement in _MIGRATIONS[step]:
+                conn.execute(statement)
+        if version < target:
+            conn.execute(f"PRAGMA user_version = {int(target)}")
+            logger.info("migrated the run store %s from version %d to %d", path, version, target)
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the transaction of ``conn`` if one is open, on the way out of an error."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:  # the error being raised matters more
+            logger.debug("rollback failed: %s", exc)
+
+
+# --- the store ----------------------------------------------------------------------
+
+_FULL = "FULL"
+_NORMAL = "NORMAL"
+
+
+class SqliteRunStore(RunStore):
+    """Deferred runs in an SQLite database file, shared by the processes of one host.
+
+    Open it with :func:`open_sqlite_run_store`, or construct it and :meth:`aclose` it
+    yourself. The constructor does no I/O: the connection is opened, switched to WAL
+    and its schema migrated on the first call (by :func:`open_sqlite_run_store`, on
+    entry, so that a bad file fails the ``async with``). A first call that fails to
+    open leaves the store unopened; the next call tries again.
+
+    **Processes.** Any number of processes (and stores) may open the same file on one
+    host: the WAL journal lets readers run beside the single writer, and every write
+    is a ``BEGIN IMMEDIATE`` transaction that compares the record's revision and
+    writes it under the database's write lock. A file on a network filesystem is not
+    supported (SQLite's WAL needs shared memory between the processes).
+
+    **Threads.** Each store has one connection (``check_same_thread=False``), used by
+    one worker thread at a time: every call runs through
+    :func:`trio.to_thread.run_sync` on the store's own :class:`trio.CapacityLimiter`
+    of one token, so the calls of one store are serialised, and threads that fill
+    Trio's default limiter cannot delay this store's calls (a coordinator's lease
+    heartbeat). Open a second store on the same file for calls that must not queue
+    behind this one's.
+
+    **Cancellation.** A call waiting for the limiter is cancelled at once. A call whose
+    thread has started is not abandoned (``abandon_on_cancel=False``): its transaction
+    either commits or is rolled back before the call returns. A write that committed
+    returns its result (the write happened; the cancellation is delivered at the
+    caller's next checkpoint); a call that failed raises :exc:`trio.Cancelled`, with
+    the backend error as its context. The thread waits at most ``timeout`` seconds for
+    another process's write lock, plus its own statement, so a cancelled caller waits
+    at most about that long, and never leaves a transaction open.
+
+    **Durability.** Run writes, which decide whether a run fires, commit with
+    ``PRAGMA synchronous=FULL`` (the WAL is synced at each commit: a write that
+    returned survives a power cut). Lease writes commit with ``synchronous=NORMAL``
+    (durable against the crash of a process, not of the host): the WAL is
+    append-only, so the next run write's sync also makes every earlier lease write
+    durable, and what a power cut can lose is only the lease writes made after the
+    last run write, heartbeats of processes that died with the host. A lost heartbeat
+    shortens a dead lease; a lost epoch bump was never written into a run.
+
+    **Unreadable rows** (values no run or lease has, written by another tool) are
+    skipped with a warning on the ``trio_debounce.runs`` logger: ``get_*`` returns
+    None, ``list_*`` leaves them out, and ``create_run`` and ``put_lease`` (revision 0)
+    replace them.
+
+    Args:
+      path (str | os.PathLike[str]): the database file; created (with its ``-wal``
+        and ``-shm`` companions) if absent. The file belongs to the store: do not keep
+        other tables in it.
+      max_payload_bytes (int): the largest payload (UTF-8 bytes of its JSON text) a
+        run may carry; larger ones raise :exc:`~trio_debounce.DocumentTooLargeError`
+        before anything is written. Default 1 MiB.
+      timeout (float): seconds a call waits for another connection's lock before it
+        raises :exc:`~trio_debounce.BackendUnavailableError` (SQLite's busy timeout).
+        Default 5.0.
+
+    Raises:
+      ValueError: ``max_payload_bytes`` is not positive, or ``timeout`` is negative,
+        NaN or infinite.
+      TypeError: ``path`` is not a path, or an argument is not a number.
+
+    Each method raises :exc:`~trio_debounce.BackendUnavailableError` when the database
+    stayed locked for ``timeout`` seconds (a write that raised it was not applied),
+    :exc:`~trio_debounce.BackendConfigError` when the file is not a run store this
+    code can use (not an SQLite database, a newer schema version, no WAL),
+    :exc:`~trio_debounce.BackendError` for any other SQLite error, and
+    :exc:`trio.ClosedResourceError` after :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_payload_bytes: int = 1024 * 1024,
+        timeout: float = 5.0,
+    ) -> None:
+        self._path: str = os.fspath(path)
+        if not isinstance(self._path, str):
+            raise TypeError(f"path must be a str path, not {path!r}")
+        if (
+            isinstance(max_payload_bytes, bool)
+            or not isinstance(max_payload_bytes, int)
+            or max_payload_bytes <= 0
+        ):
+            raise ValueError(f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+        if not math.isfinite(timeout) or timeout < 0:
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        self.max_payload_bytes = max_payload_bytes
+        self._timeout = float(timeout)
+        self._limiter = trio.CapacityLimiter(1)
+        self._conn: sqlite3.Connection | None = None
+        self._synchronous: str | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._path!r}>"
+
+    @property
+    def path(self) -> str:
+        """The database file (str)."""
+        return self._path
+
+    # -- plumbing (the worker-thread side runs under self._limiter) ----------------
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(connection)`` in a worker thread on the store's limiter, with sqlite3's
+        exceptions mapped."""
+        if self._closed:
+            raise trio.ClosedResourceError(f"{self!r} is closed")
+        try:
+            return await trio.to_thread.run_sync(
+                self._in_thread, fn, limiter=self._limiter, abandon_on_cancel=False
+            )
+        except BackendError:
+            # The caller was cancelled while the call ran, and the call failed (nothing
+            # was written): the cancellation is the answer the caller waits for.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            raise
+
+    def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._closed:
+            raise trio.ClosedResourceError(f"{self!r} is closed")
+        try:
+            conn = self._conn if self._conn is not None else self._open()
+            return fn(conn)
+        except sqlite3.Error as exc:
+            raise _map_error(exc, self._path) from exc
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            self._enable_wal(conn)
+            conn.execute(f"PRAGMA synchronous = {_FULL}")
+            _migrate(conn, self._path)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        self._synchronous = _FULL
+        return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        # Switching a file to WAL needs a moment without other connections' locks;
+        # SQLite does not always wait on the busy handler for it, so retry here.
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as exc:
+                if not isinstance(_map_error(exc, self._path), BackendUnavailableError):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+        if str(mode).lower() != "wal":
+            raise BackendConfigError(
+                f"the run store {self._path!r} cannot use the WAL journal (SQLite kept "
+                f"journal_mode={mode!r}); use a file on a local filesystem"
+            )
+
+    def _write(
+        self,
+        conn: sqlite3.Connection,
+        synchronous: str,
+        body: Callable[[sqlite3.Connection], T | None],
+    ) -> T | None:
+        """``body`` in one ``BEGIN IMMEDIATE`` transaction: committed if it returns a
+        result, rolled back if it returns None (it lost) or raises."""
+        if self._synchronous != synchronous:
+            # Only between transactions: the level applies to the next commit.
+            conn.execute(f"PRAGMA synchronous = {synchronous}")
+            self._synchronous = synchronous
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = body(conn)
+            conn.execute("COMMIT" if result is not None else "ROLLBACK")
+        except BaseException:
+            _rollback(conn)
+            raise
+        return result
+
+    @staticmethod
+    def _next_revision(conn: sqlite3.Connection) -> int:
+        """Take the next revision of the database (inside the write's transaction)."""
+        conn.execute("UPDATE revision_sequence SET last = last + 1 WHERE id = 1")
+        row = conn.execute("SELECT last FROM revision_sequence WHERE id = 1").fetchone()
+        if row is None or not isinstance(row[0], int):
+            raise BackendConfigError("the run store's revision sequence is missing or damaged")
+        return row[0]
+
+    # -- runs ------------------------------------------------------------------------
+
+    async def get_run(self, run_id: str) -> StoredRun | None:
+        """The run ``run_id``, or None if the store has no (readable) record of it.
+
+        Args:
+          run_id (str): the run id.
+
+        Returns:
+          StoredRun | None: the stored run, with its revision.
+
+        Raises:
+          BackendUnavailableError, BackendConfigError, BackendError,
+          trio.ClosedResourceError: see the class.
+        """
+        _check_text(run_id, "run_id")
+
+        def read(conn: sqlite3.Connection) -> StoredRun | None:
+            row = conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            return None if row is None else _run_or_none(row, self._path)
+
+        return await self._call(read)
+
+    async def create_run(self, run: StoredRun) -> StoredRun | None:
+        """Write ``run`` if the store has no record of ``run.run_id`` (``run.revision``
+        is ignored). An unreadable row under that id is replaced.
+
+        Args:
+          run (StoredRun): the run to write.
+
+        Returns:
+          StoredRun | None: ``run`` with its new revision, or None if a record exists.
+
+        Raises:
+          DocumentTooLargeError: the payload exceeds :attr:`max_payload_bytes`
+            (nothing is written).
+          TypeError, ValueError: a field cannot be stored (a non-finite time, an int
+            beyond 64 bits, a str that is not valid Unicode).
+          BackendUnavailableError, BackendConfigError, BackendError,
+          trio.ClosedResourceError: see the class.
+        """
+        values = _run_values(run, self.max_payload_bytes)
+
+        def create(conn: sqlite3.Connection) -> StoredRun | None:
+            row = conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run.run_id,)
+            ).fetchone()
+            if row is not None:
+                if _run_or_none(row, self._path) is not None:
+                    return None
+                conn.execute("DELETE FROM runs WHERE run_id = ?", (run.run_id,))
+            revision = self._next_revision(conn)
+            conn.execute(_INSERT_RUN, (*values, revision))
+            return run.replace(revision=revision)
+
+        return await self._call(lambda conn: self._write(conn, _FULL, create))
+
+    async def update_run(self, run: StoredRun) -> StoredRun | None:
+        """Replace the record of ``run.run_id`` if its revision is still
+        ``run.revision``.
+
+        Args:
+          run (StoredRun): the new record; ``run.revision`` is the one it was read at.
+
+        Returns:
+          StoredRun | None: ``run`` with its new revision, or None if the record
+          changed or is gone.
+
+        Raises:
+          ValueError: ``run.revision`` is not positive (the run was never written), or
+            a field cannot be stored (see :meth:`create_run`).
+          DocumentTooLargeError: the payload exceeds :attr:`max_payload_bytes`
+            (nothing is written).
+          BackendUnavailableError, BackendConfigError, BackendError,
+          trio.ClosedResourceError: see the class.
+        """
+        if isinstance(run.revision, bool) or not isinstance(run.revision, int):
+            raise TypeError(f"run {run.run_id!r}: revision must be an int, not {run.revision!r}")
+        if run.revision <= 0:
+            raise ValueError(f"run {run.run_id!r} has no revision to update against")
+        values = _run_values(run, self.max_payload_bytes)
+
+        def update(conn: sqlite3.Connection) -> StoredRun | None:
+            revision = self._next_revision(conn)
+            cursor = conn.execute(_UPDATE_RUN, (*values[1:], revision, run.run_id, run.revision))
+            return run.replace(revision=revision) if cursor.rowcount == 1 else None
+
+        return await self._call(lambda conn: self._write(conn, _FULL, update))
+
+    async def delete_run(self, run_id: str, *, revision: int) -> bool:
+        """Remove the record of ``run_id`` if its revision is still ``revision``.
+
+        Args:
+          run_id (str): the run id.
+          revision (int): the revision the record was read at.
+
+        Returns:
+          bool: True if it was removed, False if it changed or was already gone.
+
+        Raises:
+          BackendUnavailableError, BackendConfigError, BackendError,
+          trio.ClosedResourceError: see the class.
+        """
+        _check_text(run_id, "run_id")
+        _check_integer(revision, "revision")
+
+        def delete(conn: sqlite3.Connection) -> bool | None:
+            cursor = conn.execute(
+                "DELETE FROM runs WHERE run_id = ? AND revision = ?", (run_id, revision)
+            )
+            return True if cursor.rowcount == 1 else None
+
+        return bool(await self._call(lambda conn: self._write(conn, _FULL, delete)))
+
+    async def list_runs(
+        self,
+        *,
+        states: Collection[RunState] | None = None,
+        owner: str | _Any | None = ANY,
+        workflow: str | None = None,
+        due_before: float | None = None,
+        finished_before: float | None = None,
+        limit: int | None = None,
+    ) -> list[StoredRun]:
+        """Runs that match every filter given, ordered by ``scheduled_at`` (then run
+        id), read in one statement (a consistent snapshot). Unreadable rows are left
+        out (with a warning) and do not count towards ``limit``.
+
+        Args:
+          states (Collection[RunState] | None): only runs in these states (all states
+            when None; none when empty).
+          owner (str | ANY | None): only runs claimed by this process id (``None``:
+            only unclaimed ones; :data:`~trio_debounce.abc.ANY`, the default: any).
+          workflow (str | None): only runs of this workflow.
+          due_before (float | None): only runs with ``scheduled_at < due_before``
+            (wall-clock epoch seconds).
+          finished_before (float | None): only runs with
+            ``finished_at < finished_before`` (wall-clock epoch seconds).
+          limit (int | None): at most this many (the earliest due).
+
+        Returns:
+          list[StoredRun]: the matching runs.
+
+        Raises:
+          ValueError: ``limit`` is negative, or a state is not a :class:`RunState`.
+          BackendUnavailableError, BackendConfigError, BackendError,
+          trio.ClosedResourceError: see the class.
+        """
+        clauses: list[str] = []
+        params: list[Any] = []
+        if states is not None:
+            wanted = sorted({RunState(state).value for state in states})
+            if not wanted:
+                await trio.lowlevel.checkpoint()
+                return []
+            clauses.append(f"state IN ({', '.join('?' * len(wanted))})")
+            params.extend(wanted)
+        if owner is None:
+            clauses.append("owner IS NULL")
+        elif owner is not ANY:
+            _check_text(owner, "owner")
+            clauses.append("owner = ?")
+            params.append(owner)
+        if workflow is not None:
+            _check_text(workflow, "workflow")
+            clauses.append("workflow = ?")
+            params.append(workflow)
+        if due_before is not None:
+            _check_number(due_before, "due_before")
+            clauses.append("scheduled_at < ?")
+            params.append(due_before)
+        if finished_before is not None:
+            _check_number(finished_before, "finished_before")
+            clauses.append("finished_at < ?")
+            params.append(finished_before)
+        if limit is not None:
+            _check_integer(limit, "limit")
+            if limit < 0:
+                raise ValueError(f"limit must be >= 0, got {limit}")
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        query = f"SELECT {_RUN_COLUMNS} FROM runs{where} ORDER BY scheduled_at, run_id"
+
+        def read(conn: sqlite3.Connection) -> list[StoredRun]:
+            found: list[StoredRun] = []
+            if limit == 0:
+                return found
+            # Iterate rather than LIMIT in SQL: unreadable rows must not use up the limit.
+            for row in conn.execute(query, params):
+                run = _run_or_none(row, self._path)
+                if run is not None:
+                    found.append(run)
+                    if limit is not None and len(found) >= limit:
+                        break
+            return found
+
+        return await self._call(read)
+
+    # -- leases ----------------------------------------------------------------------
+
+    async def get_lease(self, process_id: str) -> Lease | None:
+        """The lease of ``process_id``, or None if it has none (or an unreadable one).
+
+        Args:
+          process_id (str): the process id.
+
+        Returns:
+          Lease | None: the stored lease, with its revision.
+
+        Raises:
+          BackendUnavailableError, BackendConfigError, BackendError,
+          trio.ClosedResourceError: see the class.
+        """
+        _check_text(process_id, "process_id")
+
+        def read(conn: sqlite3.Connection) -> Lease | None:
+            row = conn.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM leases WHERE process_id = ?", (process_id,)
+            ).fetchone()
+            return None if row is None else _lease_or_none(row, self._path)
+
+        return await self._call(read)
+
+    async def put_lease(self, lease: Lease) -> Lease | None:
+        """Write ``lease`` if the stored lease's revision is still ``lease.revision``
+        (0: the process has no lease yet; an unreadable row is replaced). Committed
+        with ``synchronous=NORMAL`` (see the class).
+
+        Args:
+          lease (Lease): the lease to write.
+
+        Returns:
+          Lease | None: ``lease`` with its new revision, or None if it lost.
+
+        Raises:
+          ValueError: ``lease.revision`` is negative, or a field cannot be stored.
+          TypeError: a field has the wrong type.
+          BackendUnavailableError, BackendConfigError, BackendError,
+          trio.ClosedResourceError: see the class.
+        """
+        values = _lease_values(lease)
+        _check_integer(lease.revision, "revision")
+        if lease.revision < 0:
+            raise ValueError(f"lease of {lease.process_id!r}: revision {lease.revision} < 0")
+
+        def put(conn: sqlite3.Connection) -> Lease | None:
+            if lease.revision == 0:
+                row = conn.execute(
+                    f"SELECT {_LEASE_COLUMNS} FROM leases WHERE process_id = ?",
+                    (lease.process_id,),
+                ).fetchone()
+                if row is not None:
+                    if _lease_or_none(row, self._path) is not None:
+                        return None
+                    conn.execute("DELETE FROM leases WHERE process_id = ?", (lease.process_id,))
+                revision = self._next_revision(conn)
+                conn.execute(
+                    f"INSERT INTO leases ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                    (*values, revision),
+                )
+            else:
+                revision = self._next_revision(conn)
+                cursor = conn.execute(
+                    "UPDATE leases SET epoch = ?, expires_at = ?, released = ?, revision = ? "
+                    "WHERE process_id = ? AND revision = ?",
+                    (*values[1:], revision, lease.process_id, lease.revision),
+                )
+                if cursor.rowcount != 1:
+                    return None
+            return Lease(lease.process_id, lease.epoch, lease.expires_at, lease.released, revision)
+
+        return await self._call(lambda conn: self._write(conn, _NORMAL, put))
+
+    async def delete_lease(self, process_id: str, *, revision: int) -> bool:
+        """Remove the lease of ``process_id`` if its revision is still ``revision``.
+
+        Args:
+          process_id (str): the process id.
+          revision (int): the revision the lease was read at.
+
+        Returns:
+          bool: True if it was removed, False if it changed or was already gone.
+
+        Raises:
+          BackendUnavailableError, BackendConfigError, BackendError,
+          trio.ClosedResourceError: see the class.
+        """
+        _check_text(process_id, "process_id")
+        _check_integer(revision, "revision")
+
+        def delete(conn: sqlite3.Connection) -> bool | None:
+            cursor = conn.execute(
+                "DELETE FROM leases WHERE process_id = ? AND revision = ?", (process_id, revision)
+            )
+            return True if cursor.rowcount == 1 else None
+
+        return bool(await self._call(lambda conn: self._write(conn, _NORMAL, delete)))
+
+    async def list_leases(self) -> list[Lease]:
+        """Every (readable) lease in the store, ordered by process id.
+
+        Returns:
+          list[Lease]: the leases.
+
+        Raises:
+          BackendUnavailableError, BackendConfigError, BackendError,
+          trio.ClosedResourceError: see the class.
+        """
+
+        def read(conn: sqlite3.Connection) -> list[Lease]:
+            rows = conn.execute(f"SELECT {_LEASE_COLUMNS} FROM leases ORDER BY process_id")
+            leases = (_lease_or_none(row, self._path) for row in rows)
+            return [lease for lease in leases if lease is not None]
+
+        return await self._call(read)
+
+    # -- life cycle --------------------------------------------------------------------
+
+    async def _ensure_open(self) -> None:
+        """Open the connection now (WAL, migrations) if no call has yet."""
+        await self._call(lambda conn: None)
+
+    async def aclose(self) -> None:
+        """Close the connection. Idempotent; later calls raise
+        :exc:`trio.ClosedResourceError`.
+
+        Waits (shielded from cancellation) for a call in flight to finish first, at most
+        about ``timeout`` seconds; calls still queued for the store's limiter raise
+        :exc:`trio.ClosedResourceError`.
+        """
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(
+                self._close_in_thread, limiter=self._limiter, abandon_on_cancel=False
+            )
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    def _close_in_thread(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except sqlite3.Error as exc:
+                raise _map_error(exc, self._path) from exc
+
+
+@asynccontextmanager
+async def open_sqlite_run_store(
+    path: str | os.PathLike[str],
+    *,
+    max_payload_bytes: int = 1024 * 1024,
+    # SQLite's busy timeout, named as in sqlite3.connect: not a deadline for the call.
+    timeout: float = 5.0,  # noqa: ASYNC109
+) -> AsyncIterator[SqliteRunStore]:
+    """Open a :class:`SqliteRunStore` on ``path`` and close it when the block exits.
+
+    The connection is opened on entry (the file created if absent, switched to WAL,
+    its schema migrated), so that a file the store cannot use fails here::
+
+        async with open_sqlite_run_store("runs.db") as store:
+            async with open_coordinator(run_store=store, ...) as coordinator:
+                ...
+
+    Args:
+      path (str | os.PathLike[str]): the database file.
+      max_payload_bytes (int): see :class:`SqliteRunStore`.
+      timeout (float): see :class:`SqliteRunStore` (seconds).
+
+    Yields:
+      SqliteRunStore: the open store.
+
+    Raises:
+      BackendConfigError: the file is not an SQLite database, its schema version is
+        newer than this code knows, or it cannot use the WAL journal.
+      BackendUnavailableError: another connection held the database locked for
+        ``timeout`` seconds.
+      BackendError: any other SQLite error (a directory that does not exist, ...).
+      ValueError, TypeError: bad arguments (see :class:`SqliteRunStore`).
+    """
+    store = SqliteRunStore(path, max_payload_bytes=max_payload_bytes, timeout=timeout)
+    try:
+        await store._ensure_open()
+        yield store
+    finally:
+        await store.aclose()
