@@ -90,6 +90,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX runs_by_state ON runs (state, scheduled_at, run_id)",
         "CREATE INDEX runs_by_owner ON runs (owner, scheduled_at, run_id)",
         "CREATE INDEX runs_by_finished ON runs (finished_at) WHERE finished_at IS NOT NULL",
+        "CREATE INDEX runs_by_workflow ON runs (workflow, scheduled_at, run_id)",
     ),
 )
 
@@ -420,9 +421,12 @@ class SqliteRunStore(RunStore):
     either commits or is rolled back before the call returns. A write that committed
     returns its result (the write happened; the cancellation is delivered at the
     caller's next checkpoint); a call that failed raises :exc:`trio.Cancelled`, with
-    the backend error as its context. The thread waits at most ``timeout`` seconds for
-    another process's write lock, plus its own statement, so a cancelled caller waits
-    at most about that long, and never leaves a transaction open.
+    the backend error as its context. The thread waits for another process's write lock
+    at most ``timeout`` seconds, or until the caller's deadline
+    (:func:`trio.current_effective_deadline`, on the real clock) if that comes first,
+    plus its own statement: a call under ``trio.fail_after(t)`` returns in about ``t``
+    seconds even while another process holds the lock, a call cancelled otherwise
+    within about ``timeout`` seconds, and neither leaves a transaction open.
 
     **Durability.** Run writes, which decide whether a run fires, commit with
     ``PRAGMA synchronous=FULL`` (the WAL is synced at each commit: a write that
@@ -446,8 +450,8 @@ class SqliteRunStore(RunStore):
         run may carry; larger ones raise :exc:`~trio_debounce.DocumentTooLargeError`
         before anything is written. Default 1 MiB.
       timeout (float): seconds a call waits for another connection's lock before it
-        raises :exc:`~trio_debounce.BackendUnavailableError` (SQLite's busy timeout).
-        Default 5.0.
+        raises :exc:`~trio_debounce.BackendUnavailableError` (SQLite's busy timeout;
+        shorter when the caller's deadline comes first). Default 5.0.
 
     Raises:
       ValueError: ``max_payload_bytes`` is not positive, or ``timeout`` is negative,
@@ -487,6 +491,7 @@ class SqliteRunStore(RunStore):
         self._limiter = trio.CapacityLimiter(1)
         self._conn: sqlite3.Connection | None = None
         self._synchronous: str | None = None
+        self._busy_milliseconds: int | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -504,9 +509,14 @@ class SqliteRunStore(RunStore):
         exceptions mapped."""
         if self._closed:
             raise trio.ClosedResourceError(f"{self!r} is closed")
+        # The caller's deadline, moved to time.monotonic() for the thread's busy wait.
+        deadline = trio.current_effective_deadline()
+        until = math.inf
+        if deadline != math.inf:
+            until = time.monotonic() + (deadline - trio.current_time())
         try:
             return await trio.to_thread.run_sync(
-                self._in_thread, fn, limiter=self._limiter, abandon_on_cancel=False
+                self._in_thread, fn, until, limiter=self._limiter, abandon_on_cancel=False
             )
         except BackendError:
             # The caller was cancelled while the call ran, and the call failed (nothing
@@ -514,21 +524,37 @@ class SqliteRunStore(RunStore):
             await trio.lowlevel.checkpoint_if_cancelled()
             raise
 
-    def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _in_thread(self, fn: Callable[[sqlite3.Connection], T], until: float) -> T:
         if self._closed:
             raise trio.ClosedResourceError(f"{self!r} is closed")
         try:
-            conn = self._conn if self._conn is not None else self._open()
+            if self._conn is None:
+                conn = self._open(until)
+            else:
+                conn = self._conn
+                self._set_busy_wait(conn, until)
             return fn(conn)
         except sqlite3.Error as exc:
             raise _map_error(exc, self._path) from exc
 
-    def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
-        )
+    def _set_busy_wait(self, conn: sqlite3.Connection, until: float) -> float:
+        """Let this call wait for other connections' locks up to ``timeout`` seconds, or
+        until ``until`` (the caller's deadline, on :func:`time.monotonic`) if sooner.
+        Returns the wait allowed, in seconds."""
+        budget = self._timeout
+        if until != math.inf:
+            budget = min(budget, max(0.0, until - time.monotonic()))
+        milliseconds = math.ceil(budget * 1000)
+        if milliseconds != self._busy_milliseconds:
+            conn.execute(f"PRAGMA busy_timeout = {milliseconds}")
+            self._busy_milliseconds = milliseconds
+        return budget
+
+    def _open(self, until: float) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        self._busy_milliseconds = None
         try:
-            self._enable_wal(conn)
+            self._enable_wal(conn, self._set_busy_wait(conn, until))
             conn.execute(f"PRAGMA synchronous = {_FULL}")
             _migrate(conn, self._path)
         except BaseException:
@@ -538,10 +564,10 @@ class SqliteRunStore(RunStore):
         self._synchronous = _FULL
         return conn
 
-    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+    def _enable_wal(self, conn: sqlite3.Connection, budget: float) -> None:
         # Switching a file to WAL needs a moment without other connections' locks;
         # SQLite does not always wait on the busy handler for it, so retry here.
-        deadline = time.monotonic() + self._timeout
+        deadline = time.monotonic() + budget
         while True:
             try:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
