@@ -430,12 +430,19 @@ class SqliteRunStore(RunStore):
 
     **Durability.** Run writes, which decide whether a run fires, commit with
     ``PRAGMA synchronous=FULL`` (the WAL is synced at each commit: a write that
-    returned survives a power cut). Lease writes commit with ``synchronous=NORMAL``
-    (durable against the crash of a process, not of the host): the WAL is
-    append-only, so the next run write's sync also makes every earlier lease write
-    durable, and what a power cut can lose is only the lease writes made after the
-    last run write, heartbeats of processes that died with the host. A lost heartbeat
-    shortens a dead lease; a lost epoch bump was never written into a run.
+    returned survives a power cut). Lease writes (heartbeats, epoch bumps, releases)
+    commit with ``synchronous=NORMAL``, durable against the crash of a process but not
+    of the host. That is safe because the WAL is one append-only file shared by every
+    process: the sync of the next run write, from any process, also makes every
+    earlier lease write durable. A power cut can lose only the lease writes made after
+    the last run write, by processes that died with the host (the store is one
+    host's): a lost heartbeat or release makes a dead process's lease end sooner or
+    later than it said, and a lost epoch bump was never written into a run (a claim
+    under that epoch is a run write, whose sync would have kept the bump). On the
+    development VM a FULL commit cost 0.35 to 4 ms (an fsync; 250 to 3,000 commits/s
+    depending on the disk's load) and a NORMAL one 35 to 90 µs (11,000 to 30,000/s):
+    a lease renewal does not wait for an fsync of its own (it may still queue behind
+    another writer's commit, or run a WAL checkpoint).
 
     **Unreadable rows** (values no run or lease has, written by another tool) are
     skipped with a warning on the ``trio_debounce.runs`` logger: ``get_*`` returns
