@@ -30,6 +30,7 @@ from trio_debounce._sqlite import (
     _MIGRATIONS,
     SCHEMA_VERSION,
     SqliteRunStore,
+    _map_error,
     open_sqlite_run_store,
 )
 from trio_debounce.abc import Lease, RunState, StoredRun
@@ -136,6 +137,27 @@ async def test_values_sqlite_cannot_keep_are_refused(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="no revision"):
             await store.update_run(_run("unwritten"))
         assert await store.list_runs() == []
+
+
+async def test_empty_filters_and_a_zero_limit_list_nothing(tmp_path: Path) -> None:
+    async with open_sqlite_run_store(tmp_path / "runs.db") as store:
+        assert await store.create_run(_run("a")) is not None
+        assert await store.list_runs(states=set()) == []
+        assert await store.list_runs(limit=0) == []
+        assert [r.run_id for r in await store.list_runs(due_before=math.inf)] == ["a"]
+        with pytest.raises(ValueError, match="limit"):
+            await store.list_runs(limit=-1)
+
+
+def test_sqlite_errors_are_mapped_without_error_codes() -> None:
+    # Python 3.10's sqlite3 exceptions carry no sqlite_errorcode: the message decides.
+    locked = _map_error(sqlite3.OperationalError("database is locked"), "f.db")
+    assert type(locked) is BackendUnavailableError
+    assert "f.db" in str(locked)
+    assert type(_map_error(sqlite3.DatabaseError("file is not a database"), "f.db")) is (
+        BackendConfigError
+    )
+    assert type(_map_error(sqlite3.IntegrityError("NOT NULL failed"), "f.db")) is BackendError
 
 
 # --- several processes ----------------------------------------------------------------
