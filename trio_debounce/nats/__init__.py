@@ -18,7 +18,16 @@ except ImportError as _exc:
 
 from ._backend import open_nats_backend as open_nats_backend
 from ._config import NatsConfig as NatsConfig
+from ._runs import NatsKvRunStore as NatsKvRunStore
+from ._runs import NatsRunStoreStatistics as NatsRunStoreStatistics
+from ._runs import open_nats_run_store as open_nats_run_store
 
-for _obj in (NatsConfig, open_nats_backend):
+for _obj in (
+    NatsConfig,
+    NatsKvRunStore,
+    NatsRunStoreStatistics,
+    open_nats_backend,
+    open_nats_run_store,
+):
     _obj.__module__ = __name__
 del _obj

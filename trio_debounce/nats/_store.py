@@ -7,8 +7,9 @@ mapped at this boundary (:func:`_map_error`) onto the library's own
 (:mod:`trio_debounce._errors`), so none escapes.
 
 nats-py's connection callbacks run on the asyncio side of the bridge (in the same
-thread as Trio): they only log to the ``trio_debounce.nats`` logger and set plain state
-that the Trio side reads.
+thread as Trio): they only log to the ``trio_debounce.nats`` logger, set plain state
+that the Trio side reads, and set Trio events (an open :class:`NatsKvWatch` is
+interrupted by every disconnect and reconnect).
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ _LOG_REPEAT = 60.0
 #: re-cancelling a nats-py coroutine that swallowed the cancellation.
 _CANCEL_GRACE = 1.0
 
+#: Seconds without a subscriber after which the server deletes a watch's ephemeral
+#: consumer (one left behind by a watch stopped while disconnected, for instance).
+WATCH_INACTIVE_THRESHOLD = 30.0
+
 
 def _redact(text: str, secrets: tuple[str, ...]) -> str:
     """``text`` without URL credentials and without any of ``secrets``."""
@@ -98,7 +103,17 @@ class _State:
     connect_scope: trio.CancelScope | None = None
     #: Set when the store is being closed on purpose (its disconnect is no news).
     closing: bool = False
+    #: The open watches, interrupted by every disconnect and reconnect.
+    watches: set[NatsKvWatch] = field(default_factory=set)
+    #: Set, and replaced by a fresh event, at every disconnect and reconnect.
+    connection_changed: trio.Event = field(default_factory=trio.Event)
     _last_logged: dict[str, float] = field(default_factory=dict)
+
+    def _connection_changed(self) -> None:
+        for watch in list(self.watches):
+            watch._interrupt()
+        self.connection_changed.set()
+        self.connection_changed = trio.Event()
 
     def log_once(self, level: int, message: str) -> None:
         """Log ``message`` unless the same one was logged in the last minute."""
@@ -130,12 +145,14 @@ class _State:
             self.log_once(logging.WARNING, f"NATS connection error: {text}")
 
     async def disconnected_cb(self) -> None:
+        self._connection_changed()
         if self.closing:
             logger.debug("disconnected from NATS while closing")
             return
         self.log_once(logging.WARNING, "disconnected from NATS; reconnecting")
 
     async def reconnected_cb(self) -> None:
+        self._connection_changed()
         self._last_logged.clear()
         logger.info("reconnected to NATS")
 
@@ -241,6 +258,90 @@ def _check_key(key: str) -> str:
     return key
 
 
+class NatsKvWatch:
+    """A live watch on the keys under one prefix, read from the Trio side.
+
+    Made by :meth:`NatsKvStore.open_watch`. :meth:`receive_batch` delivers the latest
+    entry of every key under the prefix as the watch opens (delete markers included),
+    then one ``None`` (the end of those initial values), then every later write as the
+    server stores it, in revision order. Behind it is a nats-py KV watch: an ephemeral
+    ordered push consumer, with idle heartbeats and flow control.
+
+    The watch is *interrupted* when it may have missed an update: at every disconnect
+    and reconnect of the connection (a restarted server has lost the consumer), and
+    when nats-py finds the consumer gone (two idle heartbeats missed, 10 s) or a
+    message skipped (a slow consumer's drop). nats-py would then re-create the consumer
+    after the last message it saw, silently, and miss any delete marker purged in the
+    meantime; an interrupted watch instead drops what follows, and its owner should
+    close it and open a new one (whose initial values are a fresh snapshot).
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._interrupted = trio.Event()
+        self._watcher: Any = None
+
+    def __repr__(self) -> str:
+        state = " interrupted" if self._interrupted.is_set() else ""
+        return f"<NatsKvWatch {self.prefix!r}{state}>"
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the watch may have missed an update (see the class)."""
+        return self._interrupted.is_set()
+
+    async def wait_interrupted(self) -> None:
+        """Return when the watch is interrupted (at once if it is)."""
+        await self._interrupted.wait()
+
+    def _interrupt(self) -> None:
+        if not self._interrupted.is_set():
+            logger.debug("watch of %r interrupted", self.prefix)
+        self._interrupted.set()
+
+    async def receive_batch(self, max_entries: int = 512) -> list[KvEntry | None]:
+        """Wait for the next updates and return them, oldest first.
+
+        Returns at least one item and at most ``max_entries``: a :class:`KvEntry` per
+        write (``value=None`` for a delete marker), and ``None`` for the end of the
+        initial values (once per watch). Waits as long as nothing is written: bound it
+        with a cancel scope; cancelling it loses nothing.
+
+        Raises:
+          BackendError: the watch was stopped.
+        """
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries!r}")
+        items: list[KvEntry | None] | None = await trio_asyncio.aio_as_trio(self._aio_batch)(
+            max_entries
+        )
+        if items is None:
+            raise BackendError(f"watch {self.prefix!r}: the watch was stopped")
+        return items
+
+    async def _aio_batch(self, max_entries: int) -> list[KvEntry | None] | None:
+        queue = self._watcher._updates
+        items: list[KvEntry | None] = []
+        update = await queue.get()
+        while True:
+            if update is KeyValue.KeyWatcher.STOP_ITER:
+                queue.put_nowait(update)  # every later call sees the end too
+                return items or None
+            if update is None:
+                items.append(None)
+            else:
+                assert update.revision is not None
+                marker = update.operation in (KV_DEL, KV_PURGE)
+                value = None if marker else (update.value or b"")
+                items.append(KvEntry(key=update.key, value=value, revision=update.revision))
+            if len(items) >= max_entries:
+                return items
+            try:
+                update = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return items
+
+
 class NatsKvStore(KvStore):
     """A JetStream KV bucket with history 1, as a :class:`~trio_debounce._kv.KvStore`.
 
@@ -297,6 +398,75 @@ class NatsKvStore(KvStore):
                     f"{what}: NATS denied a permission ({self._state.permission_message})"
                 )
             raise error from exc
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether the connection to NATS is up right now (no I/O)."""
+        return bool(self._nc.is_connected)
+
+    async def wait_connected(self) -> None:
+        """Return when the connection to NATS is up (after a checkpoint if it is).
+
+        Waits as long as the server is away: bound it with a cancel scope.
+
+        Raises:
+          BackendUnavailableError: the connection is closed for good.
+        """
+        while True:
+            changed = self._state.connection_changed
+            if self._nc.is_closed:
+                raise BackendUnavailableError("the NATS connection is closed")
+            if self._nc.is_connected:
+                await trio.lowlevel.checkpoint()
+                return
+            await changed.wait()
+
+    @asynccontextmanager
+    async def open_watch(self, prefix: str) -> AsyncIterator[NatsKvWatch]:
+        """Watch the keys under ``prefix``; see :class:`NatsKvWatch`.
+
+        Opening is bounded by ``op_timeout`` (it creates the server's consumer); the
+        watch is stopped on exit, even when cancelled (shielded, at most
+        ``op_timeout`` seconds).
+
+        Raises:
+          ValueError: ``prefix`` does not end with ``.``.
+          BackendUnavailableError, BackendAuthError, BackendError: see the module.
+        """
+        if not prefix.endswith(".") or prefix.startswith("."):
+            raise ValueError(f"prefix must end with '.', got {prefix[:80]!r}")
+        _check_key(prefix[:-1])
+        watch = NatsKvWatch(prefix)
+        changed = self._state.connection_changed
+        watch._watcher = await self._call(f"watch {prefix!r}", self._aio_watch, prefix, watch)
+        self._state.watches.add(watch)
+        if changed.is_set():  # the connection changed while the consumer was made
+            watch._interrupt()
+        try:
+            yield watch
+        finally:
+            self._state.watches.discard(watch)
+            with trio.CancelScope(shield=True), trio.move_on_after(self._config.op_timeout):
+                await trio_asyncio.aio_as_trio(_stop_watcher)(watch._watcher)
+
+    async def _aio_watch(self, prefix: str, watch: NatsKvWatch) -> Any:
+        watcher = await self._kv.watch(
+            prefix + ">",
+            include_history=False,
+            inactive_threshold=WATCH_INACTIVE_THRESHOLD,
+        )
+        # nats-py re-creates a lost ordered consumer after the last message it saw;
+        # deletes whose markers were purged meanwhile would be missed. Interrupt the
+        # watch instead (returning True drops the message that showed the gap).
+        jsi = getattr(getattr(watcher._sub, "_sub", None), "_jsi", None)
+        if jsi is not None:
+
+            async def reset_ordered_consumer(sseq: int | None) -> bool:
+                watch._interrupt()
+                return True
+
+            jsi.reset_ordered_consumer = reset_ordered_consumer
+        return watcher
 
     async def get(self, key: str) -> KvEntry | None:
         """The latest entry of ``key``: a value, a delete marker (``value=None``), or
@@ -437,6 +607,14 @@ class NatsKvStore(KvStore):
             return found
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+async def _stop_watcher(watcher: Any) -> None:
+    """Stop a nats-py KV watcher (asyncio side); errors only logged."""
+    try:
+        await watcher.stop()
+    except Exception as exc:
+        logger.debug("stopping a NATS watch failed: %s", type(exc).__name__)
 
 
 def _tls_context(config: NatsConfig) -> ssl.SSLContext | None:
