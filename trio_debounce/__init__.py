@@ -26,6 +26,17 @@ from ._errors import DocumentTooLargeError as DocumentTooLargeError
 from ._errors import RevisionConflict as RevisionConflict
 from ._payload import JsonSerializer as JsonSerializer
 from ._payload import PayloadSerializer as PayloadSerializer
+from ._run_store import RunState as RunState
+from ._run_types import DropReason as DropReason
+from ._run_types import ExpiredCallback as ExpiredCallback
+from ._run_types import RunFire as RunFire
+from ._run_types import RunHandler as RunHandler
+from ._run_types import RunInfo as RunInfo
+from ._run_types import RunOptions as RunOptions
+from ._run_types import RunStatistics as RunStatistics
+from ._run_types import ScheduledRun as ScheduledRun
+from ._sqlite import SqliteRunStore as SqliteRunStore
+from ._sqlite import open_sqlite_run_store as open_sqlite_run_store
 from ._types import CoordinatorStatistics as CoordinatorStatistics
 from ._types import DebounceResult as DebounceResult
 from ._types import Edge as Edge
@@ -57,6 +68,13 @@ def _fixup_module_metadata() -> None:
         Registered,
         Registration,
         RevisionConflict,
+        RunFire,
+        RunInfo,
+        RunOptions,
+        RunStatistics,
+        ScheduledRun,
+        SqliteRunStore,
+        open_sqlite_run_store,
         Coordinator,
         CoordinatorStatistics,
         DebounceResult,

@@ -30,6 +30,15 @@ from ._backend import (
     WindowStatus,
 )
 from ._errors import BackendAuthError, BackendConfigError, BackendError, BackendUnavailableError
+from ._run_store import ANY, RunState, RunStore, _Any
+from ._run_types import (
+    ExpiredCallback,
+    RunHandler,
+    RunInfo,
+    RunOptions,
+    ScheduledRun,
+)
+from ._runs import RunScheduler
 from ._types import (
     CoordinatorStatistics,
     DebounceResult,
@@ -127,8 +136,13 @@ class Coordinator(metaclass=_NoPublicConstructor):
         backend: DebounceBackend | None = None,
         on_backend_error: OnBackendError = "fail-open",
         delivery: Delivery = "at-least-once",
+        runs: RunScheduler | None = None,
     ) -> None:
         self._nursery = nursery
+        #: The deferred runs (see _runs.py); its task runs in the same nursery.
+        self._runs = runs or RunScheduler(
+            store=None, handlers={}, options=RunOptions(), delivery=delivery, on_expired=None
+        )
         self._backend = backend
         self._delivery = delivery
         self._on_backend_error = on_backend_error
@@ -1373,6 +1387,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             takeovers=self._takeovers,
             refires=self._refires,
             dropped_fires=self._dropped,
+            runs=self._runs.statistics(),
         )
 
     async def wait_idle(self) -> None:
@@ -1389,11 +1404,173 @@ class Coordinator(metaclass=_NoPublicConstructor):
         while self._pending or self._running:
             await self._idle_lot.park()
 
+    # ------------------------------------------------------------------- deferred runs
+
+    def set_run_handler(self, workflow: str, handler: RunHandler | None) -> None:
+        """Set (or with ``None`` remove) the run handler of ``workflow``.
+
+        A coordinator claims only runs of workflows it has a run handler for; see
+        :doc:`/runs`.
+
+        Args:
+          workflow (str): the workflow name, a non-empty str.
+          handler: ``async def handler(run: RunFire) -> None``, or ``None``.
+
+        Raises:
+          TypeError: ``workflow`` is not a str, or ``handler`` is not an async callable.
+          ValueError: ``workflow`` is empty.
+        """
+        self._runs.set_handler(workflow, handler)
+
+    async def schedule(
+        self,
+        workflow: str,
+        run_id: str | None = None,
+        payload: Any = None,
+        *,
+        at: object = None,
+        after: float | None = None,
+        persist: bool = False,
+        expires_at: object = None,
+    ) -> ScheduledRun:
+        """Schedule a deferred run of ``workflow`` for a wall-clock time.
+
+        Exactly one of ``at`` and ``after`` is given. Scheduling an id that is pending
+        replaces its time, payload and expiry (bumping its version) and keeps its
+        claim; scheduling an id that ran within the retention period
+        (:attr:`RunOptions.retention`) changes nothing and returns
+        ``outcome="already-ran"``. See :doc:`/runs`.
+
+        Args:
+          workflow (str): the workflow; it must have a run handler here.
+          run_id (str | None): unique per store, across workflows; a uuid4 hex when None.
+          payload (Any): passed to the handler as :attr:`RunFire.payload`. With
+            ``persist=True`` it must be JSON-serializable and within the store's
+            :attr:`~trio_debounce.abc.RunStore.max_payload_bytes`, and the handler gets
+            it JSON round-tripped.
+          at (datetime.datetime | float | None): when to run: a timezone-aware
+            datetime, or wall-clock epoch seconds. A time in the past runs at once.
+          after (float | None): when to run, as seconds from now.
+          persist (bool): keep the run in the run store (``open_coordinator(run_store=)``)
+            so it survives a restart and is run by a live peer if this process dies.
+            Without it the run lives in this coordinator's memory and is dropped (with
+            a warning) when the coordinator exits.
+          expires_at (datetime.datetime | float | None): a wall time after the run's
+            time; if the run comes due after it (a late run), it is dropped, not run
+            (counted, logged, and passed to ``on_expired``).
+
+        Returns:
+          ScheduledRun: once the run is registered and, with ``persist=True``, written
+          and claimed by this coordinator (or, when re-scheduled, by its owner).
+
+        Raises:
+          LookupError: ``workflow`` has no run handler here.
+          TypeError: ``at``/``after`` are both or neither given, or of the wrong type;
+            a persisted payload is not JSON-serializable (the message names the run).
+          ValueError: a naive datetime, ``expires_at`` not after the run's time, an
+            empty name, ``persist=True`` without a run store, or ``run_id`` scheduled
+            for another workflow.
+          trio_debounce.DocumentTooLargeError: the persisted payload is over the store's
+            limit (nothing was written).
+          trio_debounce.BackendError: the store failed (the run may or may not have
+            been written; scheduling it again is idempotent).
+          trio.ClosedResourceError: the coordinator is closing or closed.
+        """
+        return await self._runs.schedule(
+            workflow,
+            run_id,
+            payload,
+            at=at,
+            after=after,
+            persist=persist,
+            expires_at=expires_at,
+        )
+
+    async def cancel_run(self, run_id: str) -> bool:
+        """Remove the pending run ``run_id`` wherever it is held.
+
+        A persisted run is deleted from the store by compare-and-swap; its owner's next
+        claim-checked step then fails and it does not run. A run whose handler has
+        started is not stopped.
+
+        Returns:
+          bool: True if a pending run was removed.
+
+        Raises:
+          trio_debounce.BackendError: the store could not be reached (the run is not
+            cancelled locally only: it would come back after a restart).
+          trio.ClosedResourceError: the coordinator is closing or closed.
+        """
+        return await self._runs.cancel_run(run_id)
+
+    def has_run(self, run_id: str) -> bool:
+        """Whether this coordinator holds the pending run ``run_id``: a non-persisted
+        run, or a persisted one it has claimed and armed (due within the horizon)."""
+        return self._runs.has_run(run_id)
+
+    async def get_run(self, run_id: str) -> RunInfo | None:
+        """The store's view of ``run_id`` (this coordinator's for a non-persisted run),
+        or None if there is no record of it.
+
+        Raises:
+          trio_debounce.BackendError: the store could not be read.
+        """
+        return await self._runs.get_run(run_id)
+
+    async def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        state: RunState | str | None = None,
+        owner: str | _Any | None = ANY,
+        limit: int | None = None,
+    ) -> list[RunInfo]:
+        """Runs in the store (and this coordinator's non-persisted ones), earliest due
+        first.
+
+        Args:
+          workflow (str | None): only this workflow's runs.
+          state (RunState | str | None): only runs in this state (``"pending"``,
+            ``"started"``, ``"done"``).
+          owner (str | None): only runs claimed by this process id (``None``:
+            unclaimed ones); any owner by default.
+          limit (int | None): at most this many.
+
+        Raises:
+          trio_debounce.BackendError: the store could not be read.
+        """
+        return await self._runs.list_runs(workflow=workflow, state=state, owner=owner, limit=limit)
+
+    async def drain_runs(self) -> int:
+        """Run every pending run this coordinator holds now, and wait for them.
+
+        Covers the non-persisted runs and the persisted runs claimed by this
+        coordinator, whatever their time; each runs through the usual claim-checked
+        steps (so a run changed elsewhere meanwhile is not run stale).
+
+        Returns:
+          int: the number of runs started or dropped (as expired) by the drain.
+
+        Raises:
+          trio_debounce.BackendError: the store could not be read.
+          trio.ClosedResourceError: the coordinator is closing or closed.
+        """
+        return await self._runs.drain()
+
+    @property
+    def process_id(self) -> str:
+        """This coordinator's process id on its run store (:attr:`RunOptions.process_id`)."""
+        return self._runs.process_id
+
     # ------------------------------------------------------------------- exit
 
     @enable_ki_protection
     async def _drain(self, on_exit: OnExit) -> None:
         """The normal exit of the async with block, per ``on_exit``."""
+        # Deferred runs are not waited for (they may be days away): persisted ones stay
+        # in the store for a peer, non-persisted ones are dropped; running run handlers
+        # finish first.
+        await self._runs.close()
         self._wake_exit_on_pending = on_exit != "wait"
         while True:
             if on_exit == "flush":
@@ -1465,6 +1642,10 @@ async def open_coordinator(
     backend: DebounceBackend | None = None,
     on_backend_error: OnBackendError = "fail-open",
     delivery: Delivery = "at-least-once",
+    run_handlers: Mapping[str, RunHandler] | None = None,
+    run_store: RunStore | None = None,
+    run_options: RunOptions | None = None,
+    on_expired: ExpiredCallback | None = None,
 ) -> AsyncIterator[Coordinator]:
     """Open a :class:`Coordinator` that lives as long as the ``async with``.
 
@@ -1521,7 +1702,25 @@ async def open_coordinator(
         ``"at-most-once"``: a window never fires twice; the owner fires only after a
         compare-and-swap it can prove, and drops the fire otherwise (counted in
         ``statistics().dropped_fires``). Without a backend both behave alike (a
-        process's windows die with it).
+        process's windows die with it). Deferred runs follow the same option: see
+        :doc:`/runs` for their exact failure points.
+      run_handlers (Mapping[str, RunHandler] | None): the initial run handler of each
+        workflow, ``{workflow: async def handler(run: RunFire) -> None}``; see
+        :meth:`Coordinator.set_run_handler`.
+      run_store (trio_debounce.abc.RunStore | None): where persisted deferred runs
+        are kept (:class:`~trio_debounce.SqliteRunStore`, the NATS run store, or
+        :class:`~trio_debounce.testing.MemoryRunStore`). With one, the coordinator
+        writes its process lease at start (raising
+        :exc:`~trio_debounce.BackendError` if it cannot), renews it from a heartbeat
+        task, claims the runs of dead processes, and releases its lease at exit so
+        peers take its runs over at once. Without one, ``schedule(persist=True)``
+        raises :exc:`ValueError`.
+      run_options (RunOptions | None): process id, lease, heartbeat, horizon,
+        retention, misfire grace, concurrency and retries of deferred runs
+        (``RunOptions()`` when None).
+      on_expired: ``def on_expired(run: RunFire, reason: str) -> object``, called (sync)
+        when a run is dropped unrun because it came due after its ``expires_at``
+        (``reason="expired"``) or later than ``misfire_grace`` (``"misfired"``).
 
     If the block raises, or is cancelled from outside, running handlers are cancelled,
     fires whose deadline had been reached (or that ``flush`` committed) still start,
@@ -1573,6 +1772,19 @@ async def open_coordinator(
         _validate.handler(f"handlers[{workflow!r}]", handler)
         if handler is None:
             raise TypeError(f"handlers[{workflow!r}] must be an async callable, not None")
+    run_handler_map = _run_handlers(run_handlers)
+    if run_store is not None and not isinstance(run_store, RunStore):
+        raise TypeError(f"run_store must be a trio_debounce.abc.RunStore, not {run_store!r}")
+    if run_options is None:
+        run_options = RunOptions()
+    elif not isinstance(run_options, RunOptions):
+        raise TypeError(f"run_options must be a RunOptions, not {run_options!r}")
+    if on_expired is not None and not callable(on_expired):
+        raise TypeError(f"on_expired must be callable, not {on_expired!r}")
+    if inspect.iscoroutinefunction(on_expired):
+        raise TypeError(
+            f"on_expired is called synchronously; pass a sync function, not {on_expired!r}"
+        )
     if on_error is not None and not callable(on_error):
         raise TypeError(f"on_error must be callable, not {on_error!r}")
     if inspect.iscoroutinefunction(on_error):
@@ -1597,19 +1809,33 @@ async def open_coordinator(
     nursery_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
+            scheduler = RunScheduler(
+                store=run_store,
+                handlers=run_handler_map,
+                options=run_options,
+                delivery=delivery,
+                on_expired=on_expired,
+            )
             coordinator: Coordinator = Coordinator._create(
-                nursery, handler_map, on_error, backend, on_backend_error, delivery
+                nursery, handler_map, on_error, backend, on_backend_error, delivery, scheduler
             )
             if backend is not None:
                 nursery.start_soon(coordinator._maintain, backend)
+            started = False
             try:
+                # Writes the run store's lease (if any): a failure raises from here.
+                await nursery.start(scheduler.run)
+                started = True
                 yield coordinator
                 await coordinator._drain(on_exit)
             except BaseException as exc:
                 # From the body, or from the exit wait (cancelled from outside,
-                # Ctrl-C): re-raised as itself once the nursery is closed.
+                # Ctrl-C): re-raised as itself once the nursery is closed. Or from the
+                # scheduler's start, before the block ran.
                 body_error = exc
                 coordinator._abort()
+                if not started:
+                    nursery.cancel_scope.cancel()
     except BaseException as exc:
         # A task raised: a BaseException from a handler, or the cancellations of an
         # outside cancel scope on their way out.
@@ -1635,6 +1861,22 @@ async def open_coordinator(
             raise body_error
     finally:
         del body_error, nursery_error
+
+
+def _run_handlers(run_handlers: Mapping[str, RunHandler] | None) -> dict[str, RunHandler]:
+    try:
+        handler_map = dict(run_handlers or {})
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"run_handlers must be a mapping of workflow names to run handlers, not "
+            f"{run_handlers!r}"
+        ) from None
+    for workflow, handler in handler_map.items():
+        _validate.name("workflow", workflow)
+        if handler is None:
+            raise TypeError(f"run_handlers[{workflow!r}] must be an async callable, not None")
+        _validate.handler(f"run_handlers[{workflow!r}]", handler)
+    return handler_map
 
 
 def _trailing_pending(mode: Mode, count: int) -> bool:

@@ -6,9 +6,9 @@ windows if one is shared: the first key token keeps the kinds apart. Every write
 compare-and-swap on the key's revision; a delete removes its marker at once
 (revision-checked), so deleted runs leave nothing behind.
 
-:meth:`KvRunStore.list_runs` and :meth:`KvRunStore.list_leases` read the store through
-:meth:`_scan`, which lists every entry under the prefix. Stores that must not scan per
-tick (NATS) override :meth:`_scan` with an index kept from a watch.
+:meth:`KvRunStore.list_runs` and :meth:`KvRunStore.list_leases` list every entry under
+the prefix; stores that must not scan per tick (NATS, ``trio_debounce.nats._runs``)
+override them with an index kept from a watch.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def encode_run(run: StoredRun) -> bytes:
         "finished": run.finished_at,
         "outcome": run.outcome,
     }
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
 
 
 def _number(doc: dict[str, Any], name: str, *, optional: bool = False) -> Any:
@@ -219,9 +219,11 @@ class KvRunStore(RunStore):
                 if entry is None:
                     last = 0
                     continue
-                if entry.value is not None:
+                if entry.value is not None and self._decode_entry(entry) is not None:
                     return None
-                last = entry.revision  # a delete marker: create over it
+                # A delete marker, or a document no reader can use (get_run says None
+                # for it too): create over it.
+                last = entry.revision
                 continue
             return run.replace(revision=revision)
         return None

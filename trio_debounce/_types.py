@@ -151,6 +151,48 @@ ErrorCallback = Callable[[Fire, Exception], object]
 
 
 @dataclass(frozen=True, slots=True)
+class RunStatistics:
+    """Deferred-run figures of one coordinator, in :class:`CoordinatorStatistics`.
+
+    Counters count from the coordinator's opening.
+
+    Attributes:
+      held (int): runs this coordinator holds armed (due within the horizon) or in
+        memory (non-persisted), not yet started.
+      running (int): run handlers running now.
+      scheduled (int): :meth:`Coordinator.schedule` calls that scheduled or
+        re-scheduled a run.
+      completed (int): runs whose handler returned.
+      failed (int): runs whose handler raised on its last allowed attempt.
+      retried (int): handler retries after a failure.
+      expired (int): runs dropped because they came due after ``expires_at``.
+      misfired (int): runs dropped because they came due later than
+        ``misfire_grace``.
+      stale (int): armed runs not started because their record had changed
+        (re-scheduled, cancelled or claimed elsewhere).
+      taken_over (int): runs claimed from a dead, fenced or released process.
+      dropped_at_exit (int): non-persisted pending runs dropped when the coordinator
+        exited.
+      heartbeats (int): lease writes that succeeded.
+      store_errors (int): run-store calls that failed (heartbeats included).
+    """
+
+    held: int = 0
+    running: int = 0
+    scheduled: int = 0
+    completed: int = 0
+    failed: int = 0
+    retried: int = 0
+    expired: int = 0
+    misfired: int = 0
+    stale: int = 0
+    taken_over: int = 0
+    dropped_at_exit: int = 0
+    heartbeats: int = 0
+    store_errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class CoordinatorStatistics:
     """A snapshot of a coordinator's state, from :meth:`Coordinator.statistics`.
 
@@ -186,6 +228,7 @@ class CoordinatorStatistics:
         (at-least-once delivery).
       dropped_fires (int): fires not run because they could not be proven
         (at-most-once delivery, backend unreachable at fire time).
+      runs (RunStatistics): the deferred-run figures.
     """
 
     open_windows: int
@@ -203,3 +246,4 @@ class CoordinatorStatistics:
     takeovers: int = 0
     refires: int = 0
     dropped_fires: int = 0
+    runs: RunStatistics = RunStatistics()

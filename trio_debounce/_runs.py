@@ -1,0 +1,1097 @@
+"""The deferred-run scheduler: timers, claims, heartbeat and delivery of runs.
+
+One :class:`RunScheduler` belongs to one coordinator and runs as a task in its nursery.
+It holds a task per run due within the horizon (sleeping on Trio's clock until the
+run's wall-clock time, re-checking the wall clock when it wakes), one heartbeat task
+(one lease write per interval, whatever the number of runs) and one claim sweep
+(listing the runs due within the horizon, arming this process's, claiming those of
+dead, fenced or released processes by compare-and-swap). Every step that decides a
+run (start, delete, finish) is a compare-and-swap against the record armed, so a run
+re-scheduled, cancelled or claimed elsewhere meanwhile is re-read, re-armed or dropped,
+never run stale. See :doc:`/runs`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import logging
+import math
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import trio
+
+from . import _validate
+from ._backend import Delivery
+from ._errors import BackendError, BackendUnavailableError, DocumentTooLargeError
+from ._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
+from ._run_types import (
+    ACTIVE,
+    DropReason,
+    ExpiredCallback,
+    RunFire,
+    RunHandler,
+    RunInfo,
+    RunOptions,
+    RunStatistics,
+    ScheduledRun,
+    default_wall_time,
+    wall_seconds,
+)
+
+logger = logging.getLogger("trio_debounce.runs")
+
+T = TypeVar("T")
+
+#: Sweeps between two purges of old tombstones and dead leases.
+PURGE_EVERY = 10
+#: Tombstones and leases removed per purge, at most.
+PURGE_BATCH = 500
+#: Longest wait between two retries of a failed store step, seconds.
+MAX_STEP_RETRY = 5.0
+
+
+@dataclass(slots=True)
+class _LocalRun:
+    """A non-persisted run, held in this coordinator's memory only."""
+
+    run_id: str
+    workflow: str
+    payload: Any
+    scheduled_at: float
+    expires_at: float | None
+    version: int
+    created_at: float
+    attempt: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Armed:
+    """A run that holds a task: due within the horizon, or being drained."""
+
+    run_id: str
+    due: float
+    record: StoredRun | None  # persisted: the record as armed
+    local: _LocalRun | None  # non-persisted
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    started: bool = False
+    drain: bool = False
+    sweep: int = 0  # the sweep count when armed
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class _DueOrderGate:
+    """A semaphore whose waiters are served earliest due first (then arrival)."""
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._waiters: list[tuple[float, int, trio.Event, list[bool]]] = []
+        self._seq = itertools.count()
+
+    async def acquire(self, due: float) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        event = trio.Event()
+        state = [False, False]  # granted, abandoned
+        heapq.heappush(self._waiters, (due, next(self._seq), event, state))
+        try:
+            await event.wait()
+        except BaseException:
+            if state[0]:
+                self.release()  # granted while being cancelled: pass it on
+            else:
+                state[1] = True
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            _, _, event, state = heapq.heappop(self._waiters)
+            if state[1]:
+                continue
+            state[0] = True
+            event.set()
+            return
+        self._free += 1
+
+
+def _encode_payload(run_id: str, payload: Any) -> str:
+    try:
+        return json.dumps(payload, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise TypeError(
+            f"run {run_id!r}: a persisted payload must be JSON-serializable ({exc})"
+        ) from None
+
+
+class RunScheduler:
+    """The deferred runs of one coordinator; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        store: RunStore | None,
+        handlers: Mapping[str, RunHandler],
+        options: RunOptions,
+        delivery: Delivery,
+        on_expired: ExpiredCallback | None,
+    ) -> None:
+        self._store = store
+        self._handlers: dict[str, RunHandler] = dict(handlers)
+        self._options = options
+        self._delivery = delivery
+        self._on_expired = on_expired
+        self._wall: Callable[[], float] = options.wall_time or (
+            store.wall_time if store is not None else default_wall_time
+        )
+        assert options.process_id is not None
+        self.process_id: str = options.process_id
+        self._lease: Lease | None = None
+        self._fenced = False
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+        self._gate = _DueOrderGate(options.max_concurrent_runs)
+        self._armed: dict[str, _Armed] = {}
+        self._local: dict[str, _LocalRun] = {}
+        self._local_heap: list[tuple[float, int, str, int]] = []
+        self._local_done: dict[str, tuple[_LocalRun, float, str]] = {}
+        self._local_wake = trio.Event()
+        self._sweep_wake = trio.Event()
+        self._sweeps = 0
+        self._tokens = itertools.count(1)
+        self._running = 0
+        self._idle_lot = trio.lowlevel.ParkingLot()
+        self._loops = trio.CancelScope()
+        self._sweep_scope = trio.CancelScope()
+        self._local_scope = trio.CancelScope()
+        self._heap_seq = itertools.count()
+        self._stats: dict[str, int] = dict.fromkeys(RunStatistics.__slots__, 0)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The scheduler's life, as a task of the coordinator's nursery."""
+        if self._store is not None:
+            await self._open_lease()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                with self._loops:
+                    if self._store is not None:
+                        nursery.start_soon(self._heartbeat_loop)
+                        nursery.start_soon(self._sweep_loop)
+                    nursery.start_soon(self._local_loop)
+                    task_status.started()
+                    await trio.sleep_forever()
+        finally:
+            self._closed = True
+            if self._lease is not None and self._store is not None and not self._fenced:
+                with trio.CancelScope(shield=True):
+                    await self._release()
+
+    async def close(self) -> None:
+        """The coordinator exits normally: stop timers and sweeps, drop non-persisted
+        pending runs (with a warning), wait for running handlers, release the lease."""
+        if self._closed:
+            return
+        self._closed = True
+        self._loops.cancel()
+        self._sweep_scope.cancel()
+        self._local_scope.cancel()
+        for entry in list(self._armed.values()):
+            if not entry.started:
+                entry.scope.cancel()
+        dropped = len(self._local)
+        self._local.clear()
+        self._local_heap.clear()
+        if dropped:
+            self._stats["dropped_at_exit"] += dropped
+            logger.warning(
+                "%d non-persisted deferred run(s) dropped at exit (persist=True keeps runs "
+                "across restarts)",
+                dropped,
+            )
+        # The heartbeat keeps running while handlers finish, so their claims hold.
+        while self._running:
+            await self._idle_lot.park()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """One store call, bounded by ``op_timeout``; failures counted and re-raised."""
+        try:
+            with trio.fail_after(self._options.op_timeout):
+                return await fn(*args)
+        except trio.TooSlowError:
+            self._stats["store_errors"] += 1
+            raise BackendUnavailableError(
+                f"the run store did not answer {what} within {self._options.op_timeout:g} s"
+            ) from None
+        except BackendError:
+            self._stats["store_errors"] += 1
+            raise
+
+    async def _open_lease(self) -> None:
+        assert self._store is not None
+        store = self._store
+        for _ in range(20):
+            old = await self._call("get_lease", store.get_lease, self.process_id)
+            lease = Lease(
+                self.process_id,
+                (old.epoch + 1) if old is not None else 1,
+                self._wall() + self._options.lease,
+                revision=old.revision if old is not None else 0,
+            )
+            written = await self._call("put_lease", store.put_lease, lease)
+            if written is not None:
+                self._lease = written
+                logger.debug("process %r opened epoch %d", self.process_id, written.epoch)
+                return
+        raise BackendError(f"could not open the lease of process {self.process_id!r}: contention")
+
+    async def _release(self) -> None:
+        assert self._store is not None
+        assert self._lease is not None
+        lease = self._lease
+        try:
+            with trio.move_on_after(self._options.op_timeout):
+                released = Lease(
+                    lease.process_id,
+                    lease.epoch,
+                    lease.expires_at,
+                    released=True,
+                    revision=lease.revision,
+                )
+                if await self._store.put_lease(released) is None:
+                    current = await self._store.get_lease(self.process_id)
+                    if current is not None and current.epoch == lease.epoch:
+                        await self._store.put_lease(
+                            Lease(
+                                lease.process_id,
+                                lease.epoch,
+                                current.expires_at,
+                                released=True,
+                                revision=current.revision,
+                            )
+                        )
+        except BackendError as exc:
+            logger.warning(
+                "could not release the lease of %r (%s): peers take its runs over when it lapses",
+                self.process_id,
+                exc,
+            )
+
+    # ---------------------------------------------------------------- heartbeat
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._store is not None
+        interval = self._options.heartbeat_interval
+        assert interval is not None
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self._heartbeat()
+            except BackendError as exc:
+                logger.warning("heartbeat of %r failed: %s", self.process_id, exc)
+            if self._fenced:
+                return
+
+    async def _heartbeat(self) -> None:
+        assert self._store is not None
+        assert self._lease is not None
+        lease = self._lease
+        renewed = Lease(
+            lease.process_id,
+            lease.epoch,
+            self._wall() + self._options.lease,
+            revision=lease.revision,
+        )
+        written = await self._call("put_lease", self._store.put_lease, renewed)
+        if written is None:
+            current = await self._call("get_lease", self._store.get_lease, self.process_id)
+            if current is not None and current.epoch == lease.epoch and not current.released:
+                # Our last write landed but its answer was lost: adopt its revision.
+                written = await self._call(
+                    "put_lease",
+                    self._store.put_lease,
+                    Lease(
+                        lease.process_id, lease.epoch, renewed.expires_at, revision=current.revision
+                    ),
+                )
+            if written is None:
+                self._fence(current)
+                return
+        self._lease = written
+        self._stats["heartbeats"] += 1
+
+    def _fence(self, current: Lease | None) -> None:
+        logger.error(
+            "process id %r was taken by another coordinator (lease now %r): this one stops "
+            "claiming runs",
+            self.process_id,
+            current,
+        )
+        self._fenced = True
+        for entry in list(self._armed.values()):
+            if not entry.started and entry.record is not None:
+                entry.scope.cancel()
+
+    # ---------------------------------------------------------------- claim sweep
+
+    async def _sweep_loop(self) -> None:
+        interval = self._options.heartbeat_interval
+        assert interval is not None
+        with self._sweep_scope:
+            await self._sweep_forever(interval)
+
+    async def _sweep_forever(self, interval: float) -> None:
+        while not self._fenced:
+            wait = interval
+            try:
+                wait = min(wait, await self._sweep())
+            except BackendError as exc:
+                logger.warning("claim sweep of %r failed: %s", self.process_id, exc)
+            with trio.move_on_after(max(wait, 0.0)):
+                await self._sweep_wake.wait()
+            self._sweep_wake = trio.Event()
+
+    def _owns(self, run: StoredRun) -> bool:
+        lease = self._lease
+        return lease is not None and run.owner == self.process_id and run.epoch == lease.epoch
+
+    def _claimable(self, run: StoredRun, leases: Mapping[str, Lease], wall: float) -> bool:
+        if run.owner is None:
+            return True
+        lease = leases.get(run.owner)
+        if lease is None or lease.released or lease.epoch > run.epoch:
+            return True
+        return lease.expires_at + self._options.max_clock_skew < wall
+
+    async def _sweep(self) -> float:
+        """One claim sweep; returns the seconds until the next one is needed."""
+        assert self._store is not None
+        store = self._store
+        self._sweeps += 1
+        sweep = self._sweeps
+        wall = self._wall()
+        leases = {
+            lease.process_id: lease for lease in await self._call("list_leases", store.list_leases)
+        }
+        runs = await self._call(
+            "list_runs",
+            lambda: store.list_runs(states=ACTIVE, due_before=wall + self._options.horizon),
+        )
+        listed: set[str] = set()
+        for run in runs:
+            listed.add(run.run_id)
+            if self._closed or self._fenced:
+                break
+            if self._owns(run):
+                entry = self._armed.get(run.run_id)
+                if entry is None or (
+                    not entry.started
+                    and entry.record is not None
+                    and entry.record.revision != run.revision
+                ):
+                    self._arm_record(run)
+            elif run.workflow in self._handlers and self._claimable(run, leases, wall):
+                await self._claim(run)
+        # Armed runs that left the horizon (or the store) since they were armed.
+        for run_id, entry in list(self._armed.items()):
+            if (
+                entry.record is not None
+                and not entry.started
+                and not entry.drain
+                and entry.sweep < sweep
+                and run_id not in listed
+            ):
+                entry.scope.cancel()
+                del self._armed[run_id]
+        if sweep % PURGE_EVERY == 1:
+            await self._purge(leases, wall)
+        # Wake when the next live peer's lease lapses (its runs become claimable).
+        expiries = [
+            lease.expires_at + self._options.max_clock_skew - wall
+            for lease in leases.values()
+            if lease.process_id != self.process_id and not lease.released
+        ]
+        upcoming = [e for e in expiries if e > 0]
+        return min(upcoming, default=math.inf) + 0.01
+
+    async def _claim(self, run: StoredRun) -> None:
+        assert self._store is not None
+        assert self._lease is not None
+        claimed = await self._call(
+            "update_run",
+            self._store.update_run,
+            run.replace(owner=self.process_id, epoch=self._lease.epoch, token=run.token + 1),
+        )
+        if claimed is None:
+            return  # another process claimed or changed it first
+        self._stats["taken_over"] += 1
+        logger.info("process %r took over run %r from %r", self.process_id, run.run_id, run.owner)
+        self._arm_record(claimed)
+
+    async def _purge(self, leases: Mapping[str, Lease], wall: float) -> None:
+        assert self._store is not None
+        store = self._store
+        old = await self._call(
+            "list_runs",
+            lambda: store.list_runs(
+                states={RunState.DONE},
+                finished_before=wall - self._options.retention,
+                limit=PURGE_BATCH,
+            ),
+        )
+        for run in old:
+            await self._call("delete_run", store.delete_run, run.run_id, run.revision)
+        for lease in leases.values():
+            if (
+                lease.process_id != self.process_id
+                and lease.expires_at + self._options.retention < wall
+            ):
+                await self._call(
+                    "delete_lease", store.delete_lease, lease.process_id, lease.revision
+                )
+
+    # ---------------------------------------------------------------- arming
+
+    def _in_horizon(self, due: float) -> bool:
+        return due < self._wall() + self._options.horizon
+
+    def _arm_record(self, record: StoredRun, *, drain: bool = False) -> _Armed | None:
+        if self._closed or self._nursery is None:
+            return None
+        old = self._armed.get(record.run_id)
+        if old is not None:
+            if old.started:
+                return None  # its finish re-reads the record and re-arms it
+            old.scope.cancel()
+        entry = _Armed(
+            record.run_id, record.scheduled_at, record, None, drain=drain, sweep=self._sweeps
+        )
+        self._armed[record.run_id] = entry
+        self._nursery.start_soon(self._run_task, entry)
+        return entry
+
+    def _arm_local(self, run: _LocalRun, *, drain: bool = False) -> _Armed | None:
+        if self._closed or self._nursery is None:
+            return None
+        old = self._armed.get(run.run_id)
+        if old is not None:
+            if old.started:
+                return None
+            old.scope.cancel()
+        entry = _Armed(run.run_id, run.scheduled_at, None, run, drain=drain, sweep=self._sweeps)
+        self._armed[run.run_id] = entry
+        self._nursery.start_soon(self._run_task, entry)
+        return entry
+
+    def _push_local(self, run: _LocalRun) -> None:
+        heapq.heappush(
+            self._local_heap, (run.scheduled_at, next(self._heap_seq), run.run_id, run.version)
+        )
+        self._local_wake.set()
+
+    async def _local_loop(self) -> None:
+        """Arms non-persisted runs as they enter the horizon; purges local tombstones."""
+        with self._local_scope:
+            await self._local_forever()
+
+    async def _local_forever(self) -> None:
+        while True:
+            wall = self._wall()
+            horizon_end = wall + self._options.horizon
+            while self._local_heap and self._local_heap[0][0] < horizon_end:
+                _, _, run_id, version = heapq.heappop(self._local_heap)
+                run = self._local.get(run_id)
+                if run is not None and run.version == version and run_id not in self._armed:
+                    self._arm_local(run)
+            cutoff = wall - self._options.retention
+            for run_id, (_, finished, _) in list(self._local_done.items()):
+                if finished < cutoff:
+                    del self._local_done[run_id]
+            # No polling: sleep until the next run enters the horizon or the next
+            # tombstone expires (a replay on a virtual clock would spin otherwise).
+            wait = math.inf
+            if self._local_heap:
+                wait = self._local_heap[0][0] - horizon_end
+            if self._local_done:
+                oldest = min(finished for _, finished, _ in self._local_done.values())
+                wait = min(wait, oldest - cutoff)
+            with trio.move_on_after(max(wait, 0.0)):
+                await self._local_wake.wait()
+            self._local_wake = trio.Event()
+
+    # ---------------------------------------------------------------- one run
+
+    async def _sleep_until_wall(self, due: float) -> None:
+        # Sleep on Trio's clock, then re-check the wall clock: a clock slewed or a host
+        # suspended meanwhile never fires a run early.
+        while True:
+            wall = self._wall()
+            if wall >= due:
+                return
+            await trio.sleep(due - wall)
+
+    async def _run_task(self, entry: _Armed) -> None:
+        acquired = False
+        try:
+            with entry.scope:
+                if not entry.drain:
+                    await self._sleep_until_wall(entry.due)
+                if await self._dropped_late(entry):
+                    return
+                await self._gate.acquire(entry.due)
+                acquired = True
+            if not acquired:
+                return
+            entry.started = True
+            self._running += 1
+            try:
+                await self._start(entry)
+            finally:
+                self._running -= 1
+                if self._running == 0:
+                    self._idle_lot.unpark_all()
+        finally:
+            if acquired:
+                self._gate.release()
+            if self._armed.get(entry.run_id) is entry:
+                del self._armed[entry.run_id]
+            if entry.local is not None:
+                # Re-scheduled while its handler ran: the new run waits for its time.
+                newer = self._local.get(entry.run_id)
+                if newer is not None and newer is not entry.local and not self._closed:
+                    self._push_local(newer)
+            entry.done.set()
+
+    def _fire_of(self, entry: _Armed, payload: Any, attempt: int, token: int) -> RunFire:
+        if entry.record is not None:
+            workflow, scheduled_at = entry.record.workflow, entry.record.scheduled_at
+        else:
+            assert entry.local is not None
+            workflow, scheduled_at = entry.local.workflow, entry.local.scheduled_at
+        return RunFire(
+            workflow=workflow,
+            run_id=entry.run_id,
+            payload=payload,
+            scheduled_at=scheduled_at,
+            started_at=self._wall(),
+            attempt=attempt,
+            fencing_token=token,
+            persisted=entry.record is not None,
+        )
+
+    async def _dropped_late(self, entry: _Armed) -> bool:
+        """Drop a run that came due past ``expires_at`` or ``misfire_grace``."""
+        wall = self._wall()
+        if entry.record is not None:
+            expires_at, payload = entry.record.expires_at, entry.record.payload
+        else:
+            assert entry.local is not None
+            expires_at, payload = entry.local.expires_at, entry.local.payload
+        reason: DropReason
+        if expires_at is not None and wall > expires_at:
+            reason = "expired"
+        elif (
+            not entry.drain
+            and self._options.misfire_grace is not None
+            and wall - entry.due > self._options.misfire_grace
+        ):
+            reason = "misfired"
+        else:
+            return False
+        if entry.record is not None:
+            record = entry.record
+            payload = json.loads(payload)
+            tomb = record.replace(
+                state=RunState.DONE, finished_at=wall, outcome=reason, payload="null"
+            )
+            if not await self._step(entry, tomb):
+                return True
+        else:
+            assert entry.local is not None
+            self._local.pop(entry.run_id, None)
+            self._local_done[entry.run_id] = (entry.local, wall, reason)
+        self._stats[reason] += 1
+        logger.warning(
+            "deferred run %r (%s) dropped: %s (due %.3f, now %.3f)",
+            entry.run_id,
+            self._workflow_of(entry),
+            reason,
+            entry.due,
+            wall,
+        )
+        if self._on_expired is not None:
+            fire = self._fire_of(entry, payload, 0, 0)
+            try:
+                self._on_expired(fire, reason)
+            except Exception:
+                logger.exception("on_expired raised for run %r", entry.run_id)
+        return True
+
+    def _workflow_of(self, entry: _Armed) -> str:
+        if entry.record is not None:
+            return entry.record.workflow
+        assert entry.local is not None
+        return entry.local.workflow
+
+    async def _step(self, entry: _Armed, new: StoredRun) -> bool:
+        """Write ``new`` over the armed record by compare-and-swap, retrying store
+        failures; True if it was written (``entry.record`` becomes it). False when the
+        record changed (re-armed if it is still ours and pending) or is gone."""
+        assert self._store is not None
+        delay = 0.1
+        expected = new
+        while True:
+            try:
+                written = await self._call("update_run", self._store.update_run, expected)
+                if written is not None:
+                    entry.record = written
+                    return True
+                current = await self._call("get_run", self._store.get_run, entry.run_id)
+            except BackendUnavailableError as exc:
+                logger.warning("run %r: store step failed (%s); retrying", entry.run_id, exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, MAX_STEP_RETRY)
+                try:
+                    current = await self._call("get_run", self._store.get_run, entry.run_id)
+                except BackendUnavailableError:
+                    continue
+            if current is not None and _same_write(current, new):
+                entry.record = current  # our write landed; its answer was lost
+                return True
+            self._stale(entry, current)
+            return False
+
+    def _stale(self, entry: _Armed, current: StoredRun | None) -> None:
+        self._stats["stale"] += 1
+        logger.info("run %r changed since it was armed; not run from the old record", entry.run_id)
+        if current is not None and current.state is RunState.PENDING and self._owns(current):
+            if self._armed.get(entry.run_id) is entry:
+                del self._armed[entry.run_id]
+            if self._in_horizon(current.scheduled_at) or entry.drain:
+                self._arm_record(current, drain=entry.drain)
+
+    async def _start(self, entry: _Armed) -> None:
+        if entry.record is None:
+            await self._start_local(entry)
+            return
+        record = entry.record
+        handler = self._handlers.get(record.workflow)
+        retries = self._options.retries if self._delivery == "at-least-once" else 0
+        backoff = self._options.retry_backoff
+        for retry in itertools.count():
+            record = entry.record
+            wall = self._wall()
+            if self._delivery == "at-least-once":
+                begin = record.replace(
+                    state=RunState.STARTED,
+                    attempt=record.attempt + 1,
+                    token=record.token + 1,
+                    started_at=wall,
+                )
+            else:
+                begin = record.replace(
+                    state=RunState.DONE,
+                    attempt=record.attempt + 1,
+                    token=record.token + 1,
+                    started_at=wall,
+                    finished_at=wall,
+                    outcome="ran",
+                    payload="null",
+                )
+            if not await self._step(entry, begin):
+                return
+            fire = self._fire_of(entry, json.loads(record.payload), begin.attempt, begin.token)
+            ok = await self._call_handler(handler, fire)
+            if ok or retry >= retries:
+                break
+            self._stats["retried"] += 1
+            await trio.sleep(min(backoff * 2**retry, 60.0))
+        self._stats["completed" if ok else "failed"] += 1
+        if self._delivery == "at-least-once":
+            record = entry.record
+            wall = self._wall()
+            finish = record.replace(
+                state=RunState.DONE,
+                finished_at=wall,
+                outcome="ran" if ok else "failed",
+                payload="null",
+            )
+            if not await self._step(entry, finish):
+                logger.info(
+                    "run %r changed while its handler ran (re-scheduled, cancelled or taken "
+                    "over); its record was left as it is",
+                    entry.run_id,
+                )
+
+    async def _start_local(self, entry: _Armed) -> None:
+        run = entry.local
+        assert run is not None
+        if self._local.get(run.run_id) is not run:
+            self._stats["stale"] += 1
+            return
+        handler = self._handlers.get(run.workflow)
+        retries = self._options.retries if self._delivery == "at-least-once" else 0
+        ok = False
+        for retry in itertools.count():
+            run.attempt += 1
+            fire = self._fire_of(entry, run.payload, run.attempt, next(self._tokens))
+            ok = await self._call_handler(handler, fire)
+            if ok or retry >= retries:
+                break
+            self._stats["retried"] += 1
+            await trio.sleep(min(self._options.retry_backoff * 2**retry, 60.0))
+        if self._local.get(run.run_id) is run:
+            del self._local[run.run_id]
+            self._local_done[run.run_id] = (run, self._wall(), "ran" if ok else "failed")
+        self._stats["completed" if ok else "failed"] += 1
+
+    async def _call_handler(self, handler: RunHandler | None, fire: RunFire) -> bool:
+        if handler is None:
+            logger.error(
+                "deferred run %r: no run handler for workflow %r", fire.run_id, fire.workflow
+            )
+            return False
+        try:
+            result = handler(fire)
+            if not hasattr(result, "__await__"):
+                raise TypeError(
+                    f"run handler {handler!r} returned {result!r}, not an awaitable: run "
+                    "handlers must be async functions"
+                )
+            await result
+        except Exception:
+            logger.exception(
+                "run handler for %r (run %r, attempt %d) raised",
+                fire.workflow,
+                fire.run_id,
+                fire.attempt,
+            )
+            return False
+        return True
+
+    # ---------------------------------------------------------------- public API
+
+    def set_handler(self, workflow: str, handler: RunHandler | None) -> None:
+        _validate.name("workflow", workflow)
+        if handler is None:
+            self._handlers.pop(workflow, None)
+            return
+        _validate.handler(f"the run handler of {workflow!r}", handler)
+        self._handlers[workflow] = handler
+        if self._store is not None and self._nursery is not None:
+            self._sweep_wake.set()  # claim runs of the newly handled workflow
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the coordinator is closed")
+
+    async def schedule(
+        self,
+        workflow: str,
+        run_id: str | None,
+        payload: Any,
+        *,
+        at: object,
+        after: object,
+        persist: bool,
+        expires_at: object,
+    ) -> ScheduledRun:
+        self._check_open()
+        _validate.name("workflow", workflow)
+        if workflow not in self._handlers:
+            raise LookupError(
+                f"no run handler for workflow {workflow!r}: register one with "
+                "set_run_handler() or open_coordinator(run_handlers=...)"
+            )
+        if run_id is None:
+            run_id = uuid.uuid4().hex
+        else:
+            _validate.name("run_id", run_id)
+        if (at is None) == (after is None):
+            raise TypeError(
+                f"schedule() takes exactly one of at= and after=, got at={at!r}, after={after!r}"
+            )
+        if not isinstance(persist, bool):
+            raise TypeError(f"persist must be a bool, not {persist!r}")
+        wall = self._wall()
+        if at is not None:
+            due = wall_seconds("at", at)
+        else:
+            due = wall + _validate.duration("after", after)
+        expiry = None
+        if expires_at is not None:
+            expiry = wall_seconds("expires_at", expires_at)
+            if not expiry > due:
+                raise ValueError(
+                    f"run {run_id!r}: expires_at ({expiry!r}) must be after the run's time "
+                    f"({due!r})"
+                )
+        if persist:
+            return await self._schedule_persisted(workflow, run_id, payload, due, expiry, wall)
+        return self._schedule_local(workflow, run_id, payload, due, expiry, wall)
+
+    def _schedule_local(
+        self,
+        workflow: str,
+        run_id: str,
+        payload: Any,
+        due: float,
+        expiry: float | None,
+        wall: float,
+    ) -> ScheduledRun:
+        done = self._local_done.get(run_id)
+        if done is not None:
+            old_run = done[0]
+            return ScheduledRun(
+                run_id, old_run.workflow, old_run.scheduled_at, "already-ran", old_run.version,
+                False, self.process_id,
+            )  # fmt: skip
+        entry = self._armed.get(run_id)
+        if entry is not None and entry.record is not None:
+            raise ValueError(
+                f"run {run_id!r} is a persisted run held by this coordinator; schedule it "
+                "with persist=True to re-schedule it"
+            )
+        old = self._local.get(run_id)
+        if old is not None and old.workflow != workflow:
+            raise ValueError(
+                f"run {run_id!r} is already scheduled for workflow {old.workflow!r}, not "
+                f"{workflow!r} (run ids are unique across workflows)"
+            )
+        version = 1 if old is None else old.version + 1
+        run = _LocalRun(run_id, workflow, payload, due, expiry, version, wall)
+        self._local[run_id] = run
+        if entry is not None and not entry.started:
+            entry.scope.cancel()
+            del self._armed[run_id]
+        if self._in_horizon(due) and (entry is None or not entry.started):
+            self._arm_local(run)
+        else:
+            self._push_local(run)
+        self._stats["scheduled"] += 1
+        return ScheduledRun(
+            run_id, workflow, due, "scheduled" if old is None else "rescheduled", version, False,
+            self.process_id,
+        )  # fmt: skip
+
+    async def _schedule_persisted(
+        self,
+        workflow: str,
+        run_id: str,
+        payload: Any,
+        due: float,
+        expiry: float | None,
+        wall: float,
+    ) -> ScheduledRun:
+        store = self._store
+        if store is None:
+            raise ValueError(
+                f"run {run_id!r}: persist=True needs a run store (open_coordinator(run_store=...))"
+            )
+        if run_id in self._local:
+            raise ValueError(
+                f"run {run_id!r} is a non-persisted run of this coordinator; schedule it "
+                "with persist=False to re-schedule it"
+            )
+        _validate.shareable("workflow", workflow)
+        _validate.shareable("run_id", run_id)
+        text = _encode_payload(run_id, payload)
+        size = len(text.encode("utf-8"))
+        if size > store.max_payload_bytes:
+            raise DocumentTooLargeError(
+                f"run {run_id!r}: its payload is {size} bytes of JSON, more than the run "
+                f"store's limit of {store.max_payload_bytes}"
+            )
+        if self._fenced or self._lease is None:
+            raise BackendError(
+                f"process id {self.process_id!r} is held by another coordinator; this one "
+                "cannot claim runs"
+            )
+        epoch = self._lease.epoch
+        for _ in range(50):
+            current = await self._call("get_run", store.get_run, run_id)
+            if current is None:
+                new = StoredRun(
+                    run_id=run_id,
+                    workflow=workflow,
+                    payload=text,
+                    scheduled_at=due,
+                    expires_at=expiry,
+                    owner=self.process_id,
+                    epoch=epoch,
+                    token=1,
+                    created_at=wall,
+                )
+                written = await self._call("create_run", store.create_run, new)
+                outcome = "scheduled"
+            elif current.state is RunState.DONE:
+                return ScheduledRun(
+                    run_id, current.workflow, current.scheduled_at, "already-ran",
+                    current.version, True, current.owner,
+                )  # fmt: skip
+            elif current.workflow != workflow:
+                raise ValueError(
+                    f"run {run_id!r} is already scheduled for workflow {current.workflow!r}, "
+                    f"not {workflow!r} (run ids are unique across workflows)"
+                )
+            else:
+                new = current.replace(
+                    payload=text,
+                    scheduled_at=due,
+                    expires_at=expiry,
+                    version=current.version + 1,
+                    state=RunState.PENDING,
+                    attempt=0 if current.state is RunState.STARTED else current.attempt,
+                )
+                written = await self._call("update_run", store.update_run, new)
+                outcome = "rescheduled"
+            if written is None:
+                continue  # lost a race: read again
+            self._stats["scheduled"] += 1
+            if self._owns(written) and self._in_horizon(due):
+                self._arm_record(written)
+            elif self._owns(written):
+                entry = self._armed.get(run_id)
+                if entry is not None and not entry.started:
+                    entry.scope.cancel()
+                    del self._armed[run_id]
+            elif written.owner is not None:
+                # A peer holds it: it re-reads the record at its next sweep or step.
+                pass
+            return ScheduledRun(
+                run_id, workflow, due, outcome, written.version, True,  # type: ignore[arg-type]
+                written.owner,
+            )  # fmt: skip
+        raise BackendUnavailableError(f"run {run_id!r}: could not be scheduled under contention")
+
+    async def cancel_run(self, run_id: str) -> bool:
+        self._check_open()
+        _validate.name("run_id", run_id)
+        entry = self._armed.get(run_id)
+        if entry is not None and not entry.started:
+            entry.scope.cancel()
+            del self._armed[run_id]
+        local = self._local.pop(run_id, None)
+        if local is not None:
+            return entry is None or not entry.started
+        if self._store is None:
+            return False
+        store = self._store
+        for _ in range(50):
+            current = await self._call("get_run", store.get_run, run_id)
+            if current is None or current.state is not RunState.PENDING:
+                return False
+            if await self._call("delete_run", store.delete_run, run_id, current.revision):
+                return True
+        raise BackendUnavailableError(f"run {run_id!r}: could not be cancelled under contention")
+
+    def has_run(self, run_id: str) -> bool:
+        entry = self._armed.get(run_id)
+        return run_id in self._local or (entry is not None and not entry.started)
+
+    def _local_info(self, run: _LocalRun, state: RunState, outcome: str | None) -> RunInfo:
+        return RunInfo(
+            run.run_id, run.workflow, state, self.process_id, run.scheduled_at, run.expires_at,
+            run.attempt, run.version, False, outcome,
+        )  # fmt: skip
+
+    async def get_run(self, run_id: str) -> RunInfo | None:
+        _validate.name("run_id", run_id)
+        local = self._local.get(run_id)
+        if local is not None:
+            entry = self._armed.get(run_id)
+            state = RunState.STARTED if entry is not None and entry.started else RunState.PENDING
+            return self._local_info(local, state, None)
+        done = self._local_done.get(run_id)
+        if done is not None:
+            return self._local_info(done[0], RunState.DONE, done[2])
+        if self._store is None:
+            return None
+        record = await self._call("get_run", self._store.get_run, run_id)
+        return None if record is None else _info(record)
+
+    async def list_runs(
+        self,
+        *,
+        workflow: str | None,
+        state: RunState | str | None,
+        owner: str | _Any | None,
+        limit: int | None,
+    ) -> list[RunInfo]:
+        states = None if state is None else {RunState(state)}
+        infos: list[RunInfo] = []
+        for run in self._local.values():
+            if (workflow is None or run.workflow == workflow) and owner in (
+                ANY,
+                self.process_id,
+            ):
+                info = self._local_info(run, RunState.PENDING, None)
+                if states is None or info.state in states:
+                    infos.append(info)
+        if self._store is not None:
+            store = self._store
+            records = await self._call(
+                "list_runs",
+                lambda: store.list_runs(states=states, owner=owner, workflow=workflow, limit=limit),
+            )
+            infos.extend(_info(record) for record in records)
+        infos.sort(key=lambda i: (i.scheduled_at, i.run_id))
+        return infos if limit is None else infos[:limit]
+
+    async def drain(self) -> int:
+        self._check_open()
+        entries: list[_Armed] = []
+        for run in list(self._local.values()):
+            entry = self._armed.get(run.run_id)
+            if entry is not None and entry.started:
+                continue
+            made = self._arm_local(run, drain=True)
+            if made is not None:
+                entries.append(made)
+        if self._store is not None and self._lease is not None:
+            store = self._store
+            mine = await self._call(
+                "list_runs",
+                lambda: store.list_runs(states={RunState.PENDING}, owner=self.process_id),
+            )
+            for record in mine:
+                if not self._owns(record):
+                    continue
+                entry = self._armed.get(record.run_id)
+                if entry is not None and entry.started:
+                    continue
+                made = self._arm_record(record, drain=True)
+                if made is not None:
+                    entries.append(made)
+        for entry in entries:
+            await entry.done.wait()
+        return len(entries)
+
+    def statistics(self) -> RunStatistics:
+        held = len(self._local) + sum(
+            1 for e in self._armed.values() if e.record is not None and not e.started
+        )
+        figures = dict(self._stats, held=held, running=self._running)
+        return RunStatistics(**figures)
+
+
+def _same_write(current: StoredRun, new: StoredRun) -> bool:
+    """Whether ``current`` is ``new`` as written (a write whose answer was lost)."""
+    return current.replace(revision=0) == new.replace(revision=0)
+
+
+def _info(record: StoredRun) -> RunInfo:
+    return RunInfo(
+        record.run_id, record.workflow, record.state, record.owner, record.scheduled_at,
+        record.expires_at, record.attempt, record.version, True, record.outcome,
+    )  # fmt: skip
