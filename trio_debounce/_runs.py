@@ -85,7 +85,12 @@ class _Armed:
 
 
 class _DueOrderGate:
-    """A semaphore whose waiters are served earliest due first (then arrival)."""
+    """A semaphore whose waiters are served earliest due first (then arrival).
+
+    Every acquire queues, and a free slot is handed out one checkpoint later, so runs
+    that come due at the same instant (a backlog after a restart, a drain) are all
+    queued before the first is served, whatever order Trio runs their tasks in.
+    """
 
     def __init__(self, slots: int) -> None:
         self._free = slots
@@ -94,15 +99,15 @@ class _DueOrderGate:
 
     async def acquire(self, due: float) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        if self._free > 0 and not self._waiters:
-            self._free -= 1
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return
         event = trio.Event()
         state = [False, False]  # granted, abandoned
         heapq.heappush(self._waiters, (due, next(self._seq), event, state))
         try:
-            await event.wait()
+            if self._free > 0:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                self._dispatch()
+            if not state[0]:
+                await event.wait()
         except BaseException:
             if state[0]:
                 self.release()  # granted while being cancelled: pass it on
@@ -110,15 +115,18 @@ class _DueOrderGate:
                 state[1] = True
             raise
 
-    def release(self) -> None:
-        while self._waiters:
+    def _dispatch(self) -> None:
+        while self._free > 0 and self._waiters:
             _, _, event, state = heapq.heappop(self._waiters)
             if state[1]:
                 continue
             state[0] = True
+            self._free -= 1
             event.set()
-            return
+
+    def release(self) -> None:
         self._free += 1
+        self._dispatch()
 
 
 def _encode_payload(run_id: str, payload: Any) -> str:
@@ -223,11 +231,13 @@ class RunScheduler:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    async def _call(
+        self, what: str, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any
+    ) -> T:
         """One store call, bounded by ``op_timeout``; failures counted and re-raised."""
         try:
             with trio.fail_after(self._options.op_timeout):
-                return await fn(*args)
+                return await fn(*args, **kwargs)
         except trio.TooSlowError:
             self._stats["store_errors"] += 1
             raise BackendUnavailableError(
@@ -388,6 +398,7 @@ class RunScheduler:
             lambda: store.list_runs(states=ACTIVE, due_before=wall + self._options.horizon),
         )
         listed: set[str] = set()
+        to_arm: list[StoredRun] = []
         for run in runs:
             listed.add(run.run_id)
             if self._closed or self._fenced:
@@ -399,9 +410,15 @@ class RunScheduler:
                     and entry.record is not None
                     and entry.record.revision != run.revision
                 ):
-                    self._arm_record(run)
+                    to_arm.append(run)
             elif run.workflow in self._handlers and self._claimable(run, leases, wall):
-                await self._claim(run)
+                claimed = await self._claim(run)
+                if claimed is not None:
+                    to_arm.append(claimed)
+        # Armed together, in due order, after the claims: a backlog queues for the
+        # concurrency gate earliest due first.
+        for run in to_arm:
+            self._arm_record(run)
         # Armed runs that left the horizon (or the store) since they were armed.
         for run_id, entry in list(self._armed.items()):
             if (
@@ -424,7 +441,7 @@ class RunScheduler:
         upcoming = [e for e in expiries if e > 0]
         return min(upcoming, default=math.inf) + 0.01
 
-    async def _claim(self, run: StoredRun) -> None:
+    async def _claim(self, run: StoredRun) -> StoredRun | None:
         assert self._store is not None
         assert self._lease is not None
         claimed = await self._call(
@@ -433,10 +450,10 @@ class RunScheduler:
             run.replace(owner=self.process_id, epoch=self._lease.epoch, token=run.token + 1),
         )
         if claimed is None:
-            return  # another process claimed or changed it first
+            return None  # another process claimed or changed it first
         self._stats["taken_over"] += 1
         logger.info("process %r took over run %r from %r", self.process_id, run.run_id, run.owner)
-        self._arm_record(claimed)
+        return claimed
 
     async def _purge(self, leases: Mapping[str, Lease], wall: float) -> None:
         assert self._store is not None
@@ -450,20 +467,23 @@ class RunScheduler:
             ),
         )
         for run in old:
-            await self._call("delete_run", store.delete_run, run.run_id, run.revision)
+            await self._call("delete_run", store.delete_run, run.run_id, revision=run.revision)
         for lease in leases.values():
             if (
                 lease.process_id != self.process_id
                 and lease.expires_at + self._options.retention < wall
             ):
                 await self._call(
-                    "delete_lease", store.delete_lease, lease.process_id, lease.revision
+                    "delete_lease",
+                    store.delete_lease,
+                    lease.process_id,
+                    revision=lease.revision,
                 )
 
     # ---------------------------------------------------------------- arming
 
     def _in_horizon(self, due: float) -> bool:
-        return due < self._wall() + self._options.horizon
+        return due <= self._wall() + self._options.horizon
 
     def _arm_record(self, record: StoredRun, *, drain: bool = False) -> _Armed | None:
         if self._closed or self._nursery is None:
@@ -508,7 +528,7 @@ class RunScheduler:
         while True:
             wall = self._wall()
             horizon_end = wall + self._options.horizon
-            while self._local_heap and self._local_heap[0][0] < horizon_end:
+            while self._local_heap and self._local_heap[0][0] <= horizon_end:
                 _, _, run_id, version = heapq.heappop(self._local_heap)
                 run = self._local.get(run_id)
                 if run is not None and run.version == version and run_id not in self._armed:
@@ -991,7 +1011,7 @@ class RunScheduler:
             current = await self._call("get_run", store.get_run, run_id)
             if current is None or current.state is not RunState.PENDING:
                 return False
-            if await self._call("delete_run", store.delete_run, run_id, current.revision):
+            if await self._call("delete_run", store.delete_run, run_id, revision=current.revision):
                 return True
         raise BackendUnavailableError(f"run {run_id!r}: could not be cancelled under contention")
 
