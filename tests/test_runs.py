@@ -772,3 +772,59 @@ async def test_the_start_fails_when_the_store_is_unreachable(
     with pytest.raises(BackendUnavailableError):
         async with open_coordinator(run_store=store, run_options=options("a")):
             pytest.fail("the block must not run")  # pragma: no cover
+
+
+async def test_store_faults_at_fire_time_lose_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = Log()
+    store = MemoryRunStore()
+    async with open_coordinator(
+        run_handlers={"wf": log.handler("a")}, run_store=store, run_options=options("a")
+    ) as c:
+        await c.schedule("wf", "outage", after=1, persist=True)
+        await c.schedule("wf", "lost-answer", after=20, persist=True)
+        await trio.sleep(0.5)
+        # The start step fails for a while (an outage): retried, run late, once.
+        store.faults.fail_next(4, ops=("put",))
+        await trio.sleep(10)
+        assert [(run.run_id, run.attempt) for _, _, run in log.starts] == [("outage", 1)]
+        # The start step lands but its answer is lost: the re-read proves it.
+        store.faults.apply_then_fail_next(1, ops=("put",))
+        await trio.sleep(15)
+        assert [(run.run_id, run.attempt) for _, _, run in log.starts] == [
+            ("outage", 1),
+            ("lost-answer", 1),
+        ]
+        info = await c.get_run("lost-answer")
+        assert info is not None
+        assert info.state is RunState.DONE
+
+
+async def test_refusals_and_garbage_in_the_store_do_not_crash_the_coordinator(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    from trio_debounce import BackendAuthError
+    from trio_debounce._keys import run_key
+
+    log = Log()
+    shared = MemoryStore()
+    store = MemoryRunStore(shared)
+    async with open_coordinator(
+        run_handlers={"wf": log.handler("a")}, run_store=store, run_options=options("a")
+    ) as c:
+        await c.schedule("wf", "refused", after=1, persist=True)
+        store.faults.fail_next(1, ops=("put",), error=BackendAuthError)
+        await trio.sleep(2)
+        assert "the store refused a step" in caplog.text
+        # Garbage where a run document should be: ignored with a warning.
+        entry = await shared.get(run_key("refused"))
+        assert entry is not None
+        await shared.put(run_key("refused"), b"\xff not json", last=entry.revision)
+        await shared.put(run_key("garbage"), b"{}", last=0)
+        await trio.sleep(10)
+        assert "ignoring the run document" in caplog.text
+        # The coordinator still works.
+        await c.schedule("wf", "after", after=1, persist=True)
+        await trio.sleep(2)
+        assert [run.run_id for _, _, run in log.starts] == ["after"]

@@ -309,6 +309,10 @@ class RunScheduler:
                 await self._heartbeat()
             except BackendError as exc:
                 logger.warning("heartbeat of %r failed: %s", self.process_id, exc)
+            except Exception:
+                # A store implementation's bug must not take the coordinator down.
+                self._stats["store_errors"] += 1
+                logger.exception("heartbeat of %r failed", self.process_id)
             if self._fenced:
                 return
 
@@ -367,6 +371,9 @@ class RunScheduler:
                 wait = min(wait, await self._sweep())
             except BackendError as exc:
                 logger.warning("claim sweep of %r failed: %s", self.process_id, exc)
+            except Exception:
+                self._stats["store_errors"] += 1
+                logger.exception("claim sweep of %r failed", self.process_id)
             with trio.move_on_after(max(wait, 0.0)):
                 await self._sweep_wake.wait()
             self._sweep_wake = trio.Event()
@@ -566,7 +573,11 @@ class RunScheduler:
             with entry.scope:
                 if not entry.drain:
                     await self._sleep_until_wall(entry.due)
-                if await self._dropped_late(entry):
+                try:
+                    if await self._dropped_late(entry):
+                        return
+                except BackendError as exc:
+                    logger.error("run %r: the store refused the drop step: %s", entry.run_id, exc)
                     return
                 await self._gate.acquire(entry.due)
                 acquired = True
@@ -576,6 +587,11 @@ class RunScheduler:
             self._running += 1
             try:
                 await self._start(entry)
+            except BackendError as exc:
+                # Not an outage (those are retried): a refusal such as revoked
+                # permissions. The run stays in the store as it is; the next sweep
+                # re-arms it if it is still ours and pending.
+                logger.error("run %r: the store refused a step: %s", entry.run_id, exc)
             finally:
                 self._running -= 1
                 if self._running == 0:
@@ -612,6 +628,7 @@ class RunScheduler:
     async def _dropped_late(self, entry: _Armed) -> bool:
         """Drop a run that came due past ``expires_at`` or ``misfire_grace``."""
         wall = self._wall()
+        payload: Any
         if entry.record is not None:
             expires_at, payload = entry.record.expires_at, entry.record.payload
         else:
@@ -630,7 +647,10 @@ class RunScheduler:
             return False
         if entry.record is not None:
             record = entry.record
-            payload = json.loads(payload)
+            try:
+                payload = json.loads(payload)
+            except ValueError:
+                payload = None
             tomb = record.replace(
                 state=RunState.DONE, finished_at=wall, outcome=reason, payload="null"
             )
@@ -708,6 +728,7 @@ class RunScheduler:
         handler = self._handlers.get(record.workflow)
         retries = self._options.retries if self._delivery == "at-least-once" else 0
         backoff = self._options.retry_backoff
+        ok = False
         for retry in itertools.count():
             record = entry.record
             wall = self._wall()
@@ -730,7 +751,13 @@ class RunScheduler:
                 )
             if not await self._step(entry, begin):
                 return
-            fire = self._fire_of(entry, json.loads(record.payload), begin.attempt, begin.token)
+            try:
+                payload = json.loads(record.payload)
+            except ValueError as exc:
+                logger.error("run %r: its stored payload is not JSON (%s)", entry.run_id, exc)
+                ok = False
+                break
+            fire = self._fire_of(entry, payload, begin.attempt, begin.token)
             ok = await self._call_handler(handler, fire)
             if ok or retry >= retries:
                 break
