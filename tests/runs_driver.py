@@ -40,7 +40,8 @@ and ``t`` (:func:`time.time`):
   and ``w1`` (same, ``ok``) when that write returned: a kill between the two leaves
   the write's fate unknown, and the test treats it as inside the handler.
 
-On stdout: ``{"ev": "ready", ...}`` once the coordinator is open and
+On stdout: ``{"ev": "standby", ...}`` once a standby's store is open,
+``{"ev": "ready", ...}`` once the coordinator is open and
 ``{"ev": "exit", "stats": {...}}`` after its block exited.
 """
 
@@ -244,6 +245,7 @@ async def main(args: argparse.Namespace) -> None:
         if args.standby:
             # The store is open: taking over a process id costs only the coordinator's
             # start, however loaded the host is.
+            emit({"ev": "standby", "proc": args.name, "pid": os.getpid()})
             first = await anext(lines, None)
             if first is None:
                 return  # closed before it was needed

@@ -90,6 +90,7 @@ class Incarnation:
     stderr: Path
     spawned_at: float
     reader: threading.Thread | None = None
+    warm_at: float | None = None  # a standby's store is open
     ready_at: float | None = None
     exited_at: float | None = None
     killed_at: float | None = None
@@ -211,7 +212,13 @@ class Cluster:
         new OS process, its interpreter already started) takes it at once."""
         if process_id is None:
             process_id = self.new_process_id()
-        inc = self.spares.pop(0) if self.spares else self._start_spare()
+        # A warm spare (its store open) if there is one, else the oldest.
+        warm = [spare for spare in self.spares if spare.warm_at is not None]
+        if warm or self.spares:
+            inc = (warm or self.spares)[0]
+            self.spares.remove(inc)
+        else:
+            inc = self._start_spare()
         while len(self.spares) < self.spare_count:
             self.spares.append(self._start_spare())
         inc.process_id = process_id
@@ -229,7 +236,9 @@ class Cluster:
                 event: Event = json.loads(raw)
             except ValueError:
                 continue
-            if event.get("ev") == "ready":
+            if event.get("ev") == "standby":
+                inc.warm_at = event["t"]
+            elif event.get("ev") == "ready":
                 inc.ready_at = event["t"]
             elif event.get("ev") == "exit":
                 inc.exited_at = event["t"]
@@ -641,8 +650,9 @@ def fault_scenario(
                 cluster.send(target, backlog[i :: len(targets)])
             backlog = []
         ready = cluster.usable()
-        if time.time() >= next_kill and ready:
-            # A random ready driver: one still starting up has no runs yet.
+        if time.time() >= next_kill and len(ready) >= 2:
+            # A random ready driver (one still starting up has no runs yet), and never
+            # the last one: a ready peer is always there to take the victim's runs.
             victim = rng.choice(ready)
             last_kill = cluster.kill(victim)
             # A client retries the schedules the victim never answered (idempotent),
