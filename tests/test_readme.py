@@ -17,7 +17,7 @@ def test_readme_example(
 ) -> None:
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
-    [code] = [block for block in blocks if "nats" not in block]
+    [code] = [block for block in blocks if "nats" not in block and "sqlite" not in block]
     for other in blocks:  # the NATS example needs a server: it must at least compile
         compile(other, "README.md", "exec")
     real_run = trio.run
@@ -26,3 +26,12 @@ def test_readme_example(
     )
     exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
     assert capsys.readouterr().out == "rebuilding docs after 3 changes: docs/a.rst\n"
+
+
+def test_readme_deferred_run_example(capsys: pytest.CaptureFixture[str]) -> None:
+    # On the real clock: the SQLite store's calls run in threads.
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    [code] = [block for block in blocks if "sqlite" in block]
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out == "reminding user 42 (attempt 1)\n"
