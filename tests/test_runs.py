@@ -515,7 +515,7 @@ async def test_a_death_inside_the_handler(
             first, second = (run.fencing_token for _, _, run in log.of("r"))
             assert second > first
         else:
-            # Never twice: it was deleted before the handler ran, so it is lost.
+            # Never twice: its tombstone was written before the handler ran, so it is lost.
             assert starts == [("a", 1)]
         nursery.cancel_scope.cancel()
 
@@ -828,3 +828,42 @@ async def test_refusals_and_garbage_in_the_store_do_not_crash_the_coordinator(
         await c.schedule("wf", "after", after=1, persist=True)
         await trio.sleep(2)
         assert [run.run_id for _, _, run in log.starts] == ["after"]
+
+
+async def test_a_run_that_expires_while_waiting_for_a_slot_is_dropped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = Log()
+    dropped: list[tuple[str, str]] = []
+    async with open_coordinator(
+        run_handlers={"wf": log.handler("a", hold=10)},
+        run_options=options("a", max_concurrent_runs=1),
+        run_store=MemoryRunStore(),
+        on_expired=lambda run, reason: dropped.append((run.run_id, reason)),
+    ) as c:
+        await c.schedule("wf", "long", after=1)
+        await c.schedule("wf", "short-lived", after=2, expires_at=wall(3), persist=True)
+        await trio.sleep(20)
+    assert [run.run_id for _, _, run in log.starts] == ["long"]
+    assert dropped == [("short-lived", "expired")]
+
+
+async def test_cancelling_a_running_local_run_keeps_it_ran(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = Log()
+    async with open_coordinator(
+        run_handlers={"wf": log.handler("a", hold=5)}, run_options=options("a")
+    ) as c:
+        await c.schedule("wf", "r", after=1)
+        await trio.sleep(2)
+        info = await c.get_run("r")
+        assert info is not None
+        assert info.state is RunState.STARTED
+        assert [i.state for i in await c.list_runs()] == [RunState.STARTED]
+        assert await c.cancel_run("r") is False
+        await trio.sleep(5)
+        assert (await c.schedule("wf", "r", after=1)).outcome == "already-ran"
+        assert [(i.state, i.outcome) for i in await c.list_runs()] == [(RunState.DONE, "ran")]
+        await trio.sleep(5)
+    assert len(log.starts) == 1

@@ -1718,7 +1718,7 @@ async def open_coordinator(
       run_options (RunOptions | None): process id, lease, heartbeat, horizon,
         retention, misfire grace, concurrency and retries of deferred runs
         (``RunOptions()`` when None).
-      on_expired: ``def on_expired(run: RunFire, reason: str) -> object``, called (sync)
+      on_expired: ``def on_expired(run: RunFire, reason: DropReason) -> object``, called (sync)
         when a run is dropped unrun because it came due after its ``expires_at``
         (``reason="expired"``) or later than ``misfire_grace`` (``"misfired"``).
 

@@ -94,7 +94,8 @@ class RunInfo:
     """One run as :meth:`Coordinator.get_run` and :meth:`Coordinator.list_runs` see it.
 
     Attributes:
-      run_id (str), workflow (str): the run.
+      run_id (str): the run's id.
+      workflow (str): the run's workflow.
       state (RunState): ``"pending"``, ``"started"`` (a handler started under
         at-least-once delivery and was not recorded as finished) or ``"done"`` (a
         tombstone).

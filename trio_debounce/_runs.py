@@ -573,15 +573,17 @@ class RunScheduler:
             with entry.scope:
                 if not entry.drain:
                     await self._sleep_until_wall(entry.due)
-                try:
-                    if await self._dropped_late(entry):
-                        return
-                except BackendError as exc:
-                    logger.error("run %r: the store refused the drop step: %s", entry.run_id, exc)
-                    return
                 await self._gate.acquire(entry.due)
                 acquired = True
             if not acquired:
+                return
+            # Checked once a slot is free: a run that waited behind max_concurrent_runs
+            # past its expiry (or its misfire grace) is dropped too.
+            try:
+                if await self._dropped_late(entry):
+                    return
+            except BackendError as exc:
+                logger.error("run %r: the store refused the drop step: %s", entry.run_id, exc)
                 return
             entry.started = True
             self._running += 1
@@ -1025,12 +1027,13 @@ class RunScheduler:
         self._check_open()
         _validate.name("run_id", run_id)
         entry = self._armed.get(run_id)
-        if entry is not None and not entry.started:
+        if entry is not None and entry.started:
+            return False  # its handler runs: not stopped, and it keeps its tombstone
+        if entry is not None:
             entry.scope.cancel()
             del self._armed[run_id]
-        local = self._local.pop(run_id, None)
-        if local is not None:
-            return entry is None or not entry.started
+        if self._local.pop(run_id, None) is not None:
+            return True
         if self._store is None:
             return False
         store = self._store
@@ -1052,13 +1055,16 @@ class RunScheduler:
             run.attempt, run.version, False, outcome,
         )  # fmt: skip
 
+    def _local_state(self, run: _LocalRun) -> RunState:
+        entry = self._armed.get(run.run_id)
+        started = entry is not None and entry.started and entry.local is run
+        return RunState.STARTED if started else RunState.PENDING
+
     async def get_run(self, run_id: str) -> RunInfo | None:
         _validate.name("run_id", run_id)
         local = self._local.get(run_id)
         if local is not None:
-            entry = self._armed.get(run_id)
-            state = RunState.STARTED if entry is not None and entry.started else RunState.PENDING
-            return self._local_info(local, state, None)
+            return self._local_info(local, self._local_state(local), None)
         done = self._local_done.get(run_id)
         if done is not None:
             return self._local_info(done[0], RunState.DONE, done[2])
@@ -1077,14 +1083,20 @@ class RunScheduler:
     ) -> list[RunInfo]:
         states = None if state is None else {RunState(state)}
         infos: list[RunInfo] = []
-        for run in self._local.values():
-            if (workflow is None or run.workflow == workflow) and owner in (
-                ANY,
-                self.process_id,
+        local = [
+            self._local_info(run, self._local_state(run), None) for run in self._local.values()
+        ]
+        local.extend(
+            self._local_info(run, RunState.DONE, outcome)
+            for run, _, outcome in self._local_done.values()
+        )
+        for info in local:
+            if (
+                (workflow is None or info.workflow == workflow)
+                and owner in (ANY, self.process_id)
+                and (states is None or info.state in states)
             ):
-                info = self._local_info(run, RunState.PENDING, None)
-                if states is None or info.state in states:
-                    infos.append(info)
+                infos.append(info)
         if self._store is not None:
             store = self._store
             records = await self._call(
