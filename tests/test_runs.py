@@ -750,12 +750,15 @@ async def test_the_exit_does_not_wait_for_deferred_runs(
             await c.schedule("wf", "p", after=86_400, persist=True)
             await c.schedule("wf", "l", after=86_400)
             await c.schedule("wf", "now", after=0, persist=True)
+            await c.schedule("wf", "local-now", after=0)
             await trio.sleep(1)
             entered = trio.current_time()
     # It waited for the running handler only.
     assert trio.current_time() == entered + 2
-    assert [run.run_id for _, _, run in log.starts] == ["now"]
+    assert sorted(run.run_id for _, _, run in log.starts) == ["local-now", "now"]
+    # Only the one waiting for its time (not the running one) is dropped.
     assert "1 non-persisted deferred run(s) dropped at exit" in caplog.text
+    assert c.statistics().runs.dropped_at_exit == 1
     pending = await store.get_run("p")
     assert pending is not None
     assert pending.state is RunState.PENDING

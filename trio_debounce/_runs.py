@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import trio
+import trio.testing
 
 from . import _validate
 from ._backend import Delivery
@@ -51,6 +52,8 @@ T = TypeVar("T")
 PURGE_EVERY = 10
 #: Tombstones and leases removed per purge, at most.
 PURGE_BATCH = 500
+#: Claims one sweep makes at once.
+CLAIM_CONCURRENCY = 16
 #: Longest wait between two retries of a failed store step, seconds.
 MAX_STEP_RETRY = 5.0
 
@@ -156,7 +159,7 @@ class RunScheduler:
         self._delivery = delivery
         self._on_expired = on_expired
         self._wall: Callable[[], float] = options.wall_time or (
-            store.wall_time if store is not None else default_wall_time
+            store.wall_time if store is not None else _local_wall_time()
         )
         assert options.process_id is not None
         self.process_id: str = options.process_id
@@ -215,8 +218,12 @@ class RunScheduler:
         for entry in list(self._armed.values()):
             if not entry.started:
                 entry.scope.cancel()
-        dropped = len(self._local)
-        self._local.clear()
+        waiting = [
+            run for run in self._local.values() if self._local_state(run) is RunState.PENDING
+        ]
+        for run in waiting:
+            del self._local[run.run_id]
+        dropped = len(waiting)
         self._local_heap.clear()
         if dropped:
             self._stats["dropped_at_exit"] += dropped
@@ -405,7 +412,7 @@ class RunScheduler:
             lambda: store.list_runs(states=ACTIVE, due_before=wall + self._options.horizon),
         )
         listed: set[str] = set()
-        to_arm: list[StoredRun] = []
+        claimable: list[StoredRun] = []
         for run in runs:
             listed.add(run.run_id)
             if self._closed or self._fenced:
@@ -417,15 +424,29 @@ class RunScheduler:
                     and entry.record is not None
                     and entry.record.revision != run.revision
                 ):
-                    to_arm.append(run)
+                    # Our own runs need no store call: armed at once, not after the
+                    # claims (a long list of claims must not hold them up).
+                    self._arm_record(run)
             elif run.workflow in self._handlers and self._claimable(run, leases, wall):
-                claimed = await self._claim(run)
+                claimable.append(run)
+        # Claims go CLAIM_CONCURRENCY at a time, earliest due first, and each batch is
+        # armed (in due order) as soon as it is claimed: one round trip after the
+        # other, a dead process's backlog held the sweep, and every run behind it,
+        # for seconds.
+        for start in range(0, len(claimable), CLAIM_CONCURRENCY):
+            if self._closed or self._fenced:
+                break
+            batch = claimable[start : start + CLAIM_CONCURRENCY]
+            results: list[StoredRun | None] = [None] * len(batch)
+            failed: list[BackendError] = []
+            async with trio.open_nursery() as claims:
+                for i, run in enumerate(batch):
+                    claims.start_soon(self._claim_into, run, results, i, failed)
+            for claimed in results:
                 if claimed is not None:
-                    to_arm.append(claimed)
-        # Armed together, in due order, after the claims: a backlog queues for the
-        # concurrency gate earliest due first.
-        for run in to_arm:
-            self._arm_record(run)
+                    self._arm_record(claimed)
+            if failed:
+                raise failed[0]
         # Armed runs that left the horizon (or the store) since they were armed.
         for run_id, entry in list(self._armed.items()):
             if (
@@ -447,6 +468,20 @@ class RunScheduler:
         ]
         upcoming = [e for e in expiries if e > 0]
         return min(upcoming, default=math.inf) + 0.01
+
+    async def _claim_into(
+        self,
+        run: StoredRun,
+        results: list[StoredRun | None],
+        i: int,
+        failed: list[BackendError],
+    ) -> None:
+        """:meth:`_claim` as a task of a batch: the claimed record goes to
+        ``results[i]``, a store failure to ``failed``."""
+        try:
+            results[i] = await self._claim(run)
+        except BackendError as exc:
+            failed.append(exc)
 
     async def _claim(self, run: StoredRun) -> StoredRun | None:
         assert self._store is not None
@@ -1142,6 +1177,18 @@ class RunScheduler:
         )
         figures = dict(self._stats, held=held, running=self._running)
         return RunStatistics(**figures)
+
+
+def _local_wall_time() -> Callable[[], float]:
+    """The wall clock of a coordinator without a run store: :func:`time.time`, except
+    under :class:`trio.testing.MockClock`, where it follows Trio's clock (from the wall
+    time at the coordinator's opening), so that a test's virtual time moves deferred
+    runs too instead of leaving them waiting for the real clock."""
+    clock = trio.lowlevel.current_clock()
+    if isinstance(clock, trio.testing.MockClock):
+        offset = default_wall_time() - clock.current_time()
+        return lambda: clock.current_time() + offset
+    return default_wall_time
 
 
 def _same_write(current: StoredRun, new: StoredRun) -> bool:
