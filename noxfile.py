@@ -45,3 +45,7 @@ def bench(session: nox.Session) -> None:
         out = f"{session.create_tmp()}/bench-{name}.json"
         session.run("python", f"bench/bench_{name}.py", "--quiet", "-o", out, *session.posargs)
         session.run("python", "bench/report.py", out)
+    # Deferred-run stores: one process (a store of 100,000 runs is built once), its own
+    # JSON and table; about 5 minutes.
+    out = f"{session.create_tmp()}/bench-runs.json"
+    session.run("python", "bench/bench_runs.py", "-o", out)
