@@ -595,6 +595,33 @@ def run_processes(delivery: str, n_start: int, timeline: list[MOp]) -> None:
     st.integers(2, 3),
     st.lists(m_ops, min_size=1, max_size=20),
 )
+# the owner dies in a 4 s handler: at-least-once runs it again elsewhere (attempt 2),
+# at-most-once does not
+@example("at-least-once", 2, [MOp(0.25, "schedule", 0, True, 0.0, 4.0), MOp(1.0, "crash", 0)])
+@example("at-most-once", 2, [MOp(0.25, "schedule", 0, True, 0.0, 4.0), MOp(1.0, "crash", 0)])
+# the owner of runs due now and beyond the horizon dies and comes back under its id
+# (a new epoch fences the old claims); a local run of the dead process never fires
+@example(
+    "at-least-once",
+    2,
+    [
+        MOp(0.25, "schedule", 0, True, 6.0),
+        MOp(0.25, "schedule", 0, True, 1.5, 2.0),
+        MOp(0.25, "schedule", 0, False, 1.5),
+        MOp(0.5, "crash", 0),
+        MOp(0.5, "start", 0, same_id=True),
+    ],
+)
+# a clean exit releases the lease: a peer takes the runs over at its next sweep
+@example(
+    "at-most-once",
+    3,
+    [
+        MOp(0.25, "schedule", 1, True, 3.0),
+        MOp(0.25, "schedule", 1, True, 12.0),
+        MOp(1.0, "exit", 1),
+    ],
+)
 def test_several_processes_keep_the_run_invariants(
     delivery: str, n_start: int, timeline: list[MOp]
 ) -> None:
