@@ -1002,8 +1002,11 @@ class RunScheduler:
                 "cannot claim runs"
             )
         epoch = self._lease.epoch
+        # A new id first (one store call); an existing one is read and replaced.
+        fresh = True
         for _ in range(50):
-            current = await self._call("get_run", store.get_run, run_id)
+            current = None if fresh else await self._call("get_run", store.get_run, run_id)
+            fresh = False
             if current is None:
                 new = StoredRun(
                     run_id=run_id,
