@@ -577,7 +577,7 @@ class RunScheduler:
                     self._arm_local(run)
             cutoff = wall - self._options.retention
             for run_id, (_, finished, _) in list(self._local_done.items()):
-                if finished < cutoff:
+                if finished <= cutoff:
                     del self._local_done[run_id]
             # No polling: sleep until the next run enters the horizon or the next
             # tombstone expires (a replay on a virtual clock would spin otherwise).
@@ -697,6 +697,7 @@ class RunScheduler:
             assert entry.local is not None
             self._local.pop(entry.run_id, None)
             self._local_done[entry.run_id] = (entry.local, wall, reason)
+            self._local_wake.set()  # the local loop purges it after the retention
         self._stats[reason] += 1
         logger.warning(
             "deferred run %r (%s) dropped: %s (due %.3f, now %.3f)",
@@ -837,6 +838,7 @@ class RunScheduler:
         if self._local.get(run.run_id) is run:
             del self._local[run.run_id]
             self._local_done[run.run_id] = (run, self._wall(), "ran" if ok else "failed")
+            self._local_wake.set()  # the local loop purges it after the retention
         self._stats["completed" if ok else "failed"] += 1
 
     async def _call_handler(self, handler: RunHandler | None, fire: RunFire) -> bool:
@@ -1065,12 +1067,15 @@ class RunScheduler:
         self._check_open()
         _validate.name("run_id", run_id)
         entry = self._armed.get(run_id)
-        if entry is not None and entry.started:
-            return False  # its handler runs: not stopped, and it keeps its tombstone
-        if entry is not None:
+        if entry is not None and not entry.started:
             entry.scope.cancel()
             del self._armed[run_id]
-        if self._local.pop(run_id, None) is not None:
+        local = self._local.get(run_id)
+        if local is not None:
+            if entry is not None and entry.started and entry.local is local:
+                return False  # its handler runs: not stopped, and it keeps its tombstone
+            # Pending (possibly a re-schedule made while an older version runs).
+            del self._local[run_id]
             return True
         if self._store is None:
             return False
