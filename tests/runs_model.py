@@ -293,16 +293,16 @@ class Model:
         self.advance(end)
 
     def view(self) -> list[tuple[Any, ...]]:
-        """``list_runs()`` at the end: persisted records and pending local runs."""
+        """``list_runs()`` at the end: the store's records, and this coordinator's
+        non-persisted runs (pending, started) and tombstones."""
         out = []
-        for run in self.runs.values():
+        runs = [*self.runs.values(), *self.local_done.values()]
+        for run in runs:
             if run.persist and run.state == "done" and self._purged(run, self.now):
                 continue
-            # non-persisted runs are listed as pending (even while running)
-            state = run.state if run.persist else "pending"
             out.append(
-                (EPOCH + run.due, run.run_id, run.workflow, state, self.owner,
+                (EPOCH + run.due, run.run_id, run.workflow, run.state, self.owner,
                  None if run.expires is None else EPOCH + run.expires, run.attempt,
-                 run.version, run.persist, run.outcome if run.persist else None)
+                 run.version, run.persist, run.outcome)
             )  # fmt: skip
         return sorted(out)

@@ -23,12 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 import trio
 import trio.testing
 from hypothesis import (
     HealthCheck,
-    Phase,
     assume,
     currently_in_test_context,
     event,
@@ -52,7 +50,7 @@ LOCAL_IDS = ("l1", "l2")
 #: Task steps at one instant of the mock clock beyond which a run counts as spinning
 #: (a livelock: virtual time can never advance).
 SPIN_LIMIT = 50_000
-EXAMPLES_SINGLE = 35
+EXAMPLES_SINGLE = 60
 EXAMPLES_MULTI = 80
 
 
@@ -292,9 +290,10 @@ _P = {"tag": "z", "n": 0, "t": (0, "x")}
 _LONG = {"tag": "l", "n": 0, "t": (0, "x")}  # a 1.5 s handler
 _PLAIN = SingleConfig("at-least-once", 3.0, None)
 
-# Regression anchors (both went wrong in the first version of _runs.py):
+# Regression anchors: counterexamples found by these tests, each wrong in an earlier
+# version of _runs.py.
 #: cancel_run of a pending persisted run (delete_run was called with a positional
-#: revision, a TypeError).
+#: revision: a TypeError).
 CANCEL_PENDING = (
     [Sched(0.125, "p1", "w1", _P, 4.0, None, True, True), Cancel(0.375, "p1")],
     3.4375,
@@ -304,10 +303,9 @@ CANCEL_PENDING = (
 PURGE = ([Sched(0.125, "p1", "w1", _P, 0.125, None, True, False)], 10.1875)
 #: a non-persisted run due beyond the horizon (the local loop spun at due - horizon).
 LOCAL_BEYOND_HORIZON = ([Sched(0.125, "l1", "w1", _P, 4.25, None, False, True)], 3.1875)
-
-# Counterexamples of the open non-persisted-run bugs (see LOCAL_BUGS):
-#: a local tombstone outlives its retention: l1 ran at 0.125, retention 3, so at 4.125
-#: scheduling it again must run it again; the code answers "already-ran".
+#: a local tombstone ends with its retention: l1 ran at 0.125, retention 3, so at
+#: 4.125 scheduling it again runs it again (the loop was not woken to purge it, and
+#: the id stayed "already-ran").
 LOCAL_RETENTION = (
     [
         Sched(0.125, "l1", "w1", _P, 0.125, None, False, False),
@@ -316,7 +314,7 @@ LOCAL_RETENTION = (
     4.1875,
 )
 #: the local loop is awake (l2 is beyond the horizon) when l1's tombstone reaches
-#: finished + retention (3.125): it spins there (wait 0 forever).
+#: finished + retention (3.125) (it spun there: `finished < cutoff` False, wait 0).
 LOCAL_TOMBSTONE_SPIN = (
     [
         Sched(0.125, "l1", "w1", _P, 0.125, None, False, False),
@@ -324,9 +322,9 @@ LOCAL_TOMBSTONE_SPIN = (
     ],
     6.1875,
 )
-#: cancel_run of a running local run returns False but drops the run, so it leaves
-#: no tombstone and scheduling the id again runs it again ("scheduled", not
-#: "already-ran" as for a persisted run).
+#: cancel_run of a running local run returns False and the run keeps its tombstone:
+#: scheduling the id again says "already-ran" (cancel_run dropped the run, so it
+#: left no tombstone and ran again).
 LOCAL_CANCEL_RUNNING = (
     [
         Sched(0.125, "l1", "w1", _LONG, 0.125, None, False, False),
@@ -335,8 +333,8 @@ LOCAL_CANCEL_RUNNING = (
     ],
     2.1875,
 )
-#: re-scheduled while its handler runs, then cancelled: the pending run is removed
-#: (it never fires) but cancel_run returns False.
+#: re-scheduled while its handler runs, then cancelled: the pending version 2 is
+#: removed (True) and never fires (cancel_run returned False, and version 2 fired).
 LOCAL_CANCEL_RESCHEDULED = (
     [
         Sched(0.125, "l1", "w1", _LONG, 0.125, None, False, False),
@@ -345,53 +343,39 @@ LOCAL_CANCEL_RESCHEDULED = (
     ],
     5.1875,
 )
-
-LOCAL_BUGS = (
-    "non-persisted runs, _runs.py: (1) _start_local/_dropped_late add a local tombstone "
-    "without waking _local_forever, which only purges when woken, so retention is not "
-    "applied; (2) when it is awake at finished + retention, `finished < cutoff` is "
-    "False and `wait = oldest - cutoff` is 0: move_on_after(0) spins at one instant "
-    "(a livelock on MockClock); (3) cancel_run pops a running local run from _local "
-    "(returns False) so its finish writes no tombstone; (4) cancel_run returns "
-    "`entry is None or not entry.started` for a popped pending re-schedule whose "
-    "predecessor is running: False although a pending run was removed"
+#: the same for a persisted run under at-least-once (the pending record of version 2
+#: was left in the store and fired at 4.0).
+PERSISTED_CANCEL_RESCHEDULED = (
+    [
+        Sched(0.125, "p1", "w1", _LONG, 0.125, None, True, False),
+        Sched(0.375, "p1", "w1", _P, 4.0, None, True, True),
+        Cancel(0.625, "p1"),
+    ],
+    5.1875,
 )
+_RET6 = SingleConfig("at-least-once", 6.0, None)
 
 
 @SETTINGS
 @given(configs, single_timelines(PERSISTED_IDS))
 @example(_PLAIN, CANCEL_PENDING)
 @example(_PLAIN, PURGE)
+@example(_RET6, PERSISTED_CANCEL_RESCHEDULED)
 def test_persisted_runs_match_the_model(config: SingleConfig, case: tuple[list[Op], float]) -> None:
     check_single(config, *case)
 
 
-@pytest.mark.xfail(strict=True, reason=LOCAL_BUGS)
-@settings(
-    SETTINGS,
-    # While it is expected to fail, skip the long shrink (restore with the xfail's end).
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-)
+@SETTINGS
 @given(configs, single_timelines(PERSISTED_IDS + LOCAL_IDS))
 @example(_PLAIN, LOCAL_BEYOND_HORIZON)
 @example(_PLAIN, LOCAL_RETENTION)
 @example(_PLAIN, LOCAL_TOMBSTONE_SPIN)
-@example(SingleConfig("at-least-once", 6.0, None), LOCAL_CANCEL_RUNNING)
+@example(_RET6, LOCAL_CANCEL_RUNNING)
 @example(_PLAIN, LOCAL_CANCEL_RESCHEDULED)
+@example(_RET6, PERSISTED_CANCEL_RESCHEDULED)
 def test_persisted_and_local_runs_match_the_model(
     config: SingleConfig, case: tuple[list[Op], float]
 ) -> None:
-    check_single(config, *case)
-
-
-@pytest.mark.parametrize(
-    "case",
-    [LOCAL_RETENTION, LOCAL_TOMBSTONE_SPIN, LOCAL_CANCEL_RUNNING, LOCAL_CANCEL_RESCHEDULED],
-    ids=["retention", "tombstone-spin", "cancel-running", "cancel-rescheduled"],
-)
-@pytest.mark.xfail(strict=True, reason=LOCAL_BUGS)
-def test_local_run_counterexamples(case: tuple[list[Op], float]) -> None:
-    config = SingleConfig("at-least-once", 6.0 if case is LOCAL_CANCEL_RUNNING else 3.0, None)
     check_single(config, *case)
 
 
