@@ -353,6 +353,17 @@ PERSISTED_CANCEL_RESCHEDULED = (
     ],
     5.1875,
 )
+#: a local tombstone is kept for exactly the retention: l1 ran at 2.125 (retention 3),
+#: so scheduling it again at 5.125 still says "already-ran" (the local loop purged it
+#: at the boundary, and the id ran again).
+LOCAL_RETENTION_BOUNDARY = (
+    [
+        Cancel(0.125, "p1"),
+        Sched(2.125, "l1", "w1", _P, 2.125, None, False, False),
+        Sched(5.125, "l1", "w1", _P, 5.125, None, False, False),
+    ],
+    8.1875,
+)
 _RET6 = SingleConfig("at-least-once", 6.0, None)
 
 
@@ -370,6 +381,7 @@ def test_persisted_runs_match_the_model(config: SingleConfig, case: tuple[list[O
 @example(_PLAIN, LOCAL_BEYOND_HORIZON)
 @example(_PLAIN, LOCAL_RETENTION)
 @example(_PLAIN, LOCAL_TOMBSTONE_SPIN)
+@example(_PLAIN, LOCAL_RETENTION_BOUNDARY)
 @example(_RET6, LOCAL_CANCEL_RUNNING)
 @example(_PLAIN, LOCAL_CANCEL_RESCHEDULED)
 @example(_RET6, PERSISTED_CANCEL_RESCHEDULED)

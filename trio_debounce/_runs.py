@@ -54,6 +54,8 @@ PURGE_EVERY = 10
 PURGE_BATCH = 500
 #: Claims one sweep makes at once.
 CLAIM_CONCURRENCY = 16
+#: How long past a local tombstone's retention the local loop wakes to purge it, seconds.
+_TICK = 1e-3
 #: Longest wait between two retries of a failed store step, seconds.
 MAX_STEP_RETRY = 5.0
 
@@ -577,7 +579,7 @@ class RunScheduler:
                     self._arm_local(run)
             cutoff = wall - self._options.retention
             for run_id, (_, finished, _) in list(self._local_done.items()):
-                if finished <= cutoff:
+                if finished < cutoff:  # kept for retention seconds, then gone
                     del self._local_done[run_id]
             # No polling: sleep until the next run enters the horizon or the next
             # tombstone expires (a replay on a virtual clock would spin otherwise).
@@ -586,7 +588,8 @@ class RunScheduler:
                 wait = self._local_heap[0][0] - horizon_end
             if self._local_done:
                 oldest = min(finished for _, finished, _ in self._local_done.values())
-                wait = min(wait, oldest - cutoff)
+                # Just past the retention (a wait of 0 would spin at that instant).
+                wait = min(wait, max(oldest - cutoff, 0.0) + _TICK)
             with trio.move_on_after(max(wait, 0.0)):
                 await self._local_wake.wait()
             self._local_wake = trio.Event()
@@ -936,6 +939,9 @@ class RunScheduler:
         wall: float,
     ) -> ScheduledRun:
         done = self._local_done.get(run_id)
+        if done is not None and done[1] < wall - self._options.retention:
+            del self._local_done[run_id]  # past its retention (the loop purges lazily)
+            done = None
         if done is not None:
             old_run = done[0]
             return ScheduledRun(
