@@ -171,6 +171,18 @@ async def test_bad_options_raise_naming_the_value_and_change_nothing(
         assert len(c) == 0
 
 
+async def test_an_unknown_keyword_is_a_type_error(
+    autojump_clock: trio.testing.MockClock, recorder: Recorder
+) -> None:
+    async with open_coordinator(handlers={WF: recorder}) as c:
+        bad: dict[str, Any] = {"max_cout": 3}
+        with pytest.raises(TypeError, match="unexpected keyword argument 'max_cout'"):
+            await c.debounce(WF, "k", 1, delay=1.0, **bad)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'max_cout'"):
+            c.debounce_nowait(WF, "k", 1, delay=1.0, **bad)
+        assert len(c) == 0
+
+
 async def test_a_reducer_with_order_key_or_drop_oldest_is_refused(
     autojump_clock: trio.testing.MockClock, recorder: Recorder
 ) -> None:

@@ -9,13 +9,15 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import trio
 from trio.lowlevel import disable_ki_protection, enable_ki_protection
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 from . import _options, _validate
 from ._backend import (
@@ -30,7 +32,7 @@ from ._backend import (
     WindowStatus,
 )
 from ._errors import BackendAuthError, BackendConfigError, BackendError, BackendUnavailableError
-from ._options import InitialFactory, KeyRun, Reducer
+from ._options import DebounceOptions, InitialFactory, KeyRun, Reducer
 from ._types import (
     CoordinatorStatistics,
     DebounceResult,
@@ -70,16 +72,6 @@ _SCHEDULE_TRAILING = Outcome.SCHEDULE_TRAILING
 _FIRE_IMMEDIATE = Outcome.FIRE_IMMEDIATE
 _STALE = Outcome.STALE
 _new_tuple = tuple.__new__
-# The defaults of the issue-8 options, compared by identity on the fast path (a
-# literal "last" or "allow" is interned; an equal string built at run time takes the
-# slow path, which normalizes it and comes back).
-_LAST = "last"
-_ALLOW = "allow"
-
-#: The values of ``debounce(overflow=...)``.
-Overflow = Literal["fire-early", "drop-oldest"]
-#: The values of ``debounce(overlap=...)``.
-Overlap = Literal["allow", "queue-latest"]
 
 
 class _NoPublicConstructor(type):
@@ -287,14 +279,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         mode: Mode | str = Mode.TRAILING,
         run_id: str | None = None,
         on_fire: Handler | None = None,
-        max_count: int | None = None,
-        payload_policy: str = "last",
-        max_items: int | None = None,
-        overflow: Overflow | None = None,
-        overlap: Overlap = "allow",
-        run_timeout: float | None = None,
-        order_key: float | None = None,
-        drop_stale: bool = False,
+        **options: Unpack[DebounceOptions],
     ) -> DebounceResult:
         """Ping the window ``(workflow, key)``: open it, or let it absorb the ping.
 
@@ -316,48 +301,15 @@ class Coordinator(metaclass=_NoPublicConstructor):
           ValueError: also when ``mode`` differs from the shared window's mode.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        if not (
-            max_count is None
-            and order_key is None
-            and payload_policy is _LAST
-            and overlap is _ALLOW
-            and max_items is None
-            and overflow is None
-            and run_timeout is None
-            and drop_stale is False
-        ):
+        if options:
             if self._backend is None:
-                result = self._debounce_ext(
-                    workflow,
-                    key,
-                    payload,
-                    delay,
-                    max_delay,
-                    mode,
-                    run_id,
-                    on_fire,
-                    max_count,
-                    payload_policy,
-                    max_items,
-                    overflow,
-                    overlap,
-                    run_timeout,
-                    order_key,
-                    drop_stale,
+                result = self._debounce_options(
+                    workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
                 )
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return result
             # Raises unless the options equal the defaults after all.
-            self._refuse_shared_options(
-                max_count,
-                payload_policy,
-                max_items,
-                overflow,
-                overlap,
-                run_timeout,
-                order_key,
-                drop_stale,
-            )
+            self._refuse_shared_options(options)
         if self._backend is not None:
             # Shielded: the ping is taken or refused as a whole, within the backend's
             # operation deadline, never half-applied by a cancellation.
@@ -383,14 +335,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         mode: Mode | str = Mode.TRAILING,
         run_id: str | None = None,
         on_fire: Handler | None = None,
-        max_count: int | None = None,
-        payload_policy: str = "last",
-        max_items: int | None = None,
-        overflow: Overflow | None = None,
-        overlap: Overlap = "allow",
-        run_timeout: float | None = None,
-        order_key: float | None = None,
-        drop_stale: bool = False,
+        **options: Unpack[DebounceOptions],
     ) -> DebounceResult:
         """Ping the window ``(workflow, key)`` without checkpointing.
 
@@ -473,37 +418,11 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 "debounce_nowait() cannot reach the backend (it does no I/O); with "
                 "open_coordinator(backend=...) use await coordinator.debounce()"
             )
-        if (
-            max_count is None
-            and order_key is None
-            and payload_policy is _LAST
-            and overlap is _ALLOW
-            and max_items is None
-            and overflow is None
-            and run_timeout is None
-            and drop_stale is False
-        ):
-            return self._debounce_local(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+        if options:
+            return self._debounce_options(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
             )
-        return self._debounce_ext(
-            workflow,
-            key,
-            payload,
-            delay,
-            max_delay,
-            mode,
-            run_id,
-            on_fire,
-            max_count,
-            payload_policy,
-            max_items,
-            overflow,
-            overlap,
-            run_timeout,
-            order_key,
-            drop_stale,
-        )
+        return self._debounce_local(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)
 
     def _debounce_local(
         self,
@@ -544,7 +463,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 # A window with options (or a due "queue-latest" one that may wait).
                 return self._debounce_ext(
                     workflow, key, payload, delay, max_delay, mode, run_id, on_fire,
-                    None, _LAST, None, None, _ALLOW, None, None, False,
+                    None, _options.LAST, None, None, _options.ALLOW, None, None, False,
                 )  # fmt: skip
             window = None
         if window is not None:
@@ -586,21 +505,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     # ------------------------------------------------------- windows with options
 
-    def _refuse_shared_options(
-        self,
-        max_count: object,
-        payload_policy: object,
-        max_items: object,
-        overflow: object,
-        overlap: object,
-        run_timeout: object,
-        order_key: object,
-        drop_stale: object,
-    ) -> None:
-        name = _options.first_non_default(
-            max_count, payload_policy, max_items, overflow, overlap, run_timeout, order_key,
-            drop_stale,
-        )  # fmt: skip
+    def _refuse_shared_options(self, options: Mapping[str, object]) -> None:
+        _options.check_names(options)
+        name = _options.first_non_default(options)
         if name is not None:
             raise NotImplementedError(
                 f"debounce({name}=...) is not supported with a backend yet: shared windows "
@@ -608,6 +515,40 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 "overlap='allow', no order_key); open the coordinator without a backend "
                 "for in-process windows with options"
             )
+
+    def _debounce_options(
+        self,
+        workflow: str,
+        key: str,
+        payload: Any,
+        delay: float,
+        max_delay: float | None,
+        mode: Mode | str,
+        run_id: str | None,
+        on_fire: Handler | None,
+        options: Mapping[str, Any],
+    ) -> DebounceResult:
+        """A ping with keyword options: check their names, then _debounce_ext."""
+        _options.check_names(options)
+        get = options.get
+        return self._debounce_ext(
+            workflow,
+            key,
+            payload,
+            delay,
+            max_delay,
+            mode,
+            run_id,
+            on_fire,
+            get("max_count"),
+            get("payload_policy", _options.LAST),
+            get("max_items"),
+            get("overflow"),
+            get("overlap", _options.ALLOW),
+            get("run_timeout"),
+            get("order_key"),
+            get("drop_stale", False),
+        )
 
     def _debounce_ext(
         self,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from . import _validate
 from ._types import Mode
@@ -36,6 +36,11 @@ _OVERLAPS = (ALLOW, QUEUE_LATEST)
 
 #: ``max_items`` of a ``"collect"`` or reducer window when the caller gives none.
 DEFAULT_MAX_ITEMS = 1000
+
+#: The values of ``debounce(overflow=...)``.
+Overflow = Literal["fire-early", "drop-oldest"]
+#: The values of ``debounce(overlap=...)``.
+Overlap = Literal["allow", "queue-latest"]
 
 #: A reducer: ``fn(accumulated, new) -> accumulated``.
 Reducer = Callable[[Any, Any], Any]
@@ -176,28 +181,33 @@ def window_options(
     return WindowOptions(count, payload_policy, items, how, str(overlap), timeout, ordered)
 
 
-def first_non_default(
-    max_count: object,
-    payload_policy: object,
-    max_items: object,
-    overflow: object,
-    overlap: object,
-    run_timeout: object,
-    order_key: object,
-    drop_stale: object,
-) -> str | None:
+class DebounceOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Coordinator.debounce` (issue 8); see there."""
+
+    max_count: int | None
+    payload_policy: str
+    max_items: int | None
+    overflow: Overflow | None
+    overlap: Overlap
+    run_timeout: float | None
+    order_key: float | None
+    drop_stale: bool
+
+
+_NAMES = frozenset(DebounceOptions.__annotations__)
+_DEFAULTS: dict[str, object] = {"payload_policy": LAST, "overlap": ALLOW, "drop_stale": False}
+
+
+def check_names(options: Mapping[str, object]) -> None:
+    """Raise :exc:`TypeError` for a keyword that is not an option, as Python would."""
+    for name in options:
+        if name not in _NAMES:
+            raise TypeError(f"debounce() got an unexpected keyword argument {name!r}")
+
+
+def first_non_default(options: Mapping[str, object]) -> str | None:
     """The name of the first option that differs from its default, or None."""
-    given = {
-        "max_count": max_count is not None,
-        "payload_policy": payload_policy != LAST,
-        "max_items": max_items is not None,
-        "overflow": overflow is not None,
-        "overlap": overlap != ALLOW,
-        "run_timeout": run_timeout is not None,
-        "order_key": order_key is not None,
-        "drop_stale": drop_stale is not False,
-    }
-    return next((name for name, differs in given.items() if differs), None)
+    return next((name for name, value in options.items() if value != _DEFAULTS.get(name)), None)
 
 
 def mismatch(ident: tuple[str, str], window: WindowOptions, ping: WindowOptions) -> ValueError:
