@@ -24,6 +24,7 @@ from ._errors import BackendError as BackendError
 from ._errors import BackendUnavailableError as BackendUnavailableError
 from ._errors import DocumentTooLargeError as DocumentTooLargeError
 from ._errors import RevisionConflict as RevisionConflict
+from ._options import DebounceOptions as DebounceOptions
 from ._payload import JsonSerializer as JsonSerializer
 from ._payload import PayloadSerializer as PayloadSerializer
 from ._types import CoordinatorStatistics as CoordinatorStatistics
@@ -59,6 +60,7 @@ def _fixup_module_metadata() -> None:
         RevisionConflict,
         Coordinator,
         CoordinatorStatistics,
+        DebounceOptions,
         DebounceResult,
         Edge,
         Fire,

@@ -299,6 +299,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
           trio_debounce.BackendUnavailableError: the backend failed and
             ``on_backend_error="raise"``.
           ValueError: also when ``mode`` differs from the shared window's mode.
+          NotImplementedError: a window option (``max_count``, ``payload_policy``...)
+            other than its default, with a backend: shared windows do not take them yet.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         if options:
@@ -364,6 +366,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
           on_fire: ``async def on_fire(fire: Fire) -> None``. The handler of a fire is
             the latest non-None ``on_fire`` among the window's pings, else the handler
             registered for the workflow at fire time.
+
+        Keyword Args:
           max_count (int | None): >= 1. The ping that brings the window to this many
             pings makes it due at once: a trailing fire happens at that instant (with
             this ping in it), a leading-only window closes.

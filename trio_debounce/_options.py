@@ -182,7 +182,15 @@ def window_options(
 
 
 class DebounceOptions(TypedDict, total=False):
-    """The keyword options of :meth:`Coordinator.debounce` (issue 8); see there."""
+    """The window options :meth:`Coordinator.debounce` and
+    :meth:`~Coordinator.debounce_nowait` take as keywords (``**options``); every key is
+    optional. See :meth:`Coordinator.debounce_nowait` for each one.
+
+    Keys: ``max_count`` (int | None), ``payload_policy`` (str), ``max_items`` (int |
+    None), ``overflow`` (``"fire-early"`` | ``"drop-oldest"`` | None), ``overlap``
+    (``"allow"`` | ``"queue-latest"``), ``run_timeout`` (float | None, seconds),
+    ``order_key`` (float | None), ``drop_stale`` (bool).
+    """
 
     max_count: int | None
     payload_policy: str
