@@ -6,18 +6,27 @@ key (overlap="queue-latest", run_timeout) and caller ordering (order_key, drop_s
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from trio_debounce import DebounceResult, Outcome, open_coordinator
+from trio_debounce import Coordinator, DebounceResult, Edge, Mode, Outcome, open_coordinator
+from trio_debounce._protocol import WindowDoc
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
 from .conftest import Recorder
+from .fires import Fires
+from .model import Model, Options
 
 WF = "wf"
 
@@ -213,8 +222,8 @@ async def test_options_with_a_backend_raise_naming_the_option(
         handlers={WF: recorder}, backend=MemoryBackend(MemoryStore(), process_id="p1")
     ) as c:
         cases: list[tuple[dict[str, Any], str]] = [
-            ({"max_count": 2}, "max_count"),
             ({"payload_policy": "collect"}, "payload_policy"),
+            ({"max_count": 2, "payload_policy": "first"}, "payload_policy"),
             ({"overlap": "queue-latest"}, "overlap"),
             ({"order_key": 3}, "order_key"),
         ]
@@ -616,3 +625,134 @@ async def test_drop_stale_counts_a_leading_fire(
         ("leading", "a"),
         ("trailing", "c"),
     ]
+
+
+# ------------------------------------------------------ max_count across processes
+
+
+def _near(t: float) -> Any:
+    # Shared times pass through the wall clock (epoch seconds as floats).
+    return pytest.approx(t, abs=0.02)
+
+
+@asynccontextmanager
+async def _processes(
+    store: MemoryStore, fires: Fires, names: str
+) -> AsyncIterator[list[Coordinator]]:
+    async with AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(
+                open_coordinator(
+                    handlers={WF: fires.handler(name)},
+                    backend=MemoryBackend(
+                        store, process_id=name, process_lease=6.0, max_clock_skew=1.0
+                    ),
+                )
+            )
+            for name in names
+        ]
+
+
+async def test_shared_max_count_the_pinger_that_reaches_it_takes_the_fire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with _processes(store, fires, "ABC") as (a, b, c):
+        t0 = trio.current_time()
+        r = await a.debounce(WF, "k", "a", delay=10.0, max_count=3)
+        assert (r.outcome, r.owner) == (Outcome.SCHEDULE_TRAILING, True)
+        await trio.sleep(1.0)
+        r = await b.debounce(WF, "k", "b", delay=10.0, max_count=3)
+        assert (r.ping_count, r.scheduled_at) == (2, _near(t0 + 11.0))
+        await trio.sleep(1.0)
+        r = await c.debounce(WF, "k", "c", delay=10.0, max_count=3)
+        assert (r.outcome, r.ping_count, r.scheduled_at) == (
+            Outcome.COALESCE,
+            3,
+            _near(t0 + 2.0),
+        )
+        await trio.sleep(1.0)
+        # The window has fired: the next ping opens a new one.
+        r = await b.debounce(WF, "k", "d", delay=10.0, max_count=3)
+        assert (r.outcome, r.owner, r.ping_count) == (Outcome.SCHEDULE_TRAILING, True, 1)
+    [(p1, f1), (p2, f2)] = fires.of("k")
+    assert (p1, f1.payload, f1.ping_count, f1.fired_at) == ("C", "c", 3, _near(t0 + 2.0))
+    assert (p2, f2.payload, f2.ping_count, f2.fired_at) == ("B", "d", 1, _near(t0 + 13.0))
+
+
+async def test_shared_max_count_reached_by_the_owner_fires_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with _processes(store, fires, "AB") as (a, b):
+        t0 = trio.current_time()
+        await a.debounce(WF, "k", 1, delay=10.0, max_count=2)
+        await trio.sleep(1.0)
+        r = await a.debounce(WF, "k", 2, delay=10.0, max_count=2)
+        assert r.scheduled_at == _near(t0 + 1.0)
+        await trio.sleep(0.5)
+        assert fires.by_edge() == [("A", "k", 2, 2, Edge.TRAILING)]
+        await b.debounce(WF, "j", 1, delay=5.0, max_count=2)
+        with pytest.raises(ValueError, match="max_count 3 differs from the max_count 2"):
+            await a.debounce(WF, "j", 2, delay=5.0, max_count=3)
+        with pytest.raises(ValueError, match="max_count None differs from the max_count 2"):
+            await a.debounce(WF, "j", 2, delay=5.0)
+        r = await b.debounce(WF, "one", 1, delay=5.0, max_count=1)
+        assert r.scheduled_at == _near(trio.current_time())
+    assert ("B", "one", 1, 1, Edge.TRAILING) in fires.by_edge()
+    assert [f.ping_count for _, f in fires.of("j")] == [1]
+
+
+def test_window_documents_with_max_count_are_version_2_and_version_1_still_reads() -> None:
+    doc = WindowDoc("p", "e", "r", Mode.TRAILING, 1.0, None, 0.0, 0.0, 1.0, None, 1.0, 1, "w", "w")
+    assert json.loads(doc.encode())["v"] == 1
+    assert "max_count" not in json.loads(doc.encode())
+    counted = replace(doc, max_count=3)
+    assert json.loads(counted.encode())["v"] == 2
+    assert WindowDoc.decode(counted.encode()) == counted
+    assert WindowDoc.decode(doc.encode()) == doc
+    bad = json.loads(counted.encode())
+    bad["max_count"] = 0
+    with pytest.raises(ValueError, match="bad max_count 0"):
+        WindowDoc.decode(json.dumps(bad).encode())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 3), st.integers(0, 2), st.sampled_from("ab")),
+        min_size=1,
+        max_size=25,
+    ),
+    st.sampled_from([None, 1, 2, 3, 5]),
+    st.integers(0, 4),
+)
+def test_shared_max_count_matches_the_model(
+    pings: list[tuple[int, int, str]], max_count: int | None, delay_steps: int
+) -> None:
+    # Pings at whole seconds from three processes; deadlines at half seconds, so no
+    # ping meets a deadline (shared times pass through the wall clock and are only
+    # near, not equal).
+    delay = delay_steps + 0.5
+    model = Model()
+    t = 0.0
+    for i, (dt, _, key) in enumerate(pings):
+        t += dt
+        model.ping(t, (WF, key), i, delay, None, "trailing", f"r{i}", Options(max_count=max_count))
+    model.finish(math.inf)
+    expected = sorted((f.key[1], f.payload, f.ping_count, f.fired_at) for f in model.fires)
+
+    async def main() -> list[tuple[str, Any, int, float]]:
+        store, fires = MemoryStore(), Fires()
+        t0 = trio.current_time()
+        async with _processes(store, fires, "ABC") as coordinators:
+            for i, (dt, who, key) in enumerate(pings):
+                await trio.sleep(dt)
+                kwargs: dict[str, Any] = {} if max_count is None else {"max_count": max_count}
+                await coordinators[who].debounce(WF, key, i, delay=delay, run_id=f"r{i}", **kwargs)
+        return sorted((f.key, f.payload, f.ping_count, f.fired_at - t0) for _, f in fires.log)
+
+    got = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [(k, p, n) for k, p, n, _ in got] == [(k, p, n) for k, p, n, _ in expected]
+    for (_, _, _, at), (_, _, _, want) in zip(got, expected, strict=True):
+        assert at == pytest.approx(want, abs=0.05)

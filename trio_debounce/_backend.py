@@ -292,8 +292,15 @@ class DebounceBackend(abc.ABC):
         max_delay: float | None,
         run_id: str,
         payload: Any = None,
+        max_count: int | None = None,
     ) -> Registration:
         """Register one ping of ``(workflow, key)``, with its payload.
+
+        ``max_count`` (window option, fixed by the first ping like ``mode``): the ping
+        that brings the window's count to it makes the window due at once (its
+        ``scheduled_at`` is now; a non-owner's ping gets ``take_at``). The coordinator
+        passes it only when it is not None, so a backend written before it existed
+        keeps working for windows without it.
 
         Atomic: the ping is applied to the window's record by one compare-and-swap
         (retried on conflict, with jittered backoff, until the operation deadline), or

@@ -310,14 +310,25 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 )
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return result
-            # Raises unless the options equal the defaults after all.
-            self._refuse_shared_options(options)
+            # Raises unless the options are max_count and defaults.
+            max_count = self._shared_options(options)
+        else:
+            max_count = None
         if self._backend is not None:
             # Shielded: the ping is taken or refused as a whole, within the backend's
             # operation deadline, never half-applied by a cancellation.
             with trio.CancelScope(shield=True):
                 return await self._debounce_shared(
-                    self._backend, workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+                    self._backend,
+                    workflow,
+                    key,
+                    payload,
+                    delay,
+                    max_delay,
+                    mode,
+                    run_id,
+                    on_fire,
+                    max_count,
                 )
         result = self._debounce_local(
             workflow, key, payload, delay, max_delay, mode, run_id, on_fire
@@ -509,16 +520,20 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     # ------------------------------------------------------- windows with options
 
-    def _refuse_shared_options(self, options: Mapping[str, object]) -> None:
+    def _shared_options(self, options: Mapping[str, object]) -> int | None:
+        """The max_count of a shared ping; NotImplementedError for other options."""
         _options.check_names(options)
-        name = _options.first_non_default(options)
+        rest = {name: value for name, value in options.items() if name != "max_count"}
+        name = _options.first_non_default(rest)
         if name is not None:
             raise NotImplementedError(
                 f"debounce({name}=...) is not supported with a backend yet: shared windows "
-                "take the default options only (max_count=None, payload_policy='last', "
-                "overlap='allow', no order_key); open the coordinator without a backend "
-                "for in-process windows with options"
+                "take max_count and the defaults of the other options only "
+                "(payload_policy='last', overlap='allow', no order_key); open the "
+                "coordinator without a backend for in-process windows with options"
             )
+        max_count = options.get("max_count")
+        return None if max_count is None else _options.count("max_count", max_count)
 
     def _debounce_options(
         self,
@@ -878,6 +893,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         mode: Mode | str,
         run_id: str | None,
         on_fire: Handler | None,
+        max_count: int | None = None,
     ) -> DebounceResult:
         if self._closed:
             raise _closed_error()
@@ -897,8 +913,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
         local = self._windows.get(ident)
         if local is not None and self._now() < local.deadline:
             # A window opened locally while the backend failed keeps its burst.
-            return self._debounce_local(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+            return self._fail_open_ping(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, max_count
             )
         shared = self._shared.get(ident)
         if (
@@ -911,6 +927,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             run_id = uuid.uuid4().hex
         self._registering.add(run_id)
         try:
+            # max_count only when given: a backend that predates it keeps working.
+            extra = {} if max_count is None else {"max_count": max_count}
             registration = await backend.register(
                 workflow,
                 key,
@@ -919,6 +937,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 max_delay=max_delay,
                 run_id=run_id,
                 payload=payload,
+                **extra,
             )
         except BackendError as exc:
             if isinstance(exc, (ValueError, BackendAuthError, BackendConfigError)):
@@ -938,8 +957,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             )
             if self._closed:
                 raise _closed_error() from exc
-            result = self._debounce_local(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+            result = self._fail_open_ping(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, max_count
             )
             # The write may still land (a timeout is ambiguous) and make us the owner
             # of a shared window with this run id: reconcile soon, and then adopt or
@@ -950,6 +969,28 @@ class Coordinator(metaclass=_NoPublicConstructor):
         finally:
             self._registering.discard(run_id)
         return self._apply_registration(ident, registration, on_fire)
+
+    def _fail_open_ping(
+        self,
+        workflow: str,
+        key: str,
+        payload: Any,
+        delay: float,
+        max_delay: float | None,
+        mode: Mode,
+        run_id: str | None,
+        on_fire: Handler | None,
+        max_count: int | None,
+    ) -> DebounceResult:
+        """A ping into a local window, because the backend failed (or had failed)."""
+        if max_count is None:
+            return self._debounce_local(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+            )
+        return self._debounce_ext(
+            workflow, key, payload, delay, max_delay, mode, run_id, on_fire,
+            max_count, _options.LAST, None, None, _options.ALLOW, None, None, False,
+        )  # fmt: skip
 
     def _to_trio(self, wall_at: float) -> float:
         assert self._backend is not None

@@ -86,7 +86,7 @@ class KeyRun:
         self.waiter: Window | None = None
 
 
-def _count(name: str, value: object) -> int:
+def count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {value!r}")
     if value < 1:
@@ -126,7 +126,7 @@ def window_options(
       TypeError: an option has the wrong type (the message names it).
       ValueError: an option has a bad value, or options that do not go together.
     """
-    count = None if max_count is None else _count("max_count", max_count)
+    limit = None if max_count is None else count("max_count", max_count)
     if not isinstance(payload_policy, str):
         raise TypeError(f"payload_policy must be a str, not {payload_policy!r}")
     if payload_policy not in _BUILTIN_POLICIES and payload_policy not in reducers:
@@ -138,7 +138,7 @@ def window_options(
     accumulates = payload_policy not in (LAST, FIRST)
     items: int | None = None
     if max_items is not None:
-        items = _count("max_items", max_items)
+        items = count("max_items", max_items)
         if not accumulates:
             raise ValueError(
                 f"max_items bounds payload_policy 'collect' or a reducer, not {payload_policy!r}"
@@ -178,7 +178,7 @@ def window_options(
             f"order_key cannot be combined with the reducer {payload_policy!r}: a reducer "
             "folds payloads in arrival order (put the order key in the payload instead)"
         )
-    return WindowOptions(count, payload_policy, items, how, str(overlap), timeout, ordered)
+    return WindowOptions(limit, payload_policy, items, how, str(overlap), timeout, ordered)
 
 
 class DebounceOptions(TypedDict, total=False):

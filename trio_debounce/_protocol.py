@@ -50,6 +50,10 @@ from ._types import Mode
 logger = logging.getLogger("trio_debounce.backend")
 
 SCHEMA_VERSION = 1
+#: The version of a window document that uses issue 8's ``max_count``; documents
+#: without it stay version 1, so processes that predate it keep reading them. Readers
+#: accept both.
+WINDOW_SCHEMA_OPTIONS = 2
 SWEEPER_KEY = "s.sweeper"
 _LEASE_PREFIX = "p."
 _WINDOW_PREFIX = WINDOW_PREFIX + "."
@@ -60,7 +64,8 @@ _TOKEN_SHIFT = 40
 
 @dataclass(frozen=True, slots=True)
 class WindowDoc:
-    """The shared document of one window (schema version 1); times are wall clock."""
+    """The shared document of one window (schema version 1, or 2 with ``max_count``);
+    times are wall clock."""
 
     owner: str
     epoch: str
@@ -82,11 +87,17 @@ class WindowDoc:
     #: True once the window has fired under at-most-once delivery: a tombstone that
     #: proves the fire, which the next ping opens a new window over.
     fired: bool = False
+    #: The window's max_count (version 2 documents only): the ping that brings
+    #: ``count`` to it makes the window due at once.
+    max_count: int | None = None
 
     def encode(self) -> bytes:
+        extra: dict[str, Any] = {}
+        if self.max_count is not None:
+            extra["max_count"] = self.max_count
         return json.dumps(
             {
-                "v": SCHEMA_VERSION,
+                "v": SCHEMA_VERSION if self.max_count is None else WINDOW_SCHEMA_OPTIONS,
                 "owner": self.owner,
                 "epoch": self.epoch,
                 "run": self.run_id,
@@ -103,6 +114,7 @@ class WindowDoc:
                 "open": self.opened_by,
                 "payload": self.payload,
                 "fired": self.fired,
+                **extra,
             },
             separators=(",", ":"),
             ensure_ascii=False,
@@ -110,10 +122,15 @@ class WindowDoc:
 
     @classmethod
     def decode(cls, raw: bytes) -> WindowDoc:
-        """Parse a document; raises ValueError for anything but a valid version 1."""
+        """Parse a document; raises ValueError for anything but a valid version 1 or 2."""
         obj = json.loads(raw)
-        if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
-            raise ValueError("not a version 1 window document")
+        if not isinstance(obj, dict) or obj.get("v") not in (SCHEMA_VERSION, WINDOW_SCHEMA_OPTIONS):
+            raise ValueError("not a version 1 or 2 window document")
+        max_count = None
+        if obj["v"] == WINDOW_SCHEMA_OPTIONS:
+            max_count = obj["max_count"]
+            if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+                raise ValueError(f"bad max_count {max_count!r}")
         doc = cls(
             owner=_str(obj, "owner"),
             epoch=_str(obj, "epoch"),
@@ -131,6 +148,7 @@ class WindowDoc:
             opened_by=_str(obj, "open"),
             payload=_opt_str(obj, "payload"),
             fired=obj.get("fired", False) is True,
+            max_count=max_count,
         )
         if doc.count < 1:
             raise ValueError("count < 1")
@@ -498,10 +516,13 @@ class KvDebounceBackend(DebounceBackend):
         run_id: str,
         write: str,
         payload: str,
+        max_count: int | None = None,
     ) -> tuple[Registered, WindowDoc, float | None]:
         if doc is None or doc.fired:
             cap = None if max_delay is None else now + max_delay
             at = now + delay if cap is None else min(now + delay, cap)
+            if max_count == 1:
+                at = now
             new = WindowDoc(
                 self._process_id,
                 self._epoch,
@@ -518,6 +539,7 @@ class KvDebounceBackend(DebounceBackend):
                 write,
                 write,
                 payload,
+                max_count=max_count,
             )
             return Registered.OPENED, new, None
         if doc.mode is not mode:
@@ -525,7 +547,16 @@ class KvDebounceBackend(DebounceBackend):
                 f"mode {mode.value!r} differs from the mode {doc.mode.value!r} of the open "
                 f"window (run {doc.run_id})"
             )
+        if doc.max_count != max_count:
+            raise ValueError(
+                f"max_count {max_count!r} differs from the max_count {doc.max_count!r} of the "
+                f"open window (run {doc.run_id})"
+            )
         at = now + delay if doc.cap is None else min(now + delay, doc.cap)
+        if doc.max_count is not None and doc.count + 1 >= doc.max_count:
+            # Due at once. A peer's ping makes the fire earlier than the owner armed,
+            # so the pinger takes it by compare-and-swap (the owner's timer cannot know).
+            at = now
         if self._mine(doc):
             new = replace(
                 doc, last=now, at=at, armed=at, count=doc.count + 1, write=write, payload=payload
@@ -557,6 +588,7 @@ class KvDebounceBackend(DebounceBackend):
         max_delay: float | None,
         run_id: str,
         payload: Any = None,
+        max_count: int | None = None,
     ) -> Registration:
         kv_key = window_key(workflow, key)
         text = self._serializer.dumps(payload)
@@ -599,7 +631,7 @@ class KvDebounceBackend(DebounceBackend):
                     live = doc is not None and not doc.fired and await self._owner_live(doc, now)
                     last_doc, last_live = doc, live
                     outcome, new, take_at = self._apply_ping(
-                        doc, live, now, mode, delay, max_delay, run_id, write, text
+                        doc, live, now, mode, delay, max_delay, run_id, write, text, max_count
                     )
                     attempted = (outcome, take_at)
                     revision = await self._call(
