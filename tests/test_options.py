@@ -315,6 +315,31 @@ async def test_a_reducer_that_raises_leaves_the_ping_untaken(
     assert [(f.payload, f.ping_count) for f in recorder.fires] == [(5, 2)]
 
 
+async def test_an_overflowing_ping_that_raises_leaves_the_full_window_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    recorder = Recorder()
+
+    def picky(acc: int, new: int) -> int:
+        if new < 0:
+            raise ArithmeticError(f"negative {new}")
+        return acc + new
+
+    async with open_coordinator() as c:
+        c.set_reducer("picky", picky, initial=int)
+        opts: dict[str, Any] = {"payload_policy": "picky", "max_items": 2}
+        await c.debounce(WF, "k", 1, delay=5.0, on_fire=recorder, **opts)
+        await c.debounce(WF, "k", 2, delay=5.0, **opts)
+        with pytest.raises(ArithmeticError):  # it would open the next window
+            await c.debounce(WF, "k", -1, delay=5.0, on_fire=recorder, **opts)
+        with pytest.raises(LookupError, match="no handler for workflow 'wf'"):
+            await c.debounce(WF, "k", 3, delay=5.0, **opts)  # the window's on_fire is its own
+        assert c.has(WF, "k")
+        assert recorder.fires == []
+        await c.debounce(WF, "k", 4, delay=5.0, on_fire=recorder, **opts)
+    assert [(f.payload, f.ping_count) for f in recorder.fires] == [(3, 2), (4, 1)]
+
+
 async def test_replacing_a_reducer_leaves_open_windows_alone(
     autojump_clock: trio.testing.MockClock, recorder: Recorder
 ) -> None:

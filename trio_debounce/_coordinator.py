@@ -669,9 +669,16 @@ class Coordinator(metaclass=_NoPublicConstructor):
         if _options.full(window):
             # overflow="fire-early": the window fires now with what it holds (even
             # while a "queue-latest" run executes), and this ping opens the next one.
+            # What may raise (no handler, the reducer) runs before anything changes.
+            if on_fire is None and workflow not in self._handlers:
+                raise self._no_handler(workflow)
+            prepared = None
+            if opts.reducer:
+                reducer = self._reducers[opts.payload_policy]
+                prepared = (reducer, _options.fold_first(reducer, payload))
             self._due_now(window, now)
             return self._open_ext(
-                ident, now, payload, delay, max_delay, mode, run_id, on_fire, opts, order
+                ident, now, payload, delay, max_delay, mode, run_id, on_fire, opts, order, prepared
             )
         folded: Any = None
         if opts.reducer:
@@ -715,14 +722,18 @@ class Coordinator(metaclass=_NoPublicConstructor):
         on_fire: Handler | None,
         opts: _options.WindowOptions,
         order: float | None,
+        prepared: tuple[tuple[Reducer, InitialFactory | None], Any] | None = None,
     ) -> DebounceResult:
-        """Open a window with options (arguments validated by _debounce_ext)."""
+        """Open a window with options (arguments validated by _debounce_ext;
+        ``prepared``: the reducer and its first fold, if the caller computed them)."""
         workflow, key = ident
         if on_fire is None and workflow not in self._handlers:
             raise self._no_handler(workflow)
         acc: Any = None
         reducer = None
-        if opts.reducer:
+        if prepared is not None:
+            reducer, acc = prepared
+        elif opts.reducer:
             reducer = self._reducers[opts.payload_policy]
             acc = _options.fold_first(reducer, payload)  # may raise: nothing changed yet
         if run_id is None:
