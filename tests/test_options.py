@@ -223,9 +223,10 @@ async def test_options_with_a_backend_raise_naming_the_option(
     ) as c:
         cases: list[tuple[dict[str, Any], str]] = [
             ({"payload_policy": "collect"}, "payload_policy"),
-            ({"max_count": 2, "payload_policy": "first"}, "payload_policy"),
+            ({"max_count": 2, "payload_policy": "sum"}, "payload_policy"),
             ({"overlap": "queue-latest"}, "overlap"),
-            ({"order_key": 3}, "order_key"),
+            ({"order_key": 3, "drop_stale": True}, "drop_stale"),
+            ({"max_items": 3}, "max_items"),
         ]
         for kwargs, name in cases:
             with pytest.raises(NotImplementedError, match=rf"debounce\({name}=\.\.\.\) is not"):
@@ -728,6 +729,32 @@ async def test_shared_max_count_reached_by_the_owner_fires_at_once(
     assert [f.ping_count for _, f in fires.of("j")] == [1]
 
 
+async def test_shared_order_key_and_first_keep_the_right_payload_across_processes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with _processes(store, fires, "ABC") as (a, b, c):
+        for who, payload, order in [(a, "e5", 5), (b, "e9", 9), (c, "e7", 7), (a, "e9b", 9)]:
+            await who.debounce(WF, "last", payload, delay=5.0, order_key=order)
+            await who.debounce(
+                WF, "first", payload, delay=5.0, order_key=order, payload_policy="first"
+            )
+            await who.debounce(WF, "plain-first", payload, delay=5.0, payload_policy="first")
+            await trio.sleep(1.0)
+        with pytest.raises(ValueError, match="opened with an order_key: every ping"):
+            await b.debounce(WF, "last", "x", delay=5.0)
+        with pytest.raises(ValueError, match="payload_policy 'last' differs from the payload_"):
+            await c.debounce(WF, "first", "x", delay=5.0, order_key=1)
+        with pytest.raises(NotImplementedError, match="drop_stale"):
+            await c.debounce(WF, "first", "x", delay=5.0, order_key=1, drop_stale=True)
+    payloads = {f.key: (f.payload, f.ping_count) for _, f in fires.log}
+    assert payloads == {
+        "last": ("e9b", 4),  # the highest order key; ties: the later arrival
+        "first": ("e5", 4),  # the lowest
+        "plain-first": ("e5", 4),  # the first to arrive
+    }
+
+
 def test_window_documents_with_max_count_are_version_2_and_version_1_still_reads() -> None:
     doc = WindowDoc("p", "e", "r", Mode.TRAILING, 1.0, None, 0.0, 0.0, 1.0, None, 1.0, 1, "w", "w")
     assert json.loads(doc.encode())["v"] == 1
@@ -740,6 +767,9 @@ def test_window_documents_with_max_count_are_version_2_and_version_1_still_reads
     bad["max_count"] = 0
     with pytest.raises(ValueError, match="bad max_count 0"):
         WindowDoc.decode(json.dumps(bad).encode())
+    ordered = replace(doc, payload_policy="first", ordered=True, order=4)
+    assert json.loads(ordered.encode())["v"] == 2
+    assert WindowDoc.decode(ordered.encode()) == ordered
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -751,9 +781,15 @@ def test_window_documents_with_max_count_are_version_2_and_version_1_still_reads
     ),
     st.sampled_from([None, 1, 2, 3, 5]),
     st.integers(0, 4),
+    st.sampled_from(["last", "first"]),
+    st.none() | st.lists(st.integers(0, 4), min_size=25, max_size=25),
 )
-def test_shared_max_count_matches_the_model(
-    pings: list[tuple[int, int, str]], max_count: int | None, delay_steps: int
+def test_shared_options_match_the_model(
+    pings: list[tuple[int, int, str]],
+    max_count: int | None,
+    delay_steps: int,
+    policy: str,
+    orders: list[int] | None,
 ) -> None:
     # Pings at whole seconds from three processes; deadlines at half seconds, so no
     # ping meets a deadline (shared times pass through the wall clock and are only
@@ -761,9 +797,11 @@ def test_shared_max_count_matches_the_model(
     delay = delay_steps + 0.5
     model = Model()
     t = 0.0
+    opts = Options(max_count=max_count, payload_policy=policy)
     for i, (dt, _, key) in enumerate(pings):
         t += dt
-        model.ping(t, (WF, key), i, delay, None, "trailing", f"r{i}", Options(max_count=max_count))
+        order = None if orders is None else orders[i]
+        model.ping(t, (WF, key), i, delay, None, "trailing", f"r{i}", opts, order)
     model.finish(math.inf)
     expected = sorted((f.key[1], f.payload, f.ping_count, f.fired_at) for f in model.fires)
 
@@ -773,7 +811,11 @@ def test_shared_max_count_matches_the_model(
         async with _processes(store, fires, "ABC") as coordinators:
             for i, (dt, who, key) in enumerate(pings):
                 await trio.sleep(dt)
-                kwargs: dict[str, Any] = {} if max_count is None else {"max_count": max_count}
+                kwargs: dict[str, Any] = {"payload_policy": policy}
+                if max_count is not None:
+                    kwargs["max_count"] = max_count
+                if orders is not None:
+                    kwargs["order_key"] = orders[i]
                 await coordinators[who].debounce(WF, key, i, delay=delay, run_id=f"r{i}", **kwargs)
         return sorted((f.key, f.payload, f.ping_count, f.fired_at - t0) for _, f in fires.log)
 

@@ -293,6 +293,8 @@ class DebounceBackend(abc.ABC):
         run_id: str,
         payload: Any = None,
         max_count: int | None = None,
+        payload_policy: str = "last",
+        order_key: float | None = None,
     ) -> Registration:
         """Register one ping of ``(workflow, key)``, with its payload.
 
@@ -300,7 +302,11 @@ class DebounceBackend(abc.ABC):
         that brings the window's count to it makes the window due at once (its
         ``scheduled_at`` is now; a non-owner's ping gets ``take_at``). The coordinator
         passes it only when it is not None, so a backend written before it existed
-        keeps working for windows without it.
+        keeps working for windows without it. Likewise ``payload_policy`` (``"last"``
+        or ``"first"``, fixed by the first ping: which payload the record keeps) and
+        ``order_key`` (a window opened with one needs one on every ping: the kept
+        payload is the one with the highest order key, or the lowest under
+        ``"first"``). The returned ``payload`` is then the record's, not the ping's.
 
         Atomic: the ping is applied to the window's record by one compare-and-swap
         (retried on conflict, with jittered backoff, until the operation deadline), or

@@ -310,10 +310,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 )
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return result
-            # Raises unless the options are max_count and defaults.
-            max_count = self._shared_options(options)
+            # Raises for the options shared windows do not take yet.
+            shared_options = self._shared_options(options)
         else:
-            max_count = None
+            shared_options = None
         if self._backend is not None:
             # Shielded: the ping is taken or refused as a whole, within the backend's
             # operation deadline, never half-applied by a cancellation.
@@ -328,7 +328,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     mode,
                     run_id,
                     on_fire,
-                    max_count,
+                    shared_options,
                 )
         result = self._debounce_local(
             workflow, key, payload, delay, max_delay, mode, run_id, on_fire
@@ -520,20 +520,32 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     # ------------------------------------------------------- windows with options
 
-    def _shared_options(self, options: Mapping[str, object]) -> int | None:
-        """The max_count of a shared ping; NotImplementedError for other options."""
+    def _shared_options(self, options: Mapping[str, object]) -> dict[str, Any] | None:
+        """The options a shared ping passes to the backend's register (None: only
+        defaults); NotImplementedError for the options shared windows do not take."""
         _options.check_names(options)
-        rest = {name: value for name, value in options.items() if name != "max_count"}
+        shared = ("max_count", "payload_policy", "order_key")
+        rest = {name: value for name, value in options.items() if name not in shared}
         name = _options.first_non_default(rest)
+        policy = options.get("payload_policy", _options.LAST)
+        if name is None and policy not in (_options.LAST, _options.FIRST):
+            name = "payload_policy"
         if name is not None:
             raise NotImplementedError(
                 f"debounce({name}=...) is not supported with a backend yet: shared windows "
-                "take max_count and the defaults of the other options only "
-                "(payload_policy='last', overlap='allow', no order_key); open the "
-                "coordinator without a backend for in-process windows with options"
+                "take max_count, payload_policy='last' or 'first' and order_key, and the "
+                "defaults of the other options (no collect or reducers, overlap='allow', "
+                "no drop_stale); open the coordinator without a backend for in-process "
+                "windows with them"
             )
-        max_count = options.get("max_count")
-        return None if max_count is None else _options.count("max_count", max_count)
+        extra: dict[str, Any] = {}
+        if options.get("max_count") is not None:
+            extra["max_count"] = _options.count("max_count", options["max_count"])
+        if policy != _options.LAST:
+            extra["payload_policy"] = _options.FIRST
+        if options.get("order_key") is not None:
+            extra["order_key"] = _options.order_key(options["order_key"])
+        return extra or None
 
     def _debounce_options(
         self,
@@ -904,8 +916,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
         mode: Mode | str,
         run_id: str | None,
         on_fire: Handler | None,
-        max_count: int | None = None,
+        options: dict[str, Any] | None = None,
     ) -> DebounceResult:
+        """A ping of a shared window; ``options``: from _shared_options, passed to
+        the backend's register only when there are any."""
         if self._closed:
             raise _closed_error()
         delay = _validate.duration("delay", delay)
@@ -925,7 +939,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         if local is not None and self._now() < local.deadline:
             # A window opened locally while the backend failed keeps its burst.
             return self._fail_open_ping(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, max_count
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
             )
         shared = self._shared.get(ident)
         if (
@@ -938,8 +952,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             run_id = uuid.uuid4().hex
         self._registering.add(run_id)
         try:
-            # max_count only when given: a backend that predates it keeps working.
-            extra = {} if max_count is None else {"max_count": max_count}
+            # Options only when given: a backend that predates them keeps working.
             registration = await backend.register(
                 workflow,
                 key,
@@ -948,7 +961,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 max_delay=max_delay,
                 run_id=run_id,
                 payload=payload,
-                **extra,
+                **(options or {}),
             )
         except BackendError as exc:
             if isinstance(exc, (ValueError, BackendAuthError, BackendConfigError)):
@@ -969,7 +982,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             if self._closed:
                 raise _closed_error() from exc
             result = self._fail_open_ping(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, max_count
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
             )
             # The write may still land (a timeout is ambiguous) and make us the owner
             # of a shared window with this run id: reconcile soon, and then adopt or
@@ -991,17 +1004,16 @@ class Coordinator(metaclass=_NoPublicConstructor):
         mode: Mode,
         run_id: str | None,
         on_fire: Handler | None,
-        max_count: int | None,
+        options: dict[str, Any] | None,
     ) -> DebounceResult:
         """A ping into a local window, because the backend failed (or had failed)."""
-        if max_count is None:
+        if options is None:
             return self._debounce_local(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire
             )
-        return self._debounce_ext(
-            workflow, key, payload, delay, max_delay, mode, run_id, on_fire,
-            max_count, _options.LAST, None, None, _options.ALLOW, None, None, False,
-        )  # fmt: skip
+        return self._debounce_options(
+            workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
+        )
 
     def _to_trio(self, wall_at: float) -> float:
         assert self._backend is not None

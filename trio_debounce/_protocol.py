@@ -50,9 +50,9 @@ from ._types import Mode
 logger = logging.getLogger("trio_debounce.backend")
 
 SCHEMA_VERSION = 1
-#: The version of a window document that uses issue 8's ``max_count``; documents
-#: without it stay version 1, so processes that predate it keep reading them. Readers
-#: accept both.
+#: The version of a window document that uses issue 8's options (``max_count``,
+#: ``payload_policy="first"``, order keys); documents without them stay version 1, so
+#: processes that predate them keep reading those. Readers accept both.
 WINDOW_SCHEMA_OPTIONS = 2
 SWEEPER_KEY = "s.sweeper"
 _LEASE_PREFIX = "p."
@@ -90,14 +90,29 @@ class WindowDoc:
     #: The window's max_count (version 2 documents only): the ping that brings
     #: ``count`` to it makes the window due at once.
     max_count: int | None = None
+    #: ``"last"`` or ``"first"`` (version 2 documents only when ``"first"``).
+    payload_policy: str = "last"
+    #: True when the window's pings carry order keys (version 2 only); ``order`` is
+    #: then the order key of the stored ``payload``.
+    ordered: bool = False
+    order: float | None = None
+
+    @property
+    def has_options(self) -> bool:
+        return self.max_count is not None or self.payload_policy != "last" or self.ordered
 
     def encode(self) -> bytes:
         extra: dict[str, Any] = {}
         if self.max_count is not None:
             extra["max_count"] = self.max_count
+        if self.payload_policy != "last":
+            extra["policy"] = self.payload_policy
+        if self.ordered:
+            extra["ordered"] = True
+            extra["order"] = self.order
         return json.dumps(
             {
-                "v": SCHEMA_VERSION if self.max_count is None else WINDOW_SCHEMA_OPTIONS,
+                "v": WINDOW_SCHEMA_OPTIONS if self.has_options else SCHEMA_VERSION,
                 "owner": self.owner,
                 "epoch": self.epoch,
                 "run": self.run_id,
@@ -127,10 +142,23 @@ class WindowDoc:
         if not isinstance(obj, dict) or obj.get("v") not in (SCHEMA_VERSION, WINDOW_SCHEMA_OPTIONS):
             raise ValueError("not a version 1 or 2 window document")
         max_count = None
+        policy = "last"
+        ordered = False
+        order = None
         if obj["v"] == WINDOW_SCHEMA_OPTIONS:
-            max_count = obj["max_count"]
-            if isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1:
+            max_count = obj.get("max_count")
+            if max_count is not None and (
+                isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1
+            ):
                 raise ValueError(f"bad max_count {max_count!r}")
+            policy = obj.get("policy", "last")
+            if policy not in ("last", "first"):
+                raise ValueError(f"bad payload policy {policy!r}")
+            ordered = obj.get("ordered", False) is True
+            if ordered:
+                order = obj["order"]
+                if isinstance(order, bool) or not isinstance(order, (int, float)):
+                    raise ValueError(f"bad order key {order!r}")
         doc = cls(
             owner=_str(obj, "owner"),
             epoch=_str(obj, "epoch"),
@@ -149,6 +177,9 @@ class WindowDoc:
             payload=_opt_str(obj, "payload"),
             fired=obj.get("fired", False) is True,
             max_count=max_count,
+            payload_policy=policy,
+            ordered=ordered,
+            order=order,
         )
         if doc.count < 1:
             raise ValueError("count < 1")
@@ -517,6 +548,8 @@ class KvDebounceBackend(DebounceBackend):
         write: str,
         payload: str,
         max_count: int | None = None,
+        payload_policy: str = "last",
+        order_key: float | None = None,
     ) -> tuple[Registered, WindowDoc, float | None]:
         if doc is None or doc.fired:
             cap = None if max_delay is None else now + max_delay
@@ -540,6 +573,9 @@ class KvDebounceBackend(DebounceBackend):
                 write,
                 payload,
                 max_count=max_count,
+                payload_policy=payload_policy,
+                ordered=order_key is not None,
+                order=order_key,
             )
             return Registered.OPENED, new, None
         if doc.mode is not mode:
@@ -552,6 +588,28 @@ class KvDebounceBackend(DebounceBackend):
                 f"max_count {max_count!r} differs from the max_count {doc.max_count!r} of the "
                 f"open window (run {doc.run_id})"
             )
+        if doc.payload_policy != payload_policy:
+            raise ValueError(
+                f"payload_policy {payload_policy!r} differs from the payload_policy "
+                f"{doc.payload_policy!r} of the open window (run {doc.run_id})"
+            )
+        if doc.ordered != (order_key is not None):
+            raise ValueError(
+                f"the open window (run {doc.run_id}) was opened "
+                + ("with an order_key: every ping of it needs one" if doc.ordered else
+                   "without an order_key: its pings cannot carry one")
+            )  # fmt: skip
+        # The stored payload: "last" keeps the highest order key (ties: the later
+        # arrival), "first" the lowest (ties: the earlier); no key, arrival order.
+        order = doc.order
+        if payload_policy == "first":
+            keep = order_key is None or doc.order is None or order_key >= doc.order
+        else:
+            keep = order_key is not None and doc.order is not None and order_key < doc.order
+        if keep:
+            payload = doc.payload if doc.payload is not None else payload
+        else:
+            order = order_key
         at = now + delay if doc.cap is None else min(now + delay, doc.cap)
         if doc.max_count is not None and doc.count + 1 >= doc.max_count:
             # Due at once. A peer's ping makes the fire earlier than the owner armed,
@@ -559,11 +617,20 @@ class KvDebounceBackend(DebounceBackend):
             at = now
         if self._mine(doc):
             new = replace(
-                doc, last=now, at=at, armed=at, count=doc.count + 1, write=write, payload=payload
+                doc,
+                last=now,
+                at=at,
+                armed=at,
+                count=doc.count + 1,
+                write=write,
+                payload=payload,
+                order=order,
             )
             return Registered.EXTENDED, new, None
         if owner_live or not self._can_take_over():
-            new = replace(doc, last=now, at=at, count=doc.count + 1, write=write, payload=payload)
+            new = replace(
+                doc, last=now, at=at, count=doc.count + 1, write=write, payload=payload, order=order
+            )
             return Registered.COALESCED, new, (at if at < doc.armed else None)
         new = replace(
             doc,
@@ -575,6 +642,7 @@ class KvDebounceBackend(DebounceBackend):
             count=doc.count + 1,
             write=write,
             payload=payload,
+            order=order,
         )
         return Registered.TOOK_OVER, new, None
 
@@ -589,6 +657,8 @@ class KvDebounceBackend(DebounceBackend):
         run_id: str,
         payload: Any = None,
         max_count: int | None = None,
+        payload_policy: str = "last",
+        order_key: float | None = None,
     ) -> Registration:
         kv_key = window_key(workflow, key)
         text = self._serializer.dumps(payload)
@@ -631,7 +701,18 @@ class KvDebounceBackend(DebounceBackend):
                     live = doc is not None and not doc.fired and await self._owner_live(doc, now)
                     last_doc, last_live = doc, live
                     outcome, new, take_at = self._apply_ping(
-                        doc, live, now, mode, delay, max_delay, run_id, write, text, max_count
+                        doc,
+                        live,
+                        now,
+                        mode,
+                        delay,
+                        max_delay,
+                        run_id,
+                        write,
+                        text,
+                        max_count,
+                        payload_policy,
+                        order_key,
                     )
                     attempted = (outcome, take_at)
                     revision = await self._call(
@@ -646,6 +727,8 @@ class KvDebounceBackend(DebounceBackend):
                 except BackendUnavailableError as exc:
                     error = exc
                 else:
+                    if new.payload_policy != "last" or new.ordered:
+                        own = self._load(new.payload)  # the window's payload, not this ping's
                     return self._registered(kv_key, outcome, new, take_at, revision, own)
                 await self._backoff(attempt)
                 attempt += 1
