@@ -222,11 +222,11 @@ async def test_options_with_a_backend_raise_naming_the_option(
         handlers={WF: recorder}, backend=MemoryBackend(MemoryStore(), process_id="p1")
     ) as c:
         cases: list[tuple[dict[str, Any], str]] = [
-            ({"payload_policy": "collect"}, "payload_policy"),
+            ({"payload_policy": "collect"}, "overflow"),
             ({"max_count": 2, "payload_policy": "sum"}, "payload_policy"),
             ({"overlap": "queue-latest"}, "overlap"),
             ({"order_key": 3, "drop_stale": True}, "drop_stale"),
-            ({"max_items": 3}, "max_items"),
+            ({"overlap": "queue-latest", "max_count": 3}, "overlap"),
         ]
         for kwargs, name in cases:
             with pytest.raises(NotImplementedError, match=rf"debounce\({name}=\.\.\.\) is not"):
@@ -729,6 +729,28 @@ async def test_shared_max_count_reached_by_the_owner_fires_at_once(
     assert [f.ping_count for _, f in fires.of("j")] == [1]
 
 
+async def test_shared_collect_gathers_every_process_payload_in_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    opts: dict[str, Any] = {"payload_policy": "collect", "overflow": "drop-oldest"}
+    async with _processes(store, fires, "ABC") as (a, b, c):
+        for who, payload, order in [(a, "e5", 5), (b, "e9", 9), (c, "e7", 7), (a, "e1", 1)]:
+            await who.debounce(WF, "all", payload, delay=5.0, mode="both", **opts)
+            await who.debounce(WF, "sorted", payload, delay=5.0, order_key=order, **opts)
+            await who.debounce(WF, "two", payload, delay=5.0, max_items=2, **opts)
+            await trio.sleep(1.0)
+        with pytest.raises(ValueError, match="max_items 3 differs from the max_items 2"):
+            await b.debounce(WF, "two", "x", delay=5.0, **{**opts, "max_items": 3})
+    payloads = {(f.key, f.edge.value): (f.payload, f.ping_count) for _, f in fires.log}
+    assert payloads == {
+        ("all", "leading"): ("e5", 1),  # a leading fire carries its own ping's payload
+        ("all", "trailing"): (["e5", "e9", "e7", "e1"], 4),
+        ("sorted", "trailing"): (["e1", "e5", "e7", "e9"], 4),
+        ("two", "trailing"): (["e7", "e1"], 4),
+    }
+
+
 async def test_shared_order_key_and_first_keep_the_right_payload_across_processes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -770,9 +792,13 @@ def test_window_documents_with_max_count_are_version_2_and_version_1_still_reads
     ordered = replace(doc, payload_policy="first", ordered=True, order=4)
     assert json.loads(ordered.encode())["v"] == 2
     assert WindowDoc.decode(ordered.encode()) == ordered
+    collected = replace(
+        doc, payload_policy="collect", max_items=5, ranks=((0.0, 0), (2.5, 1)), payload="[1,2]"
+    )
+    assert WindowDoc.decode(collected.encode()) == collected
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.tuples(st.integers(1, 3), st.integers(0, 2), st.sampled_from("ab")),
@@ -781,8 +807,9 @@ def test_window_documents_with_max_count_are_version_2_and_version_1_still_reads
     ),
     st.sampled_from([None, 1, 2, 3, 5]),
     st.integers(0, 4),
-    st.sampled_from(["last", "first"]),
+    st.sampled_from(["last", "first", "collect"]),
     st.none() | st.lists(st.integers(0, 4), min_size=25, max_size=25),
+    st.sampled_from([None, 1, 2, 3]),
 )
 def test_shared_options_match_the_model(
     pings: list[tuple[int, int, str]],
@@ -790,6 +817,7 @@ def test_shared_options_match_the_model(
     delay_steps: int,
     policy: str,
     orders: list[int] | None,
+    max_items: int | None,
 ) -> None:
     # Pings at whole seconds from three processes; deadlines at half seconds, so no
     # ping meets a deadline (shared times pass through the wall clock and are only
@@ -797,7 +825,13 @@ def test_shared_options_match_the_model(
     delay = delay_steps + 0.5
     model = Model()
     t = 0.0
-    opts = Options(max_count=max_count, payload_policy=policy)
+    collect = policy == "collect"
+    opts = Options(
+        max_count=max_count,
+        payload_policy=policy,
+        max_items=max_items if collect else None,
+        overflow="drop-oldest" if collect else None,
+    )
     for i, (dt, _, key) in enumerate(pings):
         t += dt
         order = None if orders is None else orders[i]
@@ -812,6 +846,8 @@ def test_shared_options_match_the_model(
             for i, (dt, who, key) in enumerate(pings):
                 await trio.sleep(dt)
                 kwargs: dict[str, Any] = {"payload_policy": policy}
+                if collect:
+                    kwargs.update(max_items=max_items, overflow="drop-oldest")
                 if max_count is not None:
                     kwargs["max_count"] = max_count
                 if orders is not None:

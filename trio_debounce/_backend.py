@@ -295,6 +295,7 @@ class DebounceBackend(abc.ABC):
         max_count: int | None = None,
         payload_policy: str = "last",
         order_key: float | None = None,
+        max_items: int | None = None,
     ) -> Registration:
         """Register one ping of ``(workflow, key)``, with its payload.
 
@@ -306,7 +307,11 @@ class DebounceBackend(abc.ABC):
         or ``"first"``, fixed by the first ping: which payload the record keeps) and
         ``order_key`` (a window opened with one needs one on every ping: the kept
         payload is the one with the highest order key, or the lowest under
-        ``"first"``). The returned ``payload`` is then the record's, not the ping's.
+        ``"first"``). ``payload_policy="collect"`` keeps the list of the window's
+        payloads (by order key, then arrival), at most ``max_items`` of them (the lowest
+        dropped beyond), and a ping that cannot be written before the deadline raises
+        rather than being absorbed unstored. The returned ``payload`` is then the
+        record's, not the ping's.
 
         Atomic: the ping is applied to the window's record by one compare-and-swap
         (retried on conflict, with jittered backoff, until the operation deadline), or

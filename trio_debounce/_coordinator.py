@@ -524,27 +524,47 @@ class Coordinator(metaclass=_NoPublicConstructor):
         """The options a shared ping passes to the backend's register (None: only
         defaults); NotImplementedError for the options shared windows do not take."""
         _options.check_names(options)
-        shared = ("max_count", "payload_policy", "order_key")
+        shared = ("max_count", "payload_policy", "order_key", "max_items", "overflow")
         rest = {name: value for name, value in options.items() if name not in shared}
         name = _options.first_non_default(rest)
         policy = options.get("payload_policy", _options.LAST)
-        if name is None and policy not in (_options.LAST, _options.FIRST):
+        if name is None and policy not in (_options.LAST, _options.FIRST, _options.COLLECT):
             name = "payload_policy"
+        if (
+            name is None
+            and policy == _options.COLLECT
+            and options.get("overflow") != _options.DROP_OLDEST
+        ):
+            name = "overflow"
         if name is not None:
             raise NotImplementedError(
                 f"debounce({name}=...) is not supported with a backend yet: shared windows "
-                "take max_count, payload_policy='last' or 'first' and order_key, and the "
-                "defaults of the other options (no collect or reducers, overlap='allow', "
-                "no drop_stale); open the coordinator without a backend for in-process "
-                "windows with them"
+                "take max_count, payload_policy 'last', 'first' or 'collect' (with "
+                "overflow='drop-oldest') and order_key, and the defaults of the other "
+                "options (no reducers, overlap='allow', no drop_stale); open the "
+                "coordinator without a backend for in-process windows with them"
             )
+        order = options.get("order_key")
+        opts = _options.window_options(
+            Mode.TRAILING,
+            options.get("max_count"),
+            policy,
+            options.get("max_items"),
+            options.get("overflow"),
+            _options.ALLOW,
+            None,
+            order is not None,
+            {},
+        )
         extra: dict[str, Any] = {}
-        if options.get("max_count") is not None:
-            extra["max_count"] = _options.count("max_count", options["max_count"])
-        if policy != _options.LAST:
-            extra["payload_policy"] = _options.FIRST
-        if options.get("order_key") is not None:
-            extra["order_key"] = _options.order_key(options["order_key"])
+        if opts.max_count is not None:
+            extra["max_count"] = opts.max_count
+        if opts.payload_policy != _options.LAST:
+            extra["payload_policy"] = opts.payload_policy
+        if opts.max_items is not None:
+            extra["max_items"] = opts.max_items
+        if order is not None:
+            extra["order_key"] = _options.order_key(order)
         return extra or None
 
     def _debounce_options(
@@ -992,7 +1012,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return result
         finally:
             self._registering.discard(run_id)
-        return self._apply_registration(ident, registration, on_fire)
+        collect = options is not None and options.get("payload_policy") == _options.COLLECT
+        return self._apply_registration(ident, registration, on_fire, collect)
 
     def _fail_open_ping(
         self,
@@ -1011,8 +1032,11 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return self._debounce_local(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire
             )
+        local = dict(options)
+        if local.get("payload_policy") == _options.COLLECT:
+            local["overflow"] = _options.DROP_OLDEST  # as the shared window has it
         return self._debounce_options(
-            workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
+            workflow, key, payload, delay, max_delay, mode, run_id, on_fire, local
         )
 
     def _to_trio(self, wall_at: float) -> float:
@@ -1069,6 +1093,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         ident: tuple[str, str],
         registration: Registration,
         on_fire: Handler | None,
+        collect: bool = False,
     ) -> DebounceResult:
         run_id, mode, count = registration.run_id, registration.mode, registration.ping_count
         scheduled = self._to_trio(registration.scheduled_at)
@@ -1100,10 +1125,14 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 workflow, key = ident
                 handler = on_fire if on_fire is not None else self._handlers.get(workflow)
                 now = self._now()
+                leading_payload = registration.payload
+                if collect:
+                    # A leading fire carries its ping's own payload, the list's first.
+                    leading_payload = leading_payload[0]
                 fire = Fire(
                     workflow,
                     key,
-                    registration.payload,  # as every process reads it back
+                    leading_payload,  # as every process reads it back
                     run_id,
                     1,
                     now,

@@ -90,8 +90,12 @@ class WindowDoc:
     #: The window's max_count (version 2 documents only): the ping that brings
     #: ``count`` to it makes the window due at once.
     max_count: int | None = None
-    #: ``"last"`` or ``"first"`` (version 2 documents only when ``"first"``).
+    #: ``"last"``, ``"first"`` or ``"collect"`` (version 2 documents only when not
+    #: ``"last"``). Under ``"collect"``, ``payload`` is the serialized list of the
+    #: window's payloads, and ``ranks`` their ``[order key, arrival]`` pairs.
     payload_policy: str = "last"
+    max_items: int | None = None
+    ranks: tuple[tuple[float, int], ...] = ()
     #: True when the window's pings carry order keys (version 2 only); ``order`` is
     #: then the order key of the stored ``payload``.
     ordered: bool = False
@@ -107,6 +111,9 @@ class WindowDoc:
             extra["max_count"] = self.max_count
         if self.payload_policy != "last":
             extra["policy"] = self.payload_policy
+        if self.payload_policy == "collect":
+            extra["max_items"] = self.max_items
+            extra["ranks"] = [list(rank) for rank in self.ranks]
         if self.ordered:
             extra["ordered"] = True
             extra["order"] = self.order
@@ -145,6 +152,8 @@ class WindowDoc:
         policy = "last"
         ordered = False
         order = None
+        max_items = None
+        ranks: tuple[tuple[float, int], ...] = ()
         if obj["v"] == WINDOW_SCHEMA_OPTIONS:
             max_count = obj.get("max_count")
             if max_count is not None and (
@@ -152,8 +161,13 @@ class WindowDoc:
             ):
                 raise ValueError(f"bad max_count {max_count!r}")
             policy = obj.get("policy", "last")
-            if policy not in ("last", "first"):
+            if policy not in ("last", "first", "collect"):
                 raise ValueError(f"bad payload policy {policy!r}")
+            if policy == "collect":
+                max_items = obj["max_items"]
+                if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
+                    raise ValueError(f"bad max_items {max_items!r}")
+                ranks = tuple((float(o), int(n)) for o, n in obj["ranks"])
             ordered = obj.get("ordered", False) is True
             if ordered:
                 order = obj["order"]
@@ -180,6 +194,8 @@ class WindowDoc:
             payload_policy=policy,
             ordered=ordered,
             order=order,
+            max_items=max_items,
+            ranks=ranks,
         )
         if doc.count < 1:
             raise ValueError("count < 1")
@@ -550,8 +566,13 @@ class KvDebounceBackend(DebounceBackend):
         max_count: int | None = None,
         payload_policy: str = "last",
         order_key: float | None = None,
+        max_items: int | None = None,
     ) -> tuple[Registered, WindowDoc, float | None]:
         if doc is None or doc.fired:
+            ranks: tuple[tuple[float, int], ...] = ()
+            if payload_policy == "collect":
+                ranks = ((0.0 if order_key is None else order_key, 0),)
+                payload = self._serializer.dumps([self._serializer.loads(payload)])
             cap = None if max_delay is None else now + max_delay
             at = now + delay if cap is None else min(now + delay, cap)
             if max_count == 1:
@@ -576,6 +597,8 @@ class KvDebounceBackend(DebounceBackend):
                 payload_policy=payload_policy,
                 ordered=order_key is not None,
                 order=order_key,
+                max_items=max_items,
+                ranks=ranks,
             )
             return Registered.OPENED, new, None
         if doc.mode is not mode:
@@ -599,14 +622,33 @@ class KvDebounceBackend(DebounceBackend):
                 + ("with an order_key: every ping of it needs one" if doc.ordered else
                    "without an order_key: its pings cannot carry one")
             )  # fmt: skip
+        if doc.max_items != max_items:
+            raise ValueError(
+                f"max_items {max_items!r} differs from the max_items {doc.max_items!r} of the "
+                f"open window (run {doc.run_id})"
+            )
         # The stored payload: "last" keeps the highest order key (ties: the later
         # arrival), "first" the lowest (ties: the earlier); no key, arrival order.
+        # "collect" inserts it by (order key, arrival) and drops the lowest beyond
+        # max_items (overflow="drop-oldest", the only one shared windows take).
         order = doc.order
-        if payload_policy == "first":
+        ranks = doc.ranks
+        if payload_policy == "collect":
+            items = list(zip(ranks, self._load(doc.payload) or [], strict=True))
+            rank = (0.0 if order_key is None else order_key, doc.count)
+            items.append((rank, self._load(payload)))
+            items.sort(key=lambda item: item[0])
+            if max_items is not None and len(items) > max_items:
+                del items[0]
+            ranks = tuple(rank for rank, _ in items)
+            payload = self._serializer.dumps([value for _, value in items])
+        elif payload_policy == "first":
             keep = order_key is None or doc.order is None or order_key >= doc.order
         else:
             keep = order_key is not None and doc.order is not None and order_key < doc.order
-        if keep:
+        if payload_policy == "collect":
+            pass
+        elif keep:
             payload = doc.payload if doc.payload is not None else payload
         else:
             order = order_key
@@ -625,11 +667,19 @@ class KvDebounceBackend(DebounceBackend):
                 write=write,
                 payload=payload,
                 order=order,
+                ranks=ranks,
             )
             return Registered.EXTENDED, new, None
         if owner_live or not self._can_take_over():
             new = replace(
-                doc, last=now, at=at, count=doc.count + 1, write=write, payload=payload, order=order
+                doc,
+                last=now,
+                at=at,
+                count=doc.count + 1,
+                write=write,
+                payload=payload,
+                order=order,
+                ranks=ranks,
             )
             return Registered.COALESCED, new, (at if at < doc.armed else None)
         new = replace(
@@ -643,6 +693,7 @@ class KvDebounceBackend(DebounceBackend):
             write=write,
             payload=payload,
             order=order,
+            ranks=ranks,
         )
         return Registered.TOOK_OVER, new, None
 
@@ -659,6 +710,7 @@ class KvDebounceBackend(DebounceBackend):
         max_count: int | None = None,
         payload_policy: str = "last",
         order_key: float | None = None,
+        max_items: int | None = None,
     ) -> Registration:
         kv_key = window_key(workflow, key)
         text = self._serializer.dumps(payload)
@@ -713,6 +765,7 @@ class KvDebounceBackend(DebounceBackend):
                         max_count,
                         payload_policy,
                         order_key,
+                        max_items,
                     )
                     attempted = (outcome, take_at)
                     revision = await self._call(
@@ -738,6 +791,7 @@ class KvDebounceBackend(DebounceBackend):
             and last_live
             and not self._mine(last_doc)
             and last_doc.mode is not Mode.LEADING
+            and last_doc.payload_policy != "collect"
             and error is None
         ):
             # Contention until the deadline, but a live owner has a fire pending that
