@@ -20,7 +20,15 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trio_debounce import Coordinator, DebounceResult, Edge, Mode, Outcome, open_coordinator
+from trio_debounce import (
+    BackendUnavailableError,
+    Coordinator,
+    DebounceResult,
+    Edge,
+    Mode,
+    Outcome,
+    open_coordinator,
+)
 from trio_debounce._protocol import WindowDoc
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
@@ -859,3 +867,28 @@ def test_shared_options_match_the_model(
     assert [(k, p, n) for k, p, n, _ in got] == [(k, p, n) for k, p, n, _ in expected]
     for (_, _, _, at), (_, _, _, want) in zip(got, expected, strict=True):
         assert at == pytest.approx(want, abs=0.05)
+
+
+async def test_a_shared_collect_ping_that_cannot_be_stored_raises(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # As in the plain case, every write of B loses until its deadline while A, the live
+    # owner, has a fire pending; a plain ping would be absorbed unstored, but a collect
+    # ping would then be missing from the list: it raises instead.
+    store, fires = MemoryStore(), Fires()
+    opts: dict[str, Any] = {"payload_policy": "collect", "overflow": "drop-oldest"}
+    b_backend = MemoryBackend(store, process_id="B", op_timeout=1.0)
+    async with (
+        _processes(store, fires, "A") as (a,),
+        open_coordinator(
+            handlers={WF: fires.handler("B")}, backend=b_backend, on_backend_error="raise"
+        ) as b,
+    ):
+        await a.debounce(WF, "k", "a", delay=5.0, **opts)
+        b_backend.faults.conflict_next(1000)
+        with pytest.raises(BackendUnavailableError, match=r"did not complete within 1\.0 s"):
+            await b.debounce(WF, "k", "b", delay=5.0, **opts)
+        b_backend.faults.clear()
+        assert b.statistics().unstored_pings == 0
+        await b.debounce(WF, "k", "c", delay=5.0, **opts)
+    assert [(p, f.payload) for p, f in fires.log] == [("A", ["a", "c"])]
