@@ -9,6 +9,12 @@ apart at random. A ping fails when it raises (no write within the operation dead
 no live owner to fall back on) or returns ``stored=False`` (absorbed by a live owner's
 window without being written). Latency is the wall time of ``await debounce()``. The
 figures depend on the machine's load: they are for comparing sizes within one run.
+
+With ``--collect`` the windows use ``payload_policy="collect"`` with
+``overflow="drop-oldest"``: every ping adds a 100-byte payload to the list in the shared
+document, bounded by ``max_items`` 10, 100 and 1,000 (documents of about 1 KB, 10 KB
+and 100 KB once full), and a ping that cannot be written raises instead of being
+absorbed unstored.
 """
 
 from __future__ import annotations
@@ -42,10 +48,14 @@ async def measure(
     open_backend: Callable[[str], AbstractAsyncContextManager[DebounceBackend]],
     size: int,
     pings: int,
+    collect: bool = False,
 ) -> tuple[int, int, int, list[float]]:
     latencies: list[float] = []
     unstored = errors = 0
-    payload = "x" * size
+    payload = "x" * (100 if collect else size)
+    options: dict[str, Any] = {}
+    if collect:
+        options = {"payload_policy": "collect", "overflow": "drop-oldest", "max_items": size}
 
     async def writer(coordinator: trio_debounce.Coordinator) -> None:
         nonlocal unstored, errors
@@ -53,7 +63,7 @@ async def measure(
             await trio.sleep(random.uniform(0, 0.005))
             t0 = time.perf_counter()
             try:
-                result = await coordinator.debounce("wf", "k", payload, delay=0.2)
+                result = await coordinator.debounce("wf", "k", payload, delay=0.2, **options)
                 unstored += not result.stored
             except trio_debounce.BackendError:
                 errors += 1
@@ -76,10 +86,10 @@ async def measure(
     return WRITERS * pings, unstored, errors, sorted(latencies)
 
 
-def report(label: str, size: int, total: int, unstored: int, errors: int, lat: list[float]) -> None:
+def report(label: str, size: str, total: int, unstored: int, errors: int, lat: list[float]) -> None:
     p99 = lat[max(0, int(0.99 * len(lat)) - 1)]
     print(
-        f"{label} payload {size:>7} B: {total} pings, failed {unstored + errors} "
+        f"{label} {size}: {total} pings, failed {unstored + errors} "
         f"({(unstored + errors) / total:.1%}: {unstored} unstored, {errors} raised), "
         f"latency p50 {statistics.median(lat) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, "
         f"max {lat[-1] * 1e3:.1f} ms"
@@ -90,17 +100,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nats", action="store_true", help="a real nats-server")
     parser.add_argument("--pings", type=int, default=30, help="pings per writer")
+    parser.add_argument("--collect", action="store_true", help="collect payloads")
     args = parser.parse_args()
+    sizes = (10, 100, 1000) if args.collect else SIZES
+
+    def label(size: int) -> str:
+        if args.collect:
+            return f"collect max_items {size:>4} (full: ~{size * 104 // 1000} KB)"
+        return f"payload {size:>7} B"
+
     if not args.nats:
         from trio_debounce.testing import MemoryBackend, MemoryStore
 
-        for size in SIZES:
+        for size in sizes:
             store = MemoryStore()
 
             def memory(name: str, store: MemoryStore = store) -> Any:
                 return _yielding(MemoryBackend(store, process_id=name))
 
-            report("memory", size, *trio.run(measure, memory, size, args.pings))
+            result = trio.run(measure, memory, size, args.pings, args.collect)
+            report("memory", label(size), *result)
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.nats_server import NatsServer
@@ -110,7 +129,7 @@ def main() -> None:
         server = NatsServer(Path(tmp))
         server.start()
         try:
-            for size in SIZES:
+            for size in sizes:
                 config = NatsConfig(
                     servers=(server.url,), bucket="c" + uuid.uuid4().hex[:10], op_timeout=2.0
                 )
@@ -118,7 +137,8 @@ def main() -> None:
                 def nats(name: str, config: NatsConfig = config) -> Any:
                     return open_nats_backend(config, process_id=name)
 
-                report("nats", size, *trio.run(measure, nats, size, args.pings))
+                result = trio.run(measure, nats, size, args.pings, args.collect)
+                report("nats", label(size), *result)
         finally:
             server.stop()
 
