@@ -18,7 +18,7 @@ from trio_debounce._events import Event
 from trio_debounce._replay import replay
 
 from .conftest import REQUIRE_SHARED_ENV, shared_file
-from .model import Model
+from .model import Model, Options
 
 
 def run_cli(
@@ -387,5 +387,155 @@ def test_replay_matches_the_model_on_fractional_and_negative_times(
     result = replay(events, delay=delay, max_delay=max_delay, mode=mode)
     got = sorted(
         (f.fired_at, f.key, f.first_ping_at, f.pings, f.edge, f.payload["n"]) for f in result.fires
+    )
+    assert got == expected
+
+
+# -------------------------------------------------------------------- window options
+
+
+def _lines(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_replay_max_count_payload_and_order_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = write_lines(
+        tmp_path / "e.jsonl",
+        [
+            {"ts": 0, "key": "a", "seq": 3},
+            {"ts": 1, "key": "a", "seq": 1},
+            {"ts": 2, "key": "a", "seq": 2},
+            {"ts": 3, "key": "a", "seq": 0},
+        ],
+    )
+    code, out, _ = run_cli(["replay", str(log), "--delay", "5", "--max-count", "3"], capsys)
+    assert code == 0
+    assert [(f["fired_at"], f["pings"], f["payload"]["seq"]) for f in _lines(out)] == [
+        (2, 3, 2),  # due at the third ping
+        (8, 1, 0),
+    ]
+    code, out, _ = run_cli(["replay", str(log), "--delay", "5", "--payload", "first"], capsys)
+    assert [f["payload"]["seq"] for f in _lines(out)] == [3]
+    code, out, _ = run_cli(["replay", str(log), "--delay", "5", "--payload", "collect"], capsys)
+    assert [[p["seq"] for p in f["payload"]] for f in _lines(out)] == [[3, 1, 2, 0]]
+    code, out, _ = run_cli(
+        ["replay", str(log), "--delay", "5", "--payload", "collect", "--order-field", "seq"],
+        capsys,
+    )
+    assert [[p["seq"] for p in f["payload"]] for f in _lines(out)] == [[0, 1, 2, 3]]
+    code, out, _ = run_cli(["replay", str(log), "--delay", "5", "--order-field", "seq"], capsys)
+    assert [f["payload"]["seq"] for f in _lines(out)] == [3]  # the highest, not the last
+
+
+def test_replay_overlap_queue_latest_with_run_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = write_lines(
+        tmp_path / "e.jsonl", [{"ts": t, "key": "a", "n": i} for i, t in enumerate([0, 2, 3, 4])]
+    )
+    base = ["replay", str(log), "--delay", "0.5", "--run-time", "10"]
+    code, out, _ = run_cli(base, capsys)
+    assert code == 0
+    # runs may overlap: every ping fires after its delay
+    assert [f["fired_at"] for f in _lines(out)] == [0.5, 2.5, 3.5, 4.5]
+    code, out, _ = run_cli([*base, "--overlap", "queue-latest"], capsys)
+    assert [(f["fired_at"], f["pings"], f["payload"]["n"]) for f in _lines(out)] == [
+        (0.5, 1, 0),
+        (10.5, 3, 3),  # waited for the first run, absorbing the pings at 2, 3 and 4
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--max-count", "0"], "--max-count must be >= 1, got 0"),
+        (["--run-time", "-1"], "--run-time must be >= 0"),
+        (["--overlap", "queue-latest", "--mode", "leading"], "needs --mode 'trailing'"),
+        (["--order-field", ""], "--order-field must not be empty"),
+        (["--payload", "sum"], "invalid choice: 'sum'"),
+    ],
+)
+def test_replay_bad_window_options_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], named: str
+) -> None:
+    log = write_lines(tmp_path / "e.jsonl", [{"ts": 0, "key": "a"}])
+    code, out, err = run_cli(["replay", str(log), "--delay", "1", *options], capsys)
+    assert (code, out) == (2, "")
+    assert named in err
+
+
+def test_replay_order_field_must_be_a_number_on_every_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = write_lines(
+        tmp_path / "e.jsonl",
+        [{"ts": 0, "key": "a", "seq": 1}, {"ts": 1, "key": "a", "seq": "2"}],
+    )
+    code, out, err = run_cli(["replay", str(log), "--delay", "1", "--order-field", "seq"], capsys)
+    assert (code, out) == (2, "")
+    assert "line 2: order field 'seq' must be a JSON number, got '2'" in err
+    log = write_lines(tmp_path / "f.jsonl", [{"ts": 0, "key": "a"}])
+    code, out, err = run_cli(["replay", str(log), "--delay", "1", "--order-field", "seq"], capsys)
+    assert (code, out) == (2, "")
+    assert "line 1: missing order field 'seq'" in err
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 40), st.sampled_from("ab"), st.integers(0, 4)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(0, 6),
+    st.sampled_from([None, 1, 2, 3]),
+    st.sampled_from(["last", "first", "collect"]),
+    st.sampled_from(["allow", "queue-latest"]),
+    st.sampled_from([0.0, 1 / 1024, 3 + 1 / 1024, 8 + 1 / 1024]),
+    st.booleans(),
+)
+def test_replay_with_options_matches_the_model(
+    raw: list[tuple[int, str, int]],
+    delay: int,
+    max_count: int | None,
+    payload: str,
+    overlap: str,
+    run_time: float,
+    ordered: bool,
+) -> None:
+    # Integer times; runs end off the integer grid (a run's end is an event, not a
+    # deadline, so it must not tie with a ping).
+    events = [
+        Event(float(ts), key, {"n": i, "seq": seq}, i + 1)
+        for i, (ts, key, seq) in enumerate(sorted(raw))
+    ]
+    opts = Options(max_count=max_count, payload_policy=payload, overlap=overlap)
+    model = Model(run_times={str(i): run_time for i in range(len(events))})
+    for i, e in enumerate(events):
+        order = e.payload["seq"] if ordered else None
+        model.ping(e.ts, ("replay", e.key), e.payload, delay, None, "trailing", str(i), opts, order)
+    model.finish(math.inf)
+
+    def ns(payload: Any) -> Any:
+        return [p["n"] for p in payload] if isinstance(payload, list) else payload["n"]
+
+    expected = sorted(
+        (f.fired_at, f.key[1], f.first_ping_at, f.ping_count, f.edge, str(ns(f.payload)))
+        for f in model.fires
+    )
+    result = replay(
+        events,
+        delay=delay,
+        max_count=max_count,
+        payload_policy=payload,
+        overlap=overlap,
+        run_time=run_time,
+        order_field="seq" if ordered else None,
+    )
+    got = sorted(
+        (f.fired_at, f.key, f.first_ping_at, f.pings, f.edge, str(ns(f.payload)))
+        for f in result.fires
     )
     assert got == expected

@@ -111,6 +111,26 @@ async def test_two_and_three_processes_fire_each_burst_once(nats_server: NatsSer
             ]
 
 
+async def test_window_options_across_processes_on_a_real_server(nats_server: NatsServer) -> None:
+    # max_count: the third ping (C's) fires the window at once, from C; order keys: the
+    # payload with the highest key is kept whoever writes last.
+    fires = Fires()
+    with trio.fail_after(20):
+        async with processes(config(nats_server), fires, "ABC") as (a, b, c):
+            t0 = trio.current_time()
+            for who, order in ((a, 5), (b, 9), (c, 7)):
+                await who.debounce("wf", "count", f"c{order}", delay=5.0, max_count=3)
+                await who.debounce("wf", "order", f"o{order}", delay=0.4, order_key=order)
+            with pytest.raises(ValueError, match="opened with an order_key"):
+                await a.debounce("wf", "order", "x", delay=0.4)
+            await fires.wait_first()
+            await trio.sleep(1.0)
+    by_key = {f.key: (p, f.payload, f.ping_count) for p, f in fires.log}
+    assert by_key == {"count": ("C", "c7", 3), "order": ("A", "o9", 3)}
+    [(_, counted)] = fires.of("count")
+    assert counted.fired_at - t0 < 2.0  # at the third ping, not after the 5 s delay
+
+
 async def test_owner_extend_and_non_owner_push(nats_server: NatsServer) -> None:
     fires = Fires()
     with trio.fail_after(20):

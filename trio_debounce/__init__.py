@@ -24,6 +24,7 @@ from ._errors import BackendError as BackendError
 from ._errors import BackendUnavailableError as BackendUnavailableError
 from ._errors import DocumentTooLargeError as DocumentTooLargeError
 from ._errors import RevisionConflict as RevisionConflict
+from ._options import DebounceOptions as DebounceOptions
 from ._payload import JsonSerializer as JsonSerializer
 from ._payload import PayloadSerializer as PayloadSerializer
 from ._run_store import RunState as RunState
@@ -77,6 +78,7 @@ def _fixup_module_metadata() -> None:
         open_sqlite_run_store,
         Coordinator,
         CoordinatorStatistics,
+        DebounceOptions,
         DebounceResult,
         Edge,
         Fire,

@@ -292,8 +292,26 @@ class DebounceBackend(abc.ABC):
         max_delay: float | None,
         run_id: str,
         payload: Any = None,
+        max_count: int | None = None,
+        payload_policy: str = "last",
+        order_key: float | None = None,
+        max_items: int | None = None,
     ) -> Registration:
         """Register one ping of ``(workflow, key)``, with its payload.
+
+        ``max_count`` (window option, fixed by the first ping like ``mode``): the ping
+        that brings the window's count to it makes the window due at once (its
+        ``scheduled_at`` is now; a non-owner's ping gets ``take_at``). The coordinator
+        passes it only when it is not None, so a backend written before it existed
+        keeps working for windows without it. Likewise ``payload_policy`` (``"last"``
+        or ``"first"``, fixed by the first ping: which payload the record keeps) and
+        ``order_key`` (a window opened with one needs one on every ping: the kept
+        payload is the one with the highest order key, or the lowest under
+        ``"first"``). ``payload_policy="collect"`` keeps the list of the window's
+        payloads (by order key, then arrival), at most ``max_items`` of them (the lowest
+        dropped beyond), and a ping that cannot be written before the deadline raises
+        rather than being absorbed unstored. The returned ``payload`` is then the
+        record's, not the ping's.
 
         Atomic: the ping is applied to the window's record by one compare-and-swap
         (retried on conflict, with jittered backoff, until the operation deadline), or

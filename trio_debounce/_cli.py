@@ -28,6 +28,7 @@ from ._backend import DebounceBackend
 from ._events import EventError, decode_line
 from ._git_events import GitEventsError, git_events
 from ._live import BackendStartError, InputError, LiveOptions, run_live
+from ._options import window_options
 from ._replay import read_events, replay
 from ._types import Mode
 from ._version import __version__
@@ -92,6 +93,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--sort", action="store_true", help="sort events by time (stable) instead of failing"
+    )
+    opts = rp.add_argument_group("window options", "See the semantics page of the docs.")
+    opts.add_argument(
+        "--max-count",
+        type=int,
+        metavar="N",
+        help="a window is due at its N-th ping (N >= 1)",
+    )
+    opts.add_argument(
+        "--payload",
+        choices=["last", "first", "collect"],
+        default="last",
+        help="what a trailing fire carries: the latest event, the first, or the list of "
+        "all (default: last)",
+    )
+    opts.add_argument(
+        "--overlap",
+        choices=["allow", "queue-latest"],
+        default="allow",
+        help="queue-latest: a window due while its key's run executes waits for the run "
+        "to end (trailing mode only; default: allow)",
+    )
+    opts.add_argument(
+        "--run-time",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="how long each fire's run takes (input time units; default: 0)",
+    )
+    opts.add_argument(
+        "--order-field",
+        metavar="F",
+        help="order events by this numeric field: the latest is the highest, not the last "
+        "to arrive",
     )
     rp.set_defaults(func=_cmd_replay, parser=rp)
 
@@ -177,9 +212,26 @@ def _input_lines(lines: Iterable[bytes]) -> Iterator[str]:
 
 def _cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     delay, max_delay = _check_durations(parser, args)
-    for option in ("key_field", "time_field"):
-        if not getattr(args, option):
+    for option in ("key_field", "time_field", "order_field"):
+        if getattr(args, option) == "":
             parser.error(f"--{option.replace('_', '-')} must not be empty")
+    try:
+        run_time = _validate.duration("--run-time", args.run_time)
+        if args.max_count is not None and args.max_count < 1:
+            raise ValueError(f"--max-count must be >= 1, got {args.max_count}")
+        window_options(
+            Mode(args.mode),
+            args.max_count,
+            args.payload,
+            None,
+            None,
+            args.overlap,
+            None,
+            args.order_field is not None,
+            {},
+        )
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc).replace("overlap=", "--overlap ").replace("mode=", "--mode "))
     # The whole input is read before the virtual-clock run starts: plain blocking I/O,
     # outside Trio. (A read that blocks on a pipe inside the run is where Ctrl-C would
     # land; read here, it is an ordinary KeyboardInterrupt.) Lines are parsed lazily.
@@ -206,7 +258,17 @@ def _cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             time_field=args.time_field,
             sort=args.sort,
         )
-        result = replay(events, delay=delay, max_delay=max_delay, mode=args.mode)
+        result = replay(
+            events,
+            delay=delay,
+            max_delay=max_delay,
+            mode=args.mode,
+            max_count=args.max_count,
+            payload_policy=args.payload,
+            overlap=args.overlap,
+            run_time=run_time,
+            order_field=args.order_field,
+        )
     except EventError as exc:
         _error(f"{_display_name(args.file)}: {exc}")
         return EXIT_USAGE

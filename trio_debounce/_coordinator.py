@@ -9,15 +9,17 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import trio
 from trio.lowlevel import disable_ki_protection, enable_ki_protection
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
-from . import _validate
+from . import _options, _validate
 from ._backend import (
     DebounceBackend,
     Delivery,
@@ -30,6 +32,7 @@ from ._backend import (
     WindowStatus,
 )
 from ._errors import BackendAuthError, BackendConfigError, BackendError, BackendUnavailableError
+from ._options import DebounceOptions, InitialFactory, KeyRun, Reducer
 from ._run_store import ANY, RunState, RunStore, _Any
 from ._run_types import (
     ExpiredCallback,
@@ -76,6 +79,7 @@ _BOTH = Mode.BOTH
 _COALESCE = Outcome.COALESCE
 _SCHEDULE_TRAILING = Outcome.SCHEDULE_TRAILING
 _FIRE_IMMEDIATE = Outcome.FIRE_IMMEDIATE
+_STALE = Outcome.STALE
 _new_tuple = tuple.__new__
 
 
@@ -190,6 +194,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._takeovers = 0
         self._refires = 0
         self._dropped = 0
+        # Issue 8's options: reducers by name; the blocking run of each
+        # "queue-latest" key; the highest order key fired per key (for drop_stale).
+        self._reducers: dict[str, tuple[Reducer, InitialFactory | None]] = {}
+        self._key_runs: dict[tuple[str, str], KeyRun] = {}
+        self._fired_order: dict[tuple[str, str], float] = {}
+        self._stale = 0
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -223,6 +233,52 @@ class Coordinator(metaclass=_NoPublicConstructor):
         else:
             self._handlers[workflow] = handler
 
+    @enable_ki_protection
+    def set_reducer(
+        self, name: str, fn: Reducer | None, *, initial: InitialFactory | None = None
+    ) -> None:
+        """Register the reducer ``name`` for ``payload_policy=name``, replacing any
+        previous one.
+
+        A window with ``payload_policy=name`` folds each ping's payload into its
+        accumulated value, ``accumulated = fn(accumulated, payload)``, in arrival order,
+        and its trailing fire carries the result. The reducer is looked up when the
+        window opens: replacing it does not change windows already open.
+
+        ::
+
+            coordinator.set_reducer("paths", lambda acc, p: acc | {p}, initial=set)
+            await coordinator.debounce("build", "docs", path, delay=2.0, payload_policy="paths")
+
+        Args:
+          name (str): the policy name, non-empty, not ``"last"``, ``"first"`` or
+            ``"collect"``.
+          fn: ``fn(accumulated, new) -> accumulated``, a sync callable; ``None`` removes
+            the reducer (open windows keep theirs). If it raises, the exception
+            propagates from the ping that called it, and that ping is not counted.
+          initial: a factory called once per window, ``initial() -> value``, so that a
+            mutable initial value never leaks from one window into the next. Without it
+            the window's first payload is the initial accumulated value.
+
+        Raises:
+          TypeError: ``name`` is not a str, or ``fn`` or ``initial`` is not callable.
+          ValueError: ``name`` is empty or names a built-in policy.
+        """
+        _validate.name("reducer name", name)
+        if name in (_options.LAST, _options.FIRST, _options.COLLECT):
+            raise ValueError(f"{name!r} is a built-in payload policy, not a reducer name")
+        if fn is None:
+            self._reducers.pop(name, None)
+            return
+        if not callable(fn):
+            raise TypeError(f"the reducer must be callable, not {fn!r}")
+        if initial is not None and not callable(initial):
+            raise TypeError(
+                f"initial must be a factory (a callable returning a fresh value), not "
+                f"{initial!r}; for a list, pass initial=list"
+            )
+        self._reducers[name] = (fn, initial)
+
     # --------------------------------------------------------------------- pings
 
     @enable_ki_protection
@@ -237,6 +293,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         mode: Mode | str = Mode.TRAILING,
         run_id: str | None = None,
         on_fire: Handler | None = None,
+        **options: Unpack[DebounceOptions],
     ) -> DebounceResult:
         """Ping the window ``(workflow, key)``: open it, or let it absorb the ping.
 
@@ -256,14 +313,36 @@ class Coordinator(metaclass=_NoPublicConstructor):
           trio_debounce.BackendUnavailableError: the backend failed and
             ``on_backend_error="raise"``.
           ValueError: also when ``mode`` differs from the shared window's mode.
+          NotImplementedError: a window option (``max_count``, ``payload_policy``...)
+            other than its default, with a backend: shared windows do not take them yet.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
+        if options:
+            if self._backend is None:
+                result = self._debounce_options(
+                    workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
+                )
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return result
+            # Raises for the options shared windows do not take yet.
+            shared_options = self._shared_options(options)
+        else:
+            shared_options = None
         if self._backend is not None:
             # Shielded: the ping is taken or refused as a whole, within the backend's
             # operation deadline, never half-applied by a cancellation.
             with trio.CancelScope(shield=True):
                 return await self._debounce_shared(
-                    self._backend, workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+                    self._backend,
+                    workflow,
+                    key,
+                    payload,
+                    delay,
+                    max_delay,
+                    mode,
+                    run_id,
+                    on_fire,
+                    shared_options,
                 )
         result = self._debounce_local(
             workflow, key, payload, delay, max_delay, mode, run_id, on_fire
@@ -283,6 +362,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         mode: Mode | str = Mode.TRAILING,
         run_id: str | None = None,
         on_fire: Handler | None = None,
+        **options: Unpack[DebounceOptions],
     ) -> DebounceResult:
         """Ping the window ``(workflow, key)`` without checkpointing.
 
@@ -312,6 +392,43 @@ class Coordinator(metaclass=_NoPublicConstructor):
             the latest non-None ``on_fire`` among the window's pings, else the handler
             registered for the workflow at fire time.
 
+        Keyword Args:
+          max_count (int | None): >= 1. The ping that brings the window to this many
+            pings makes it due at once: a trailing fire happens at that instant (with
+            this ping in it), a leading-only window closes.
+          payload_policy (str): what a trailing fire carries: ``"last"`` (the default,
+            the latest payload), ``"first"`` (the window's first payload, the leading
+            ping's in both mode), ``"collect"`` (the list of all payloads, in order) or
+            the name of a reducer registered with :meth:`set_reducer`.
+          max_items (int | None): >= 1, only with ``"collect"`` or a reducer (default
+            1000): how many payloads a window accumulates before ``overflow`` applies.
+          overflow (str | None): only with ``"collect"`` or a reducer.
+            ``"fire-early"`` (the default): a ping that finds the window holding
+            ``max_items`` payloads makes it fire at once with what it holds, and opens
+            the next window. ``"drop-oldest"`` (``"collect"`` only): the oldest payload
+            (the lowest in order) is dropped.
+          overlap (str): ``"allow"`` (the default): runs of a key may overlap.
+            ``"queue-latest"`` (trailing mode only): a window that comes due while a
+            run of its key (a fire of a ``"queue-latest"`` window) is executing waits
+            for the run to end, absorbing pings (``has()`` True, ``scheduled_at``
+            None), then fires once, at the run's end.
+          run_timeout (float | None): seconds > 0, only with ``"queue-latest"``: a run
+            blocks the next fire of its key at most this long after it started (it is
+            not cancelled; the next run then overlaps it).
+          order_key (float | None): the event's own order (a timestamp, a sequence
+            number: an int or a finite float). "Latest" becomes the highest order key
+            (ties: the later arrival), ``"first"`` the lowest (ties: the earlier), and
+            ``"collect"`` sorts by order key, then arrival. A window opened with an
+            order key requires one on every ping, and a window opened without refuses
+            one. Not with a reducer.
+          drop_stale (bool): with ``order_key``: drop this ping (outcome ``stale``,
+            counted in ``statistics().stale_pings``) if its order key is not above the
+            highest order key already fired for ``(workflow, key)``. Decided per ping.
+
+        The options from ``max_count`` to ``order_key`` belong to the window, like
+        ``mode``: the first ping fixes them, a later ping with other values raises
+        :exc:`ValueError`. A window with only the default options takes the fast path.
+
         Returns:
           DebounceResult: the outcome, the window's run id, its pending trailing fire
           time (Trio's clock) and its ping count.
@@ -319,8 +436,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         Raises:
           trio.ClosedResourceError: the coordinator's ``async with`` block has exited.
           TypeError: an argument has the wrong type (the message names it).
-          ValueError: a bad duration, mode, or empty name, ``max_delay < delay``, or a
-            mode that differs from the open window's.
+          ValueError: a bad duration, mode, option or empty name, ``max_delay <
+            delay``, options that do not go together, or a mode or option that differs
+            from the open window's.
           LookupError: neither this ping, nor the window's earlier pings, give an
             ``on_fire`` and no handler is registered for ``workflow``.
         """
@@ -328,6 +446,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
             raise RuntimeError(
                 "debounce_nowait() cannot reach the backend (it does no I/O); with "
                 "open_coordinator(backend=...) use await coordinator.debounce()"
+            )
+        if options:
+            return self._debounce_options(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
             )
         return self._debounce_local(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)
 
@@ -365,7 +487,15 @@ class Coordinator(metaclass=_NoPublicConstructor):
             _validate.name("workflow", workflow)
             _validate.name("key", key)
             raise
-        if window is not None and now < window.deadline:
+        if window is not None and (window.opts is not None or now >= window.deadline):
+            if window.opts is not None:
+                # A window with options (or a due "queue-latest" one that may wait).
+                return self._debounce_ext(
+                    workflow, key, payload, delay, max_delay, mode, run_id, on_fire,
+                    None, _options.LAST, None, None, _options.ALLOW, None, None, False,
+                )  # fmt: skip
+            window = None
+        if window is not None:
             # The ping lands in an open window: O(1) attribute writes.
             if mode is not window.mode and mode != window.mode:
                 raise ValueError(
@@ -401,6 +531,365 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 DebounceResult, (_COALESCE, window.run_id, scheduled_at, window.count, True, True)
             )
         return self._open_window(ident, now, payload, delay, max_delay, mode, run_id, on_fire)
+
+    # ------------------------------------------------------- windows with options
+
+    def _shared_options(self, options: Mapping[str, object]) -> dict[str, Any] | None:
+        """The options a shared ping passes to the backend's register (None: only
+        defaults); NotImplementedError for the options shared windows do not take."""
+        _options.check_names(options)
+        shared = ("max_count", "payload_policy", "order_key", "max_items", "overflow")
+        rest = {name: value for name, value in options.items() if name not in shared}
+        name = _options.first_non_default(rest)
+        policy = options.get("payload_policy", _options.LAST)
+        if name is None and policy not in (_options.LAST, _options.FIRST, _options.COLLECT):
+            name = "payload_policy"
+        if (
+            name is None
+            and policy == _options.COLLECT
+            and options.get("overflow") != _options.DROP_OLDEST
+        ):
+            name = "overflow"
+        if name is not None:
+            raise NotImplementedError(
+                f"debounce({name}=...) is not supported with a backend yet: shared windows "
+                "take max_count, payload_policy 'last', 'first' or 'collect' (with "
+                "overflow='drop-oldest') and order_key, and the defaults of the other "
+                "options (no reducers, overlap='allow', no drop_stale); open the "
+                "coordinator without a backend for in-process windows with them"
+            )
+        order = options.get("order_key")
+        opts = _options.window_options(
+            Mode.TRAILING,
+            options.get("max_count"),
+            policy,
+            options.get("max_items"),
+            options.get("overflow"),
+            _options.ALLOW,
+            None,
+            order is not None,
+            {},
+        )
+        extra: dict[str, Any] = {}
+        if opts.max_count is not None:
+            extra["max_count"] = opts.max_count
+        if opts.payload_policy != _options.LAST:
+            extra["payload_policy"] = opts.payload_policy
+        if opts.max_items is not None:
+            extra["max_items"] = opts.max_items
+        if order is not None:
+            extra["order_key"] = _options.order_key(order)
+        return extra or None
+
+    def _debounce_options(
+        self,
+        workflow: str,
+        key: str,
+        payload: Any,
+        delay: float,
+        max_delay: float | None,
+        mode: Mode | str,
+        run_id: str | None,
+        on_fire: Handler | None,
+        options: Mapping[str, Any],
+    ) -> DebounceResult:
+        """A ping with keyword options: check their names, then _debounce_ext."""
+        _options.check_names(options)
+        get = options.get
+        return self._debounce_ext(
+            workflow,
+            key,
+            payload,
+            delay,
+            max_delay,
+            mode,
+            run_id,
+            on_fire,
+            get("max_count"),
+            get("payload_policy", _options.LAST),
+            get("max_items"),
+            get("overflow"),
+            get("overlap", _options.ALLOW),
+            get("run_timeout"),
+            get("order_key"),
+            get("drop_stale", False),
+        )
+
+    def _debounce_ext(
+        self,
+        workflow: str,
+        key: str,
+        payload: Any,
+        delay: float,
+        max_delay: float | None,
+        mode: Mode | str,
+        run_id: str | None,
+        on_fire: Handler | None,
+        max_count: int | None,
+        payload_policy: str,
+        max_items: int | None,
+        overflow: str | None,
+        overlap: str,
+        run_timeout: float | None,
+        order_key: float | None,
+        drop_stale: bool,
+    ) -> DebounceResult:
+        """A ping with options (issue 8), or any ping into a window with options.
+
+        Everything is validated before any state changes. Never on the fast path.
+        """
+        if self._closed:
+            raise _closed_error()
+        delay = _validate.duration("delay", delay)
+        if max_delay is not None:
+            max_delay = _validate.duration("max_delay", max_delay)
+            if max_delay < delay:
+                raise _validate.max_delay_below_delay(max_delay, delay)
+        _validate.run_id(run_id)
+        _validate.handler("on_fire", on_fire)
+        _validate.name("workflow", workflow)
+        _validate.name("key", key)
+        mode = _validate.mode(mode)
+        order = None if order_key is None else _options.order_key(order_key)
+        if not isinstance(drop_stale, bool):
+            raise TypeError(f"drop_stale must be a bool, not {drop_stale!r}")
+        if drop_stale and order is None:
+            raise ValueError("drop_stale=True needs an order_key on the ping")
+        opts = _options.window_options(
+            mode,
+            max_count,
+            payload_policy,
+            max_items,
+            overflow,
+            overlap,
+            run_timeout,
+            order is not None,
+            self._reducers,
+        )
+        now = self._now()
+        ident = (workflow, key)
+        window = self._windows.get(ident)
+        if window is not None and window.opts is not None:
+            if window.opts.queue:
+                self._settle(window, now)  # it may wait, and absorb this ping
+            elif window.trailing and now >= window.deadline:
+                self._note_fired(window)  # due: it fired at its deadline
+        if window is not None and (window.state != OPEN or now >= window.deadline):
+            window = None
+        if window is not None:
+            if mode is not window.mode:
+                raise ValueError(
+                    f"mode {mode.value!r} differs from the mode {window.mode.value!r} of "
+                    f"the open window {ident!r}"
+                )
+            window_opts = window.opts or _options.DEFAULT
+            if window_opts != opts:
+                raise _options.mismatch(ident, window_opts, opts)
+            if on_fire is None and window.on_fire is None and workflow not in self._handlers:
+                raise self._no_handler(workflow)
+        if drop_stale:
+            assert order is not None
+            last = self._fired_order.get(ident)
+            if last is not None and order <= last:
+                self._stale += 1
+                if window is None:
+                    return _new_tuple(DebounceResult, (_STALE, "", None, 0, True, True))
+                scheduled = window.deadline if window.trailing and not window.waiting else None
+                return _new_tuple(
+                    DebounceResult, (_STALE, window.run_id, scheduled, window.count, True, True)
+                )
+        if window is None:
+            if order is None and opts == _options.DEFAULT:
+                return self._open_window(
+                    ident, now, payload, delay, max_delay, mode, run_id, on_fire
+                )
+            return self._open_ext(
+                ident, now, payload, delay, max_delay, mode, run_id, on_fire, opts, order
+            )
+        if window.opts is None:
+            # A default window, and a ping whose options turned out to be the defaults.
+            return self._debounce_local(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+            )
+        opts = window.opts
+        if _options.full(window):
+            # overflow="fire-early": the window fires now with what it holds (even
+            # while a "queue-latest" run executes), and this ping opens the next one.
+            # What may raise (no handler, the reducer) runs before anything changes.
+            if on_fire is None and workflow not in self._handlers:
+                raise self._no_handler(workflow)
+            prepared = None
+            if opts.reducer:
+                reducer = self._reducers[opts.payload_policy]
+                prepared = (reducer, _options.fold_first(reducer, payload))
+            self._due_now(window, now)
+            return self._open_ext(
+                ident, now, payload, delay, max_delay, mode, run_id, on_fire, opts, order, prepared
+            )
+        folded: Any = None
+        if opts.reducer:
+            folded = window.reducer[0](window.acc, payload)  # may raise: nothing changed
+        window.count += 1
+        _options.absorb(window, payload, order, folded)
+        if on_fire is not None:
+            window.on_fire = on_fire
+        if not window.waiting:
+            deadline = now + delay
+            if deadline > window.cap:
+                deadline = window.cap
+            if opts.max_count is not None and window.count >= opts.max_count:
+                deadline = now
+            if deadline < window.deadline and window.scope is not None:
+                window.scope.deadline = deadline
+            window.deadline = deadline
+            if not window.trailing and window.mode is _BOTH:
+                window.trailing = True
+                self._pending += 1
+                if self._wake_exit_on_pending:
+                    self._idle_lot.unpark_all()
+            if opts.queue and deadline <= now:
+                self._queue_due(window, now)
+        scheduled_at = window.deadline if window.trailing and not window.waiting else None
+        self._pings += 1
+        self._coalesced += 1
+        return _new_tuple(
+            DebounceResult, (_COALESCE, window.run_id, scheduled_at, window.count, True, True)
+        )
+
+    def _open_ext(
+        self,
+        ident: tuple[str, str],
+        now: float,
+        payload: Any,
+        delay: float,
+        max_delay: float | None,
+        mode: Mode,
+        run_id: str | None,
+        on_fire: Handler | None,
+        opts: _options.WindowOptions,
+        order: float | None,
+        prepared: tuple[tuple[Reducer, InitialFactory | None], Any] | None = None,
+    ) -> DebounceResult:
+        """Open a window with options (arguments validated by _debounce_ext;
+        ``prepared``: the reducer and its first fold, if the caller computed them)."""
+        workflow, key = ident
+        if on_fire is None and workflow not in self._handlers:
+            raise self._no_handler(workflow)
+        acc: Any = None
+        reducer = None
+        if prepared is not None:
+            reducer, acc = prepared
+        elif opts.reducer:
+            reducer = self._reducers[opts.payload_policy]
+            acc = _options.fold_first(reducer, payload)  # may raise: nothing changed yet
+        if run_id is None:
+            run_id = uuid.uuid4().hex
+        cap = _INF if max_delay is None else now + max_delay
+        deadline = now + delay
+        if deadline > cap:
+            deadline = cap
+        if opts.max_count == 1:
+            deadline = now
+        trailing = mode is _TRAILING
+        window = Window(ident, mode, trailing, now, deadline, cap, payload, run_id, on_fire)
+        _options.start(window, opts, payload, order)
+        if reducer is not None:
+            window.reducer = reducer
+            window.acc = acc
+        # A due window still in the table is replaced; its task still fires it.
+        self._windows[ident] = window
+        self._nursery.start_soon(self._window_task, window)
+        self._pings += 1
+        if trailing:
+            self._pending += 1
+            if self._wake_exit_on_pending:
+                self._idle_lot.unpark_all()
+            if opts.queue and deadline <= now:
+                self._queue_due(window, now)
+            scheduled_at = None if window.waiting else deadline
+            return _new_tuple(
+                DebounceResult, (_SCHEDULE_TRAILING, run_id, scheduled_at, 1, True, True)
+            )
+        handler = on_fire if on_fire is not None else self._handlers[workflow]
+        self._fires += 1
+        if order is not None:
+            self._note_order(ident, order)
+        token = self._fires if self._backend is None else 0
+        # A leading fire carries its ping's own payload, whatever the policy.
+        fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING, 1, token)
+        self._running += 1
+        self._nursery.start_soon(self._call_handler, handler, fire)
+        return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1, True, True))
+
+    def _note_order(self, ident: tuple[str, str], order: float) -> None:
+        last = self._fired_order.get(ident)
+        if last is None or order > last:
+            self._fired_order[ident] = order
+
+    def _note_fired(self, window: Window) -> None:
+        """Remember the highest order key of a window whose trailing fire is committed."""
+        if window.opts is not None and window.max_order is not None:
+            self._note_order(window.ident, window.max_order)
+
+    def _due_now(self, window: Window, now: float) -> None:
+        """Make an open window with options due at ``now`` (overflow="fire-early")."""
+        assert window.opts is not None
+        if window.opts.queue:
+            self._commit_queue(window, now)
+            return
+        if window.trailing:
+            self._note_fired(window)
+        if window.scope is not None:
+            window.scope.deadline = now
+        window.deadline = now
+
+    def _settle(self, window: Window, now: float) -> None:
+        """Settle by time a due "queue-latest" window whose task has not run yet at
+        this instant: it waits (a later deadline, absorbing pings) or is committed."""
+        if window.opts is not None and window.opts.queue:
+            while window.state == OPEN and now >= window.deadline:
+                self._queue_due(window, window.deadline)
+
+    def _queue_due(self, window: Window, at: float) -> None:
+        """A "queue-latest" window is due at ``at``: it waits while a run of its key
+        blocks (absorbing pings until the run ends or times out), else it fires."""
+        run = self._key_runs.get(window.ident)
+        if run is not None and at < run.block_until:
+            window.waiting = True
+            run.waiter = window
+            window.deadline = run.block_until
+            return
+        self._commit_queue(window, at)
+
+    def _commit_queue(self, window: Window, at: float) -> None:
+        """Commit a "queue-latest" window's fire at ``at``: its run blocks the key's
+        next fire from now on, even before the window's task starts the handler."""
+        assert window.opts is not None
+        ident = window.ident
+        if self._windows.get(ident) is window:
+            del self._windows[ident]
+        window.state = FLUSHED
+        window.flushed_at = at
+        window.deadline = at
+        window.waiting = False
+        previous = self._key_runs.get(ident)
+        if previous is not None and previous.waiter is window:
+            previous.waiter = None
+        timeout = window.opts.run_timeout
+        run = KeyRun(_INF if timeout is None else at + timeout)
+        self._key_runs[ident] = run
+        window.run = run
+        self._note_fired(window)
+        if window.scope is not None:
+            window.scope.cancel()
+
+    def _run_ended(self, ident: tuple[str, str], run: KeyRun) -> None:
+        """A "queue-latest" run returned: the window waiting for it fires now."""
+        if self._key_runs.get(ident) is run:
+            del self._key_runs[ident]
+        waiter, run.waiter = run.waiter, None
+        if waiter is not None and waiter.state == OPEN and waiter.waiting and not self._aborted:
+            self._commit_queue(waiter, self._now())
 
     def _open_window(
         self,
@@ -461,7 +950,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
         mode: Mode | str,
         run_id: str | None,
         on_fire: Handler | None,
+        options: dict[str, Any] | None = None,
     ) -> DebounceResult:
+        """A ping of a shared window; ``options``: from _shared_options, passed to
+        the backend's register only when there are any."""
         if self._closed:
             raise _closed_error()
         delay = _validate.duration("delay", delay)
@@ -480,8 +972,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
         local = self._windows.get(ident)
         if local is not None and self._now() < local.deadline:
             # A window opened locally while the backend failed keeps its burst.
-            return self._debounce_local(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+            return self._fail_open_ping(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
             )
         shared = self._shared.get(ident)
         if (
@@ -494,6 +986,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             run_id = uuid.uuid4().hex
         self._registering.add(run_id)
         try:
+            # Options only when given: a backend that predates them keeps working.
             registration = await backend.register(
                 workflow,
                 key,
@@ -502,6 +995,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 max_delay=max_delay,
                 run_id=run_id,
                 payload=payload,
+                **(options or {}),
             )
         except BackendError as exc:
             if isinstance(exc, (ValueError, BackendAuthError, BackendConfigError)):
@@ -521,8 +1015,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             )
             if self._closed:
                 raise _closed_error() from exc
-            result = self._debounce_local(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+            result = self._fail_open_ping(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
             )
             # The write may still land (a timeout is ambiguous) and make us the owner
             # of a shared window with this run id: reconcile soon, and then adopt or
@@ -532,7 +1026,32 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return result
         finally:
             self._registering.discard(run_id)
-        return self._apply_registration(ident, registration, on_fire)
+        collect = options is not None and options.get("payload_policy") == _options.COLLECT
+        return self._apply_registration(ident, registration, on_fire, collect)
+
+    def _fail_open_ping(
+        self,
+        workflow: str,
+        key: str,
+        payload: Any,
+        delay: float,
+        max_delay: float | None,
+        mode: Mode,
+        run_id: str | None,
+        on_fire: Handler | None,
+        options: dict[str, Any] | None,
+    ) -> DebounceResult:
+        """A ping into a local window, because the backend failed (or had failed)."""
+        if options is None:
+            return self._debounce_local(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+            )
+        local = dict(options)
+        if local.get("payload_policy") == _options.COLLECT:
+            local["overflow"] = _options.DROP_OLDEST  # as the shared window has it
+        return self._debounce_options(
+            workflow, key, payload, delay, max_delay, mode, run_id, on_fire, local
+        )
 
     def _to_trio(self, wall_at: float) -> float:
         assert self._backend is not None
@@ -588,6 +1107,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         ident: tuple[str, str],
         registration: Registration,
         on_fire: Handler | None,
+        collect: bool = False,
     ) -> DebounceResult:
         run_id, mode, count = registration.run_id, registration.mode, registration.ping_count
         scheduled = self._to_trio(registration.scheduled_at)
@@ -619,10 +1139,14 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 workflow, key = ident
                 handler = on_fire if on_fire is not None else self._handlers.get(workflow)
                 now = self._now()
+                leading_payload = registration.payload
+                if collect:
+                    # A leading fire carries its ping's own payload, the list's first.
+                    leading_payload = leading_payload[0]
                 fire = Fire(
                     workflow,
                     key,
-                    registration.payload,  # as every process reads it back
+                    leading_payload,  # as every process reads it back
                     run_id,
                     1,
                     now,
@@ -1059,6 +1583,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
         _validate.name("workflow", workflow)
         _validate.name("key", key)
         window = self._windows.get((workflow, key))
+        if window is not None and window.opts is not None:
+            self._settle(window, self._now())
         cancelled = window is not None and self._now() < window.deadline
         if cancelled:
             assert window is not None
@@ -1112,6 +1638,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
         now = self._now()
         window = self._windows.get((workflow, key))
         flushed = False
+        if window is not None and window.opts is not None:
+            self._settle(window, now)
         if window is not None and now < window.deadline:
             flushed = self._flush_window(window, now)
         shared = self._shared.get((workflow, key))
@@ -1144,7 +1672,18 @@ class Coordinator(metaclass=_NoPublicConstructor):
         return _trailing_pending(shared.mode, shared.count)
 
     def _flush_window(self, window: Window, now: float) -> bool:
-        """Detach an open window; its task fires it at ``now`` if a fire is pending."""
+        """Detach an open window; its task fires it at ``now`` if a fire is pending.
+
+        A "queue-latest" window is made due at ``now`` instead: it fires at once, or
+        waits for its key's run (it stays in the table, absorbing pings).
+        """
+        if window.opts is not None:
+            if window.opts.queue:
+                if not window.waiting:
+                    self._queue_due(window, now)
+                return True
+            if window.trailing:
+                self._note_fired(window)
         del self._windows[window.ident]
         if window.trailing:
             window.state = FLUSHED
@@ -1165,6 +1704,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
             while window.state == OPEN:
                 deadline = window.deadline
                 if self._now() >= deadline:
+                    if window.opts is not None and window.opts.queue:
+                        # Waits (a later deadline) or is committed (FLUSHED).
+                        self._queue_due(window, deadline)
+                        continue
                     break
                 with trio.CancelScope(deadline=deadline) as scope:
                     window.scope = scope
@@ -1199,7 +1742,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
         if not window.trailing:
             window.state = CLOSED
             return  # leading-only: the window closes without a fire
-        await self._call_handler(*self._start_trailing(window, fired_at))
+        handler, fire = self._start_trailing(window, fired_at)
+        await self._call_handler(handler, fire, None, None if window.opts is None else window.run)
 
     def _settle_after_abort(self, window: Window) -> tuple[Handler | None, Fire] | None:
         """Decide, by time, what an abort does to a window's pending trailing fire.
@@ -1237,10 +1781,14 @@ class Coordinator(metaclass=_NoPublicConstructor):
         handler = window.on_fire
         if handler is None:
             handler = self._handlers.get(workflow)
+        payload = window.payload
+        if window.opts is not None:
+            payload = _options.fire_payload(window)
+            self._note_fired(window)
         fire = Fire(
             workflow,
             key,
-            window.payload,
+            payload,
             window.run_id,
             window.count,
             window.first_ping_at,
@@ -1255,7 +1803,11 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     @enable_ki_protection
     async def _call_handler(
-        self, handler: Handler | None, fire: Fire, fire_id: str | None = None
+        self,
+        handler: Handler | None,
+        fire: Fire,
+        fire_id: str | None = None,
+        run: KeyRun | None = None,
     ) -> None:
         # KI-protected, so Ctrl-C cannot land between the counters and the try; the
         # handler and on_error run unprotected (see _invoke and _report).
@@ -1295,6 +1847,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
             if finished and fire_id is not None:
                 with trio.CancelScope(shield=True):  # bounded by the op deadline
                     await self._complete(fire_id)
+            if run is not None:
+                # A "queue-latest" run: the window waiting for it fires now.
+                self._run_ended((fire.workflow, fire.key), run)
             self._running -= 1
             self._check_idle()
 
@@ -1327,6 +1882,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             window = self._windows.get((workflow, key))
         except TypeError:
             raise TypeError(f"workflow and key must be str, got {workflow!r} and {key!r}") from None
+        if window is not None and window.opts is not None:
+            self._settle(window, self._now())
         if window is not None and self._now() < window.deadline:
             return True
         shared = self._shared.get((workflow, key))
@@ -1388,6 +1945,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             refires=self._refires,
             dropped_fires=self._dropped,
             runs=self._runs.statistics(),
+            stale_pings=self._stale,
         )
 
     async def wait_idle(self) -> None:

@@ -50,6 +50,10 @@ from ._types import Mode
 logger = logging.getLogger("trio_debounce.backend")
 
 SCHEMA_VERSION = 1
+#: The version of a window document that uses issue 8's options (``max_count``,
+#: ``payload_policy="first"``, order keys); documents without them stay version 1, so
+#: processes that predate them keep reading those. Readers accept both.
+WINDOW_SCHEMA_OPTIONS = 2
 SWEEPER_KEY = "s.sweeper"
 _LEASE_PREFIX = "p."
 _WINDOW_PREFIX = WINDOW_PREFIX + "."
@@ -60,7 +64,8 @@ _TOKEN_SHIFT = 40
 
 @dataclass(frozen=True, slots=True)
 class WindowDoc:
-    """The shared document of one window (schema version 1); times are wall clock."""
+    """The shared document of one window (schema version 1, or 2 with ``max_count``);
+    times are wall clock."""
 
     owner: str
     epoch: str
@@ -82,11 +87,39 @@ class WindowDoc:
     #: True once the window has fired under at-most-once delivery: a tombstone that
     #: proves the fire, which the next ping opens a new window over.
     fired: bool = False
+    #: The window's max_count (version 2 documents only): the ping that brings
+    #: ``count`` to it makes the window due at once.
+    max_count: int | None = None
+    #: ``"last"``, ``"first"`` or ``"collect"`` (version 2 documents only when not
+    #: ``"last"``). Under ``"collect"``, ``payload`` is the serialized list of the
+    #: window's payloads, and ``ranks`` their ``[order key, arrival]`` pairs.
+    payload_policy: str = "last"
+    max_items: int | None = None
+    ranks: tuple[tuple[float, int], ...] = ()
+    #: True when the window's pings carry order keys (version 2 only); ``order`` is
+    #: then the order key of the stored ``payload``.
+    ordered: bool = False
+    order: float | None = None
+
+    @property
+    def has_options(self) -> bool:
+        return self.max_count is not None or self.payload_policy != "last" or self.ordered
 
     def encode(self) -> bytes:
+        extra: dict[str, Any] = {}
+        if self.max_count is not None:
+            extra["max_count"] = self.max_count
+        if self.payload_policy != "last":
+            extra["policy"] = self.payload_policy
+        if self.payload_policy == "collect":
+            extra["max_items"] = self.max_items
+            extra["ranks"] = [list(rank) for rank in self.ranks]
+        if self.ordered:
+            extra["ordered"] = True
+            extra["order"] = self.order
         return json.dumps(
             {
-                "v": SCHEMA_VERSION,
+                "v": WINDOW_SCHEMA_OPTIONS if self.has_options else SCHEMA_VERSION,
                 "owner": self.owner,
                 "epoch": self.epoch,
                 "run": self.run_id,
@@ -103,6 +136,7 @@ class WindowDoc:
                 "open": self.opened_by,
                 "payload": self.payload,
                 "fired": self.fired,
+                **extra,
             },
             separators=(",", ":"),
             ensure_ascii=False,
@@ -110,10 +144,35 @@ class WindowDoc:
 
     @classmethod
     def decode(cls, raw: bytes) -> WindowDoc:
-        """Parse a document; raises ValueError for anything but a valid version 1."""
+        """Parse a document; raises ValueError for anything but a valid version 1 or 2."""
         obj = json.loads(raw)
-        if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
-            raise ValueError("not a version 1 window document")
+        if not isinstance(obj, dict) or obj.get("v") not in (SCHEMA_VERSION, WINDOW_SCHEMA_OPTIONS):
+            raise ValueError("not a version 1 or 2 window document")
+        max_count = None
+        policy = "last"
+        ordered = False
+        order = None
+        max_items = None
+        ranks: tuple[tuple[float, int], ...] = ()
+        if obj["v"] == WINDOW_SCHEMA_OPTIONS:
+            max_count = obj.get("max_count")
+            if max_count is not None and (
+                isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1
+            ):
+                raise ValueError(f"bad max_count {max_count!r}")
+            policy = obj.get("policy", "last")
+            if policy not in ("last", "first", "collect"):
+                raise ValueError(f"bad payload policy {policy!r}")
+            if policy == "collect":
+                max_items = obj["max_items"]
+                if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
+                    raise ValueError(f"bad max_items {max_items!r}")
+                ranks = tuple((float(o), int(n)) for o, n in obj["ranks"])
+            ordered = obj.get("ordered", False) is True
+            if ordered:
+                order = obj["order"]
+                if isinstance(order, bool) or not isinstance(order, (int, float)):
+                    raise ValueError(f"bad order key {order!r}")
         doc = cls(
             owner=_str(obj, "owner"),
             epoch=_str(obj, "epoch"),
@@ -131,6 +190,12 @@ class WindowDoc:
             opened_by=_str(obj, "open"),
             payload=_opt_str(obj, "payload"),
             fired=obj.get("fired", False) is True,
+            max_count=max_count,
+            payload_policy=policy,
+            ordered=ordered,
+            order=order,
+            max_items=max_items,
+            ranks=ranks,
         )
         if doc.count < 1:
             raise ValueError("count < 1")
@@ -498,10 +563,20 @@ class KvDebounceBackend(DebounceBackend):
         run_id: str,
         write: str,
         payload: str,
+        max_count: int | None = None,
+        payload_policy: str = "last",
+        order_key: float | None = None,
+        max_items: int | None = None,
     ) -> tuple[Registered, WindowDoc, float | None]:
         if doc is None or doc.fired:
+            ranks: tuple[tuple[float, int], ...] = ()
+            if payload_policy == "collect":
+                ranks = ((0.0 if order_key is None else order_key, 0),)
+                payload = self._serializer.dumps([self._serializer.loads(payload)])
             cap = None if max_delay is None else now + max_delay
             at = now + delay if cap is None else min(now + delay, cap)
+            if max_count == 1:
+                at = now
             new = WindowDoc(
                 self._process_id,
                 self._epoch,
@@ -518,6 +593,12 @@ class KvDebounceBackend(DebounceBackend):
                 write,
                 write,
                 payload,
+                max_count=max_count,
+                payload_policy=payload_policy,
+                ordered=order_key is not None,
+                order=order_key,
+                max_items=max_items,
+                ranks=ranks,
             )
             return Registered.OPENED, new, None
         if doc.mode is not mode:
@@ -525,14 +606,81 @@ class KvDebounceBackend(DebounceBackend):
                 f"mode {mode.value!r} differs from the mode {doc.mode.value!r} of the open "
                 f"window (run {doc.run_id})"
             )
+        if doc.max_count != max_count:
+            raise ValueError(
+                f"max_count {max_count!r} differs from the max_count {doc.max_count!r} of the "
+                f"open window (run {doc.run_id})"
+            )
+        if doc.payload_policy != payload_policy:
+            raise ValueError(
+                f"payload_policy {payload_policy!r} differs from the payload_policy "
+                f"{doc.payload_policy!r} of the open window (run {doc.run_id})"
+            )
+        if doc.ordered != (order_key is not None):
+            raise ValueError(
+                f"the open window (run {doc.run_id}) was opened "
+                + ("with an order_key: every ping of it needs one" if doc.ordered else
+                   "without an order_key: its pings cannot carry one")
+            )  # fmt: skip
+        if doc.max_items != max_items:
+            raise ValueError(
+                f"max_items {max_items!r} differs from the max_items {doc.max_items!r} of the "
+                f"open window (run {doc.run_id})"
+            )
+        # The stored payload: "last" keeps the highest order key (ties: the later
+        # arrival), "first" the lowest (ties: the earlier); no key, arrival order.
+        # "collect" inserts it by (order key, arrival) and drops the lowest beyond
+        # max_items (overflow="drop-oldest", the only one shared windows take).
+        order = doc.order
+        ranks = doc.ranks
+        if payload_policy == "collect":
+            items = list(zip(ranks, self._load(doc.payload) or [], strict=True))
+            rank = (0.0 if order_key is None else order_key, doc.count)
+            items.append((rank, self._load(payload)))
+            items.sort(key=lambda item: item[0])
+            if max_items is not None and len(items) > max_items:
+                del items[0]
+            ranks = tuple(rank for rank, _ in items)
+            payload = self._serializer.dumps([value for _, value in items])
+        elif payload_policy == "first":
+            keep = order_key is None or doc.order is None or order_key >= doc.order
+        else:
+            keep = order_key is not None and doc.order is not None and order_key < doc.order
+        if payload_policy == "collect":
+            pass
+        elif keep:
+            payload = doc.payload if doc.payload is not None else payload
+        else:
+            order = order_key
         at = now + delay if doc.cap is None else min(now + delay, doc.cap)
+        if doc.max_count is not None and doc.count + 1 >= doc.max_count:
+            # Due at once. A peer's ping makes the fire earlier than the owner armed,
+            # so the pinger takes it by compare-and-swap (the owner's timer cannot know).
+            at = now
         if self._mine(doc):
             new = replace(
-                doc, last=now, at=at, armed=at, count=doc.count + 1, write=write, payload=payload
+                doc,
+                last=now,
+                at=at,
+                armed=at,
+                count=doc.count + 1,
+                write=write,
+                payload=payload,
+                order=order,
+                ranks=ranks,
             )
             return Registered.EXTENDED, new, None
         if owner_live or not self._can_take_over():
-            new = replace(doc, last=now, at=at, count=doc.count + 1, write=write, payload=payload)
+            new = replace(
+                doc,
+                last=now,
+                at=at,
+                count=doc.count + 1,
+                write=write,
+                payload=payload,
+                order=order,
+                ranks=ranks,
+            )
             return Registered.COALESCED, new, (at if at < doc.armed else None)
         new = replace(
             doc,
@@ -544,6 +692,8 @@ class KvDebounceBackend(DebounceBackend):
             count=doc.count + 1,
             write=write,
             payload=payload,
+            order=order,
+            ranks=ranks,
         )
         return Registered.TOOK_OVER, new, None
 
@@ -557,6 +707,10 @@ class KvDebounceBackend(DebounceBackend):
         max_delay: float | None,
         run_id: str,
         payload: Any = None,
+        max_count: int | None = None,
+        payload_policy: str = "last",
+        order_key: float | None = None,
+        max_items: int | None = None,
     ) -> Registration:
         kv_key = window_key(workflow, key)
         text = self._serializer.dumps(payload)
@@ -599,7 +753,19 @@ class KvDebounceBackend(DebounceBackend):
                     live = doc is not None and not doc.fired and await self._owner_live(doc, now)
                     last_doc, last_live = doc, live
                     outcome, new, take_at = self._apply_ping(
-                        doc, live, now, mode, delay, max_delay, run_id, write, text
+                        doc,
+                        live,
+                        now,
+                        mode,
+                        delay,
+                        max_delay,
+                        run_id,
+                        write,
+                        text,
+                        max_count,
+                        payload_policy,
+                        order_key,
+                        max_items,
                     )
                     attempted = (outcome, take_at)
                     revision = await self._call(
@@ -614,6 +780,8 @@ class KvDebounceBackend(DebounceBackend):
                 except BackendUnavailableError as exc:
                     error = exc
                 else:
+                    if new.payload_policy != "last" or new.ordered:
+                        own = self._load(new.payload)  # the window's payload, not this ping's
                     return self._registered(kv_key, outcome, new, take_at, revision, own)
                 await self._backoff(attempt)
                 attempt += 1
@@ -623,6 +791,7 @@ class KvDebounceBackend(DebounceBackend):
             and last_live
             and not self._mine(last_doc)
             and last_doc.mode is not Mode.LEADING
+            and last_doc.payload_policy != "collect"
             and error is None
         ):
             # Contention until the deadline, but a live owner has a fire pending that

@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from . import _options, _validate
 from ._coordinator import open_coordinator
 from ._events import Event, EventError, parse_event
 from ._types import Fire, Mode
@@ -166,34 +167,73 @@ def _check_resolution(event: Event, duration: float, what: str) -> None:
         )
 
 
+def event_order(event: Event, order_field: str) -> float:
+    """The order key of ``event``: its ``order_field``, a finite JSON number."""
+    obj = event.payload
+    if not isinstance(obj, dict) or order_field not in obj:
+        raise EventError(event.line_number, f"missing order field {order_field!r}")
+    value = obj[order_field]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise EventError(
+            event.line_number,
+            f"order field {order_field!r} must be a JSON number, got {value!r}",
+        )
+    return value
+
+
 def replay(
     events: Iterable[Event],
     *,
     delay: float,
     max_delay: float | None = None,
     mode: Mode | str = Mode.TRAILING,
+    max_count: int | None = None,
+    payload_policy: str = "last",
+    overlap: str = "allow",
+    run_time: float = 0.0,
+    order_field: str | None = None,
 ) -> ReplayResult:
     """Drive ``events`` (in time order) through a coordinator on a virtual clock.
 
     Durations are in the events' time unit. Events with equal times are pinged in the
     order given.
 
+    Args:
+      max_count, payload_policy, overlap: the window options of
+        :meth:`Coordinator.debounce`, for every window.
+      run_time (float): how long each fire's handler runs (events' unit, >= 0): with
+        ``overlap="queue-latest"``, a window due during a run waits for its end.
+      order_field (str | None): each event's order key is this field of its object
+        (a JSON number); "latest" is then the event with the highest order key.
+
     Returns:
       ReplayResult: the event count and every fire, sorted by (fired_at, key, order in
       which the windows opened, leading before trailing).
 
     Raises:
-      EventError: from the ``events`` iterable (parsing is lazy).
-      ValueError, TypeError: bad ``delay``, ``max_delay`` or ``mode``.
+      EventError: from the ``events`` iterable (parsing is lazy), or an event without
+        a numeric ``order_field``.
+      ValueError, TypeError: bad ``delay``, ``max_delay``, ``mode``, ``run_time`` or
+        window options.
     """
     fires: list[Fire] = []
     count = 0
     stream = iter(events)
     first = next(stream, None)
     clock = ReplayClock(0.0 if first is None else first.ts)
+    run_seconds = _validate.duration("run_time", run_time)
+    options: dict[str, Any] = {}
+    if max_count is not None:
+        options["max_count"] = max_count
+    if payload_policy != _options.LAST:
+        options["payload_policy"] = payload_policy
+    if overlap != _options.ALLOW:
+        options["overlap"] = overlap
 
     async def record(fire: Fire) -> None:
         fires.append(fire)
+        if run_seconds:
+            await trio.sleep(run_seconds)
 
     async def main() -> None:
         nonlocal count
@@ -203,6 +243,8 @@ def replay(
                 if max_delay is not None:
                     _check_resolution(event, max_delay, "max delay")
                 await trio.sleep_until(event.ts)
+                if order_field is not None:
+                    options["order_key"] = event_order(event, order_field)
                 coordinator.debounce_nowait(
                     _WORKFLOW,
                     event.key,
@@ -211,6 +253,7 @@ def replay(
                     max_delay=max_delay,
                     mode=mode,
                     run_id=str(count),
+                    **options,
                 )
                 count += 1
 

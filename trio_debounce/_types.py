@@ -57,11 +57,16 @@ class Outcome(str, enum.Enum):
       The ping opened a leading or both-edges window and fired at once.
     ``Outcome.COALESCE`` (``"coalesce"``)
       The ping landed in an open window and was absorbed by it.
+    ``Outcome.STALE`` (``"stale"``)
+      The ping had ``drop_stale=True`` and an ``order_key`` not above the highest one
+      already fired for its key: it was dropped, and counted in
+      :attr:`CoordinatorStatistics.stale_pings`. Nothing changed.
     """
 
     SCHEDULE_TRAILING = "schedule-trailing"
     FIRE_IMMEDIATE = "fire-immediate"
     COALESCE = "coalesce"
+    STALE = "stale"
 
     def __str__(self) -> str:
         return self.value
@@ -76,12 +81,15 @@ class DebounceResult(NamedTuple):
     Attributes:
       outcome (Outcome): what the ping did.
       active_run_id (str): the run id of the window the ping landed in (the window it
-        opened, or the open window that absorbed it).
+        opened, or the open window that absorbed it); for a ``stale`` ping, the open
+        window's, or ``""`` when none is open.
       scheduled_at (float | None): the pending trailing fire time, an absolute time on
         Trio's clock (:func:`trio.current_time`), or ``None`` when no trailing fire is
-        pending (leading mode, or a both-edges window with a single ping).
-      ping_count (int): pings absorbed by the window so far, this one included; with
-        a backend, the window's count across all processes.
+        pending (leading mode, or a both-edges window with a single ping) or when the
+        window is due and waits for its key's run to end (``overlap="queue-latest"``).
+      ping_count (int): pings absorbed by the window so far, this one included (a
+        ``stale`` ping is not); with a backend, the window's count across all
+        processes.
       owner (bool): True if this coordinator owns the window and will fire it. Always
         True without a backend (and for a window opened locally because the backend
         failed, see ``on_backend_error``).
@@ -106,8 +114,11 @@ class Fire:
     Attributes:
       workflow (str): the window's workflow name.
       key (str): the window's debounce key.
-      payload (Any): the latest payload the window received before it fired (for a
-        leading fire, the first ping's payload).
+      payload (Any): per the window's ``payload_policy``: the latest payload the window
+        received before it fired (``"last"``, the default; with ``order_key``, the one
+        with the highest order key), the first one (``"first"``), the list of them
+        (``"collect"``) or a reducer's accumulated value. A leading fire carries its
+        ping's own payload, under every policy.
       run_id (str): the window's run id. The leading and trailing fires of a
         both-edges window share it and differ by :attr:`edge`.
       ping_count (int): pings the window had absorbed when it fired, the leading ping
@@ -229,6 +240,8 @@ class CoordinatorStatistics:
       dropped_fires (int): fires not run because they could not be proven
         (at-most-once delivery, backend unreachable at fire time).
       runs (RunStatistics): the deferred-run figures.
+      stale_pings (int): pings dropped by ``drop_stale=True`` (outcome ``stale``); not
+        counted in ``pings``.
     """
 
     open_windows: int
@@ -247,3 +260,4 @@ class CoordinatorStatistics:
     refires: int = 0
     dropped_fires: int = 0
     runs: RunStatistics = RunStatistics()
+    stale_pings: int = 0

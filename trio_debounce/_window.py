@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import trio
 
+    from ._options import KeyRun, Reducer, WindowOptions
     from ._types import Handler, Mode
 
 # Window states. ``OPEN`` windows fire when their deadline is reached; ``FLUSHED`` ones
@@ -26,20 +27,40 @@ class Window:
     """One debounce window, identified by ``(workflow, key)``."""
 
     __slots__ = (
+        "acc",
+        "best",
         "cap",
         "count",
         "deadline",
         "first_ping_at",
         "flushed_at",
+        "held",
         "ident",
+        "max_order",
         "mode",
         "on_fire",
+        "opts",
         "payload",
+        "reducer",
+        "run",
         "run_id",
         "scope",
+        "seq",
         "state",
         "trailing",
+        "waiting",
     )
+
+    # Set by _options.start() on windows opened with options (``opts`` is not None);
+    # a default window never has them.
+    acc: Any  # "collect": [(order key, arrival, payload)]; a reducer: its value
+    best: float | None  # the order key of ``payload`` ("last" and "first")
+    held: int  # payloads accumulated ("collect" and reducers), for max_items
+    max_order: float | None  # the highest order key of the window's pings
+    reducer: tuple[Reducer, Any]  # (fn, initial factory) of a reducer window
+    run: KeyRun | None  # the run of a committed "queue-latest" fire
+    seq: int  # the arrival number of the next ping
+    waiting: bool  # a due "queue-latest" window waiting for its key's run to end
 
     def __init__(
         self,
@@ -72,6 +93,8 @@ class Window:
         self.scope: trio.CancelScope | None = None
         self.state = OPEN
         self.flushed_at = 0.0
+        #: The window's options (issue 8), or None for the defaults (the fast path).
+        self.opts: WindowOptions | None = None
 
     def __repr__(self) -> str:
         return (

@@ -8,6 +8,7 @@ does not need matplotlib.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -106,7 +107,119 @@ def draw(name: str, mode: str, delay: float, max_delay: float | None) -> None:
     plt.close(fig)
 
 
+# ------------------------------------------------------------------ window options
+
+#: (name, title, pings as (time, payload, order key or None), debounce kwargs, run time)
+Ping = tuple[float, str, "int | None"]
+OPTION_SCENARIOS: list[tuple[str, str, list[Ping], dict[str, Any], float]] = [
+    (
+        "max-count",
+        "max_count=3, delay=2: the third ping makes the window due at once",
+        [(0.0, "p0", None), (0.5, "p1", None), (1.0, "p2", None), (1.5, "p3", None),
+         (2.0, "p4", None), (5.0, "p5", None)],
+        {"delay": 2.0, "max_count": 3},
+        0.0,
+    ),
+    (
+        "collect",
+        "payload_policy='collect', max_items=3, delay=2: the 4th ping overflows (fire-early)",
+        [(0.0, "a", None), (0.5, "b", None), (1.0, "c", None), (1.5, "d", None),
+         (2.0, "e", None), (6.0, "f", None)],
+        {"delay": 2.0, "payload_policy": "collect", "max_items": 3},
+        0.0,
+    ),
+    (
+        "queue-latest",
+        "overlap='queue-latest', delay=1, runs of 4 s (bars): a due window waits for the run",
+        [(0.0, "p0", None), (2.0, "p1", None), (3.0, "p2", None), (3.5, "p3", None),
+         (7.5, "p4", None)],
+        {"delay": 1.0, "overlap": "queue-latest"},
+        4.0,
+    ),
+    (
+        "order-key",
+        "order_key in brackets, delay=2: the highest key wins; drop_stale drops [8] (9 fired)",
+        [(0.0, "p0", 5), (1.0, "p1", 9), (2.0, "p2", 7), (3.0, "p3", 3), (7.0, "p4", 8),
+         (8.0, "p5", 12)],
+        {"delay": 2.0, "drop_stale": True},
+        0.0,
+    ),
+]  # fmt: skip
+
+
+def simulate_options(
+    pings: list[tuple[float, str, int | None]], kwargs: dict[str, Any], run_time: float
+) -> tuple[list[tuple[float, str, int | None, trio_debounce.DebounceResult]], list[Any]]:
+    results = []
+    fires: list[trio_debounce.Fire] = []
+
+    async def record(fire: trio_debounce.Fire) -> None:
+        fires.append(fire)
+        await trio.sleep(run_time)
+
+    async def main() -> None:
+        async with trio_debounce.open_coordinator(handlers={"wf": record}) as c:
+            for t, payload, order in pings:
+                await trio.sleep_until(t)
+                extra = dict(kwargs)
+                if order is not None:
+                    extra["order_key"] = order
+                else:
+                    extra.pop("drop_stale", None)
+                results.append((t, payload, order, c.debounce_nowait("wf", "k", payload, **extra)))
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return results, fires
+
+
+def draw_options(
+    name: str,
+    title: str,
+    pings: list[tuple[float, str, int | None]],
+    kwargs: dict[str, Any],
+    run_time: float,
+) -> None:
+    results, fires = simulate_options(pings, kwargs, run_time)
+    fig, ax = plt.subplots(figsize=(8, 2.4))
+    for i, f in enumerate(fires):  # each window spans from its first ping to its fire
+        ax.axvspan(f.first_ping_at, f.fired_at, ymin=0.25, ymax=0.85, color="tab:blue", alpha=0.12)
+        if run_time:  # the run (the handler) of each fire, staggered
+            y = -0.12 - 0.12 * (i % 2)
+            ax.plot([f.fired_at, f.fired_at + run_time], [y, y], color="tab:orange", lw=3)
+            ax.text(f.fired_at + run_time / 2, y - 0.03, f"run of {f.payload}", fontsize=6,
+                    ha="center", va="top")  # fmt: skip
+    letters = {"schedule-trailing": "S", "fire-immediate": "F", "coalesce": "c", "stale": "x"}
+    for t, payload, order, r in results:
+        ax.plot([t, t], [0.35, 0.75], color="black", lw=1.5)
+        label = payload if order is None else f"{payload}[{order}]"
+        ax.text(t, 0.8, f"{letters[r.outcome.value]} {label}", ha="center", va="bottom", fontsize=7)
+    for f in fires:
+        ax.plot(f.fired_at, 0.55, marker="*", markersize=14, color="tab:red")
+        payload = "[" + ", ".join(f.payload) + "]" if isinstance(f.payload, list) else f.payload
+        ax.text(
+            f.fired_at,
+            0.22,
+            f"{payload}\n{f.ping_count} pings",
+            ha="center",
+            va="top",
+            fontsize=7,
+            color="tab:red",
+        )
+    ax.set_ylim(-0.45, 1.05)
+    ax.set_xlim(-0.5, 13.5)
+    ax.set_yticks([])
+    ax.set_xlabel("time (s)")
+    ax.set_title(title, fontsize=8.5)
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(OUT / f"timeline-{name}.svg", metadata={"Date": None})
+    plt.close(fig)
+
+
 if __name__ == "__main__":
     OUT.mkdir(exist_ok=True)
     for scenario in SCENARIOS:
         draw(*scenario)
+    for option_scenario in OPTION_SCENARIOS:
+        draw_options(*option_scenario)

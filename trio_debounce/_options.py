@@ -1,0 +1,327 @@
+"""The window options of issue 8: ``max_count``, payload policies, ``overlap`` and ``order_key``.
+
+A window opened with the default options (``payload_policy="last"``, no ``max_count``,
+``overlap="allow"``, no ``order_key``) never reaches this module: its pings stay on the
+coordinator's fast path. Everything here is for windows that use at least one option.
+Like ``mode``, the options belong to the window and are fixed by its first ping; they
+are kept as one frozen :class:`WindowOptions`, compared as a whole on every later ping.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+from . import _validate
+from ._types import Mode
+
+if TYPE_CHECKING:
+    from ._window import Window
+
+LAST = "last"
+FIRST = "first"
+COLLECT = "collect"
+_BUILTIN_POLICIES = (LAST, FIRST, COLLECT)
+
+FIRE_EARLY = "fire-early"
+DROP_OLDEST = "drop-oldest"
+_OVERFLOWS = (FIRE_EARLY, DROP_OLDEST)
+
+ALLOW = "allow"
+QUEUE_LATEST = "queue-latest"
+_OVERLAPS = (ALLOW, QUEUE_LATEST)
+
+#: ``max_items`` of a ``"collect"`` or reducer window when the caller gives none.
+DEFAULT_MAX_ITEMS = 1000
+
+#: The values of ``debounce(overflow=...)``.
+Overflow = Literal["fire-early", "drop-oldest"]
+#: The values of ``debounce(overlap=...)``.
+Overlap = Literal["allow", "queue-latest"]
+
+#: A reducer: ``fn(accumulated, new) -> accumulated``.
+Reducer = Callable[[Any, Any], Any]
+#: A reducer's factory of fresh initial values, called once per window.
+InitialFactory = Callable[[], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowOptions:
+    """The options a window's first ping fixed, normalized (defaults filled in)."""
+
+    max_count: int | None = None
+    payload_policy: str = LAST
+    max_items: int | None = None
+    overflow: str | None = None
+    overlap: str = ALLOW
+    run_timeout: float | None = None
+    #: True when the window's pings carry an ``order_key``.
+    ordered: bool = False
+
+    @property
+    def queue(self) -> bool:
+        return self.overlap == QUEUE_LATEST
+
+    @property
+    def reducer(self) -> bool:
+        return self.payload_policy not in _BUILTIN_POLICIES
+
+
+DEFAULT = WindowOptions()
+
+
+class KeyRun:
+    """A run (a trailing fire's handler) of a ``queue-latest`` key, while it blocks the
+    key's next fire: until its handler returns, or until ``block_until``."""
+
+    __slots__ = ("block_until", "waiter")
+
+    def __init__(self, block_until: float) -> None:
+        #: Trio time after which the run no longer blocks (start + run_timeout), or inf.
+        self.block_until = block_until
+        #: The window of the key waiting for this run to end, if any.
+        self.waiter: Window | None = None
+
+
+def count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value!r}")
+    return value
+
+
+def order_key(value: object) -> float:
+    """Return ``value`` if it is a usable order key (an int, or a finite float).
+
+    Raises:
+      TypeError: ``value`` is not an :class:`int` or :class:`float` (``bool`` is
+        refused too).
+      ValueError: ``value`` is NaN or infinite.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"order_key must be a number (int or float), not {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"order_key must be finite, got {value!r}")
+    return value
+
+
+def window_options(
+    mode: Mode,
+    max_count: object,
+    payload_policy: object,
+    max_items: object,
+    overflow: object,
+    overlap: object,
+    run_timeout: object,
+    ordered: bool,
+    reducers: dict[str, tuple[Reducer, InitialFactory | None]],
+) -> WindowOptions:
+    """Validate one ping's options and return them normalized.
+
+    Raises:
+      TypeError: an option has the wrong type (the message names it).
+      ValueError: an option has a bad value, or options that do not go together.
+    """
+    limit = None if max_count is None else count("max_count", max_count)
+    if not isinstance(payload_policy, str):
+        raise TypeError(f"payload_policy must be a str, not {payload_policy!r}")
+    if payload_policy not in _BUILTIN_POLICIES and payload_policy not in reducers:
+        known = ", ".join(repr(n) for n in (*_BUILTIN_POLICIES, *sorted(reducers)))
+        raise ValueError(
+            f"payload_policy must be one of {known} (a reducer is registered with "
+            f"Coordinator.set_reducer()), got {payload_policy!r}"
+        )
+    accumulates = payload_policy not in (LAST, FIRST)
+    items: int | None = None
+    if max_items is not None:
+        items = count("max_items", max_items)
+        if not accumulates:
+            raise ValueError(
+                f"max_items bounds payload_policy 'collect' or a reducer, not {payload_policy!r}"
+            )
+    elif accumulates:
+        items = DEFAULT_MAX_ITEMS
+    how: str | None = None
+    if overflow is not None:
+        if overflow not in _OVERFLOWS:
+            raise ValueError(f"overflow must be 'fire-early' or 'drop-oldest', got {overflow!r}")
+        if not accumulates:
+            raise ValueError(
+                f"overflow applies to payload_policy 'collect' or a reducer, not {payload_policy!r}"
+            )
+        how = str(overflow)
+    elif accumulates:
+        how = FIRE_EARLY
+    if how == DROP_OLDEST and payload_policy != COLLECT:
+        raise ValueError(
+            f"overflow='drop-oldest' needs payload_policy='collect': the reducer "
+            f"{payload_policy!r} cannot take its oldest input back out"
+        )
+    if overlap not in _OVERLAPS:
+        raise ValueError(f"overlap must be 'allow' or 'queue-latest', got {overlap!r}")
+    if overlap == QUEUE_LATEST and mode is not Mode.TRAILING:
+        raise ValueError(
+            f"overlap='queue-latest' needs mode='trailing', got mode={mode.value!r}: a "
+            "leading fire is committed at ping time and cannot wait for a run"
+        )
+    timeout: float | None = None
+    if run_timeout is not None:
+        timeout = _validate.positive_duration("run_timeout", run_timeout)
+        if overlap != QUEUE_LATEST:
+            raise ValueError("run_timeout bounds overlap='queue-latest' runs; pass that too")
+    if ordered and accumulates and payload_policy != COLLECT:
+        raise ValueError(
+            f"order_key cannot be combined with the reducer {payload_policy!r}: a reducer "
+            "folds payloads in arrival order (put the order key in the payload instead)"
+        )
+    return WindowOptions(limit, payload_policy, items, how, str(overlap), timeout, ordered)
+
+
+class DebounceOptions(TypedDict, total=False):
+    """The window options :meth:`Coordinator.debounce` and
+    :meth:`~Coordinator.debounce_nowait` take as keywords (``**options``); every key is
+    optional. See :meth:`Coordinator.debounce_nowait` for each one.
+
+    Keys: ``max_count`` (int | None), ``payload_policy`` (str), ``max_items`` (int |
+    None), ``overflow`` (``"fire-early"`` | ``"drop-oldest"`` | None), ``overlap``
+    (``"allow"`` | ``"queue-latest"``), ``run_timeout`` (float | None, seconds),
+    ``order_key`` (float | None), ``drop_stale`` (bool).
+    """
+
+    max_count: int | None
+    payload_policy: str
+    max_items: int | None
+    overflow: Overflow | None
+    overlap: Overlap
+    run_timeout: float | None
+    order_key: float | None
+    drop_stale: bool
+
+
+_NAMES = frozenset(DebounceOptions.__annotations__)
+_DEFAULTS: dict[str, object] = {"payload_policy": LAST, "overlap": ALLOW, "drop_stale": False}
+
+
+def check_names(options: Mapping[str, object]) -> None:
+    """Raise :exc:`TypeError` for a keyword that is not an option, as Python would."""
+    for name in options:
+        if name not in _NAMES:
+            raise TypeError(f"debounce() got an unexpected keyword argument {name!r}")
+
+
+def first_non_default(options: Mapping[str, object]) -> str | None:
+    """The name of the first option that differs from its default, or None."""
+    return next((name for name, value in options.items() if value != _DEFAULTS.get(name)), None)
+
+
+def mismatch(ident: tuple[str, str], window: WindowOptions, ping: WindowOptions) -> ValueError:
+    """The error for a ping whose options differ from its open window's."""
+    if window.ordered != ping.ordered:
+        if window.ordered:
+            return ValueError(
+                f"the open window {ident!r} was opened with an order_key: every ping of "
+                "it needs one"
+            )
+        return ValueError(
+            f"the open window {ident!r} was opened without an order_key: its pings cannot carry one"
+        )
+    for field in fields(WindowOptions):
+        mine, theirs = getattr(ping, field.name), getattr(window, field.name)
+        if mine != theirs:
+            return ValueError(
+                f"{field.name} {mine!r} differs from the {field.name} {theirs!r} of the "
+                f"open window {ident!r}"
+            )
+    raise AssertionError("the options do not differ")  # pragma: no cover
+
+
+# ------------------------------------------------------------------ accumulation
+
+
+def start(window: Window, opts: WindowOptions, payload: Any, order: float | None) -> None:
+    """Set up the accumulation state of a window opened by a ping with options.
+
+    For a reducer, ``window.reducer`` must be set and its initial value computed by
+    the caller (see :func:`fold_first`).
+    """
+    window.opts = opts
+    window.seq = 1
+    window.best = order
+    window.max_order = order
+    window.waiting = False
+    window.run = None
+    if opts.payload_policy == COLLECT:
+        window.acc = [(0 if order is None else order, 0, payload)]
+        window.held = 1
+    elif opts.reducer:
+        window.held = 1
+    else:
+        window.held = 0
+
+
+def fold_first(reducer: tuple[Reducer, InitialFactory | None], payload: Any) -> Any:
+    """The accumulated value after a window's first ping (a fresh initial per window)."""
+    fn, initial = reducer
+    if initial is None:
+        return payload
+    return fn(initial(), payload)
+
+
+def absorb(window: Window, payload: Any, order: float | None, folded: Any) -> None:
+    """Add a later ping's payload to an open window (``folded``: the reducer's new
+    value, computed by the caller before any state changed)."""
+    opts = window.opts
+    assert opts is not None
+    seq = window.seq
+    window.seq = seq + 1
+    if order is not None and (window.max_order is None or order > window.max_order):
+        window.max_order = order
+    policy = opts.payload_policy
+    if policy == LAST:
+        # The latest: the highest order key, ties broken by arrival (the later wins).
+        if order is None or window.best is None or order >= window.best:
+            window.payload = payload
+            window.best = order
+    elif policy == FIRST:
+        # The first: the lowest order key, ties broken by arrival (the earlier wins).
+        if order is not None and window.best is not None and order < window.best:
+            window.payload = payload
+            window.best = order
+    elif policy == COLLECT:
+        # (order key, arrival) is unique, so payloads themselves are never compared.
+        item = (0 if order is None else order, seq, payload)
+        if order is None:
+            window.acc.append(item)
+        else:
+            bisect.insort(window.acc, item, key=_rank)
+        if len(window.acc) > (opts.max_items or 0):
+            del window.acc[0]  # drop-oldest: the lowest (order key, arrival)
+        window.held = len(window.acc)
+    else:
+        window.acc = folded
+        window.held += 1
+
+
+def _rank(item: tuple[Any, int, Any]) -> tuple[Any, int]:
+    return item[0], item[1]
+
+
+def full(window: Window) -> bool:
+    """Is the window's accumulation at ``max_items``, under ``overflow="fire-early"``?"""
+    opts = window.opts
+    assert opts is not None
+    return opts.overflow == FIRE_EARLY and window.held >= (opts.max_items or 0)
+
+
+def fire_payload(window: Window) -> Any:
+    """The payload a window's trailing fire carries, per its payload policy."""
+    opts = window.opts
+    if opts is None or opts.payload_policy in (LAST, FIRST):
+        return window.payload
+    if opts.payload_policy == COLLECT:
+        return [item[2] for item in window.acc]
+    return window.acc
