@@ -870,3 +870,35 @@ async def test_cancelling_a_running_local_run_keeps_it_ran(
         assert [(i.state, i.outcome) for i in await c.list_runs()] == [(RunState.DONE, "ran")]
         await trio.sleep(5)
     assert len(log.starts) == 1
+
+
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+@pytest.mark.parametrize("slow_start", [False, True])
+async def test_a_reschedule_racing_the_fire(
+    autojump_clock: trio.testing.MockClock, delivery: str, slow_start: bool
+) -> None:
+    log = Log()
+    shared = MemoryStore()
+    async with trio.open_nursery() as nursery:
+        a = Process(shared, log, "a", delivery=delivery)
+        ca = await start(nursery, a)
+        cb = await start(nursery, Process(shared, log, "b", delivery=delivery))
+        await ca.schedule("wf", "r", "old", after=5, persist=True)
+        await trio.sleep(5 - trio.current_time())
+        if slow_start:
+            a.store.faults.delay_next(0.5, ops=("put",))  # the owner's start lands late
+        result = await cb.schedule("wf", "r", "new", after=3, persist=True)
+        await trio.sleep(20)
+        late = 0.5 if slow_start else 0.0
+        runs = [(t, run.payload) for _, t, run in log.of("r")]
+        if result.outcome == "already-ran":
+            # The fire won: it ran once, with the old payload (at-most-once writes its
+            # tombstone before the handler).
+            assert runs == [(5.0 + late, "old")]
+        else:
+            # The re-schedule won or came while the old version ran: the new version
+            # runs once at its time, after at most one run of the old one.
+            assert result.outcome == "rescheduled"
+            assert runs[-1] == (8.0, "new")
+            assert runs[:-1] in ([], [(5.0 + late, "old")])
+        nursery.cancel_scope.cancel()
