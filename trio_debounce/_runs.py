@@ -530,30 +530,29 @@ class RunScheduler:
         return due <= self._wall() + self._options.horizon
 
     def _arm_record(self, record: StoredRun, *, drain: bool = False) -> _Armed | None:
+        return self._arm(record.run_id, record.scheduled_at, record, None, drain)
+
+    def _arm_local(self, run: _LocalRun, *, drain: bool = False) -> _Armed | None:
+        return self._arm(run.run_id, run.scheduled_at, None, run, drain)
+
+    def _arm(
+        self,
+        run_id: str,
+        due: float,
+        record: StoredRun | None,
+        local: _LocalRun | None,
+        drain: bool,
+    ) -> _Armed | None:
+        """Give the run a task (replacing a waiting one); None if it cannot have one."""
         if self._closed or self._nursery is None:
             return None
-        old = self._armed.get(record.run_id)
+        old = self._armed.get(run_id)
         if old is not None:
             if old.started:
                 return None  # its finish re-reads the record and re-arms it
             old.scope.cancel()
-        entry = _Armed(
-            record.run_id, record.scheduled_at, record, None, drain=drain, sweep=self._sweeps
-        )
-        self._armed[record.run_id] = entry
-        self._nursery.start_soon(self._run_task, entry)
-        return entry
-
-    def _arm_local(self, run: _LocalRun, *, drain: bool = False) -> _Armed | None:
-        if self._closed or self._nursery is None:
-            return None
-        old = self._armed.get(run.run_id)
-        if old is not None:
-            if old.started:
-                return None
-            old.scope.cancel()
-        entry = _Armed(run.run_id, run.scheduled_at, None, run, drain=drain, sweep=self._sweeps)
-        self._armed[run.run_id] = entry
+        entry = _Armed(run_id, due, record, local, drain=drain, sweep=self._sweeps)
+        self._armed[run_id] = entry
         self._nursery.start_soon(self._run_task, entry)
         return entry
 
