@@ -902,3 +902,154 @@ async def test_a_reschedule_racing_the_fire(
             assert runs[-1] == (8.0, "new")
             assert runs[:-1] in ([], [(5.0 + late, "old")])
         nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_finish_write_is_written_again_not_run_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = Log()
+    store = MemoryRunStore()
+    async with open_coordinator(
+        run_handlers={"wf": log.handler("a")},
+        run_store=store,
+        run_options=options("a", lease=30.0, heartbeat_interval=10.0, horizon=20.0),
+    ) as c:
+        await c.schedule("wf", "r", after=5, persist=True)
+        await trio.sleep(4)
+        # The start lands; the finish fails once without landing.
+        store.faults.fail_next(1, ops=("put",))
+        store.faults.clear()
+        await trio.sleep(1)
+        store.faults.fail_next(1, ops=("put",))
+        await trio.sleep(60)
+        assert [run.attempt for _, _, run in log.starts] == [1]
+        info = await c.get_run("r")
+        assert info is not None
+        assert (info.state, info.outcome) == (RunState.DONE, "ran")
+        assert c.statistics().runs.stale == 0
+
+
+async def test_a_huge_retry_count_does_not_overflow_the_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = Log()
+    async with open_coordinator(
+        run_handlers={"wf": log.handler("a", fail=1100)},
+        run_options=options("a", retries=1100, retry_backoff=0.001),
+    ) as c:
+        await c.schedule("wf", "r", after=1)
+        await trio.sleep(1100 * 60)
+    assert len(log.starts) == 1101
+
+
+async def test_the_exit_does_not_wait_forever_for_an_unreachable_store(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = Log()
+    store = MemoryRunStore()
+    async with open_coordinator(
+        run_handlers={"wf": log.handler("a", hold=1)},
+        run_store=store,
+        run_options=options("a"),
+    ) as c:
+        await c.schedule("wf", "r", after=1, persist=True)
+        await trio.sleep(1.5)
+        store.faults.partitioned = True  # the finish cannot be written
+    # Bounded by the lease (then the run is left to whoever holds its claim).
+    assert trio.current_time() < 1.5 + LEASE + 10
+
+
+async def test_a_handler_can_schedule_its_successor_while_the_block_exits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryRunStore()
+    scheduled: list[str] = []
+
+    async def tick(run: RunFire) -> None:
+        await trio.sleep(1)
+        result = await c.schedule("wf", "tick-2", after=60, persist=True)
+        scheduled.append(result.outcome)
+
+    async with open_coordinator(
+        run_handlers={"wf": tick}, run_store=store, run_options=options("a")
+    ) as c:
+        await c.schedule("wf", "tick-1", after=1, persist=True)
+        await trio.sleep(1.5)
+    assert scheduled == ["scheduled"]
+    successor = await store.get_run("tick-2")
+    assert successor is not None
+    assert successor.state is RunState.PENDING
+
+
+async def test_an_abort_drops_waiting_local_runs_with_a_warning(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = Log()
+    with trio.CancelScope() as scope:
+        async with open_coordinator(
+            run_handlers={"wf": log.handler("a")}, run_options=options("a")
+        ) as c:
+            await c.schedule("wf", "l", after=100)
+            scope.cancel()
+            await trio.sleep(1)
+    assert c.statistics().runs.dropped_at_exit == 1
+    assert not c.has_run("l")
+    assert "1 non-persisted deferred run(s) dropped at exit" in caplog.text
+
+
+async def test_drain_runs_waits_for_runs_re_armed_by_another_drain(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = Log()
+    async with open_coordinator(
+        run_handlers={"wf": log.handler("a", hold=10)},
+        run_options=options("a", max_concurrent_runs=1),
+    ) as c:
+        await c.schedule("wf", "a", after=100)
+        await c.schedule("wf", "b", after=200)
+        returned: list[float] = []
+
+        async def drain() -> None:
+            await c.drain_runs()
+            returned.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain)
+            await trio.sleep(0)
+            nursery.start_soon(drain)
+        assert returned == [20.0, 20.0]
+        assert not c.has_run("a")
+        assert c.statistics().runs.held == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"limit": -1}, ValueError, "limit must be an int >= 0"),
+        ({"limit": 1.5}, ValueError, "limit must be an int >= 0"),
+        ({"workflow": 5}, TypeError, "workflow"),
+        ({"owner": 5}, TypeError, "owner"),
+        ({"state": "running"}, ValueError, "state must be one of"),
+    ],
+)
+async def test_list_runs_rejects_bad_filters(
+    autojump_clock: trio.testing.MockClock,
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    match: str,
+) -> None:
+    async with open_coordinator(run_options=options("a")) as c:
+        with pytest.raises(error, match=match):
+            await c.list_runs(**kwargs)
+
+
+async def test_a_time_too_large_for_a_float_is_refused_by_name(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_coordinator(
+        run_handlers={"wf": Log().handler("a")}, run_options=options("a")
+    ) as c:
+        with pytest.raises(ValueError, match="at must be finite"):
+            await c.schedule("wf", "r", at=10**400)
+        with pytest.raises(ValueError, match="expires_at must be finite"):
+            await c.schedule("wf", "r", after=1, expires_at=10**400)

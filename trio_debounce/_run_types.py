@@ -244,7 +244,10 @@ def wall_seconds(name: str, value: object) -> float:
         return value.timestamp()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a timezone-aware datetime or epoch seconds, not {value!r}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got {value!r}") from None
     if not math.isfinite(seconds):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return seconds

@@ -169,6 +169,7 @@ class RunScheduler:
         self._fenced = False
         self._nursery: trio.Nursery | None = None
         self._closed = False
+        self._closing = False
         self._gate = _DueOrderGate(options.max_concurrent_runs)
         self._armed: dict[str, _Armed] = {}
         self._local: dict[str, _LocalRun] = {}
@@ -203,7 +204,8 @@ class RunScheduler:
                     task_status.started()
                     await trio.sleep_forever()
         finally:
-            self._closed = True
+            self._closing = self._closed = True
+            self._drop_waiting_local()  # after an abort: nothing else accounts for them
             if self._lease is not None and self._store is not None and not self._fenced:
                 with trio.CancelScope(shield=True):
                     await self._release()
@@ -211,34 +213,40 @@ class RunScheduler:
     async def close(self) -> None:
         """The coordinator exits normally: stop timers and sweeps, drop non-persisted
         pending runs (with a warning), wait for running handlers, release the lease."""
-        if self._closed:
+        if self._closing:
             return
-        self._closed = True
+        # Closing: no run gets a task any more, but running handlers may still
+        # schedule (a successor, say) and cancel until they finish.
+        self._closing = True
         self._loops.cancel()
         self._sweep_scope.cancel()
         self._local_scope.cancel()
         for entry in list(self._armed.values()):
             if not entry.started:
                 entry.scope.cancel()
+        # The heartbeat keeps running while handlers finish, so their claims hold.
+        while self._running:
+            await self._idle_lot.park()
+        self._closed = True
+        self._drop_waiting_local()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def _drop_waiting_local(self) -> None:
+        """Drop the non-persisted runs that wait for their time, with a warning."""
         waiting = [
             run for run in self._local.values() if self._local_state(run) is RunState.PENDING
         ]
         for run in waiting:
             del self._local[run.run_id]
-        dropped = len(waiting)
         self._local_heap.clear()
-        if dropped:
-            self._stats["dropped_at_exit"] += dropped
+        if waiting:
+            self._stats["dropped_at_exit"] += len(waiting)
             logger.warning(
                 "%d non-persisted deferred run(s) dropped at exit (persist=True keeps runs "
                 "across restarts)",
-                dropped,
+                len(waiting),
             )
-        # The heartbeat keeps running while handlers finish, so their claims hold.
-        while self._running:
-            await self._idle_lot.park()
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
 
     async def _call(
         self, what: str, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any
@@ -417,7 +425,7 @@ class RunScheduler:
         claimable: list[StoredRun] = []
         for run in runs:
             listed.add(run.run_id)
-            if self._closed or self._fenced:
+            if self._closing or self._fenced:
                 break
             if self._owns(run):
                 entry = self._armed.get(run.run_id)
@@ -436,7 +444,7 @@ class RunScheduler:
         # other, a dead process's backlog held the sweep, and every run behind it,
         # for seconds.
         for start in range(0, len(claimable), CLAIM_CONCURRENCY):
-            if self._closed or self._fenced:
+            if self._closing or self._fenced:
                 break
             batch = claimable[start : start + CLAIM_CONCURRENCY]
             results: list[StoredRun | None] = [None] * len(batch)
@@ -544,7 +552,7 @@ class RunScheduler:
         drain: bool,
     ) -> _Armed | None:
         """Give the run a task (replacing a waiting one); None if it cannot have one."""
-        if self._closed or self._nursery is None:
+        if self._closing or self._nursery is None:
             return None
         old = self._armed.get(run_id)
         if old is not None:
@@ -730,6 +738,8 @@ class RunScheduler:
         assert self._store is not None
         delay = 0.1
         expected = new
+        # Past the lease the claim may be a peer's: leave the run to the store then.
+        give_up = trio.current_time() + self._options.lease
         while True:
             try:
                 written = await self._call("update_run", self._store.update_run, expected)
@@ -738,6 +748,13 @@ class RunScheduler:
                     return True
                 current = await self._call("get_run", self._store.get_run, entry.run_id)
             except BackendUnavailableError as exc:
+                if trio.current_time() >= give_up:
+                    logger.warning(
+                        "run %r: the store has been unreachable for longer than the lease; "
+                        "the run is left in the store for whoever holds its claim",
+                        entry.run_id,
+                    )
+                    return False
                 logger.warning("run %r: store step failed (%s); retrying", entry.run_id, exc)
                 await trio.sleep(delay)
                 delay = min(delay * 2, MAX_STEP_RETRY)
@@ -748,6 +765,8 @@ class RunScheduler:
             if current is not None and _same_write(current, new):
                 entry.record = current  # our write landed; its answer was lost
                 return True
+            if current is not None and current.revision == new.revision:
+                continue  # unchanged: the failed write did not land, so write again
             self._stale(entry, current)
             return False
 
@@ -802,7 +821,7 @@ class RunScheduler:
             if ok or retry >= retries:
                 break
             self._stats["retried"] += 1
-            await trio.sleep(min(backoff * 2**retry, 60.0))
+            await trio.sleep(min(backoff * 2 ** min(retry, 16), 60.0))
         self._stats["completed" if ok else "failed"] += 1
         if self._delivery == "at-least-once":
             record = entry.record
@@ -836,7 +855,7 @@ class RunScheduler:
             if ok or retry >= retries:
                 break
             self._stats["retried"] += 1
-            await trio.sleep(min(self._options.retry_backoff * 2**retry, 60.0))
+            await trio.sleep(min(self._options.retry_backoff * 2 ** min(retry, 16), 60.0))
         if self._local.get(run.run_id) is run:
             del self._local[run.run_id]
             self._local_done[run.run_id] = (run, self._wall(), "ran" if ok else "failed")
@@ -1094,8 +1113,11 @@ class RunScheduler:
         raise BackendUnavailableError(f"run {run_id!r}: could not be cancelled under contention")
 
     def has_run(self, run_id: str) -> bool:
+        local = self._local.get(run_id)
+        if local is not None:
+            return self._local_state(local) is RunState.PENDING
         entry = self._armed.get(run_id)
-        return run_id in self._local or (entry is not None and not entry.started)
+        return entry is not None and not entry.started
 
     def _local_info(self, run: _LocalRun, state: RunState, outcome: str | None) -> RunInfo:
         return RunInfo(
@@ -1129,7 +1151,20 @@ class RunScheduler:
         owner: str | _Any | None,
         limit: int | None,
     ) -> list[RunInfo]:
-        states = None if state is None else {RunState(state)}
+        if workflow is not None:
+            _validate.name("workflow", workflow)
+        if owner is not None and owner is not ANY:
+            _validate.name("owner", owner)
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
+        ):
+            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+        try:
+            states = None if state is None else {RunState(state)}
+        except ValueError:
+            raise ValueError(
+                f"state must be one of 'pending', 'started', 'done' or None, got {state!r}"
+            ) from None
         infos: list[RunInfo] = []
         local = [
             self._local_info(run, self._local_state(run), None) for run in self._local.values()
@@ -1181,13 +1216,18 @@ class RunScheduler:
                 if made is not None:
                     entries.append(made)
         for entry in entries:
-            await entry.done.wait()
+            # A run re-armed meanwhile (a re-schedule, another drain) is waited for too.
+            while True:
+                await entry.done.wait()
+                newer = self._armed.get(entry.run_id)
+                if newer is None or newer is entry:
+                    break
+                entry = newer
         return len(entries)
 
     def statistics(self) -> RunStatistics:
-        held = len(self._local) + sum(
-            1 for e in self._armed.values() if e.record is not None and not e.started
-        )
+        held = sum(1 for r in self._local.values() if self._local_state(r) is RunState.PENDING)
+        held += sum(1 for e in self._armed.values() if e.record is not None and not e.started)
         figures = dict(self._stats, held=held, running=self._running)
         return RunStatistics(**figures)
 
