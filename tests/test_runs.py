@@ -1015,7 +1015,7 @@ async def test_drain_runs_waits_for_runs_re_armed_by_another_drain(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drain)
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
             nursery.start_soon(drain)
         assert returned == [20.0, 20.0]
         assert not c.has_run("a")
