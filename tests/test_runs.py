@@ -1053,3 +1053,15 @@ async def test_a_time_too_large_for_a_float_is_refused_by_name(
             await c.schedule("wf", "r", at=10**400)
         with pytest.raises(ValueError, match="expires_at must be finite"):
             await c.schedule("wf", "r", after=1, expires_at=10**400)
+
+
+async def test_names_that_cannot_leave_the_process_are_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_coordinator(run_options=options("a")) as c:
+        with pytest.raises(ValueError, match="lone surrogate"):
+            c.set_run_handler("\ud800", Log().handler("a"))
+    from trio_debounce import SqliteRunStore
+
+    with pytest.raises(ValueError, match="lone surrogate"):
+        SqliteRunStore("\ud800.db")

@@ -2431,6 +2431,7 @@ def _run_handlers(run_handlers: Mapping[str, RunHandler] | None) -> dict[str, Ru
         ) from None
     for workflow, handler in handler_map.items():
         _validate.name("workflow", workflow)
+        _validate.shareable("workflow", workflow)
         if handler is None:
             raise TypeError(f"run_handlers[{workflow!r}] must be an async callable, not None")
         _validate.handler(f"run_handlers[{workflow!r}]", handler)

@@ -890,6 +890,7 @@ class RunScheduler:
 
     def set_handler(self, workflow: str, handler: RunHandler | None) -> None:
         _validate.name("workflow", workflow)
+        _validate.shareable("workflow", workflow)  # run records leave the process
         if handler is None:
             self._handlers.pop(workflow, None)
             return

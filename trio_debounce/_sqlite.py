@@ -483,6 +483,13 @@ class SqliteRunStore(RunStore):
         self._path: str = os.fspath(path)
         if not isinstance(self._path, str):
             raise TypeError(f"path must be a str path, not {path!r}")
+        try:
+            self._path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"path {self._path!r} is not valid Unicode text (a lone surrogate): SQLite "
+                "cannot open it"
+            ) from None
         if (
             isinstance(max_payload_bytes, bool)
             or not isinstance(max_payload_bytes, int)
