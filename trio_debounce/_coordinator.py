@@ -32,6 +32,7 @@ from ._backend import (
     WindowStatus,
 )
 from ._errors import BackendAuthError, BackendConfigError, BackendError, BackendUnavailableError
+from ._invoke import invoke
 from ._options import DebounceOptions, InitialFactory, KeyRun, Reducer
 from ._run_store import ANY, RunState, RunStore, _Any
 from ._run_types import (
@@ -94,18 +95,6 @@ class _NoPublicConstructor(type):
 
     def _create(cls, *args: Any, **kwargs: Any) -> Any:
         return super().__call__(*args, **kwargs)
-
-
-@disable_ki_protection
-async def _invoke(handler: Handler, fire: Fire) -> None:
-    """Run a user's handler without the coordinator's KI protection."""
-    result: object = handler(fire)
-    if not inspect.isawaitable(result):
-        raise TypeError(
-            f"the handler {handler!r} returned {result!r}, not an awaitable: handlers are "
-            "async functions (async def handler(fire): ...)"
-        )
-    await result
 
 
 @disable_ki_protection
@@ -1810,7 +1799,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         run: KeyRun | None = None,
     ) -> None:
         # KI-protected, so Ctrl-C cannot land between the counters and the try; the
-        # handler and on_error run unprotected (see _invoke and _report).
+        # handler and on_error run unprotected (see _invoke.invoke and _report).
         # ``fire_id``: an at-least-once fire record, deleted once the handler has
         # returned or raised (not if it was cancelled: a peer runs it again), before
         # the handler counts as finished, so an exit cannot cut the delete short.
@@ -1821,7 +1810,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     f"no handler for workflow {fire.workflow!r} when its window "
                     f"{fire.key!r} fired (run {fire.run_id})"
                 )
-            await _invoke(handler, fire)
+            await invoke(handler, fire)
             finished = True
         except Exception as exc:
             finished = True

@@ -29,6 +29,7 @@ import trio.testing
 from . import _validate
 from ._backend import Delivery
 from ._errors import BackendError, BackendUnavailableError, DocumentTooLargeError
+from ._invoke import invoke
 from ._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
 from ._run_types import (
     ACTIVE,
@@ -869,13 +870,7 @@ class RunScheduler:
             )
             return False
         try:
-            result = handler(fire)
-            if not hasattr(result, "__await__"):
-                raise TypeError(
-                    f"run handler {handler!r} returned {result!r}, not an awaitable: run "
-                    "handlers must be async functions"
-                )
-            await result
+            await invoke(handler, fire)
         except Exception:
             logger.exception(
                 "run handler for %r (run %r, attempt %d) raised",
