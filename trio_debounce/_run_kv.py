@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, TypeVar
 
 from ._errors import DocumentTooLargeError, RevisionConflict
 from ._keys import (
@@ -31,6 +31,8 @@ from ._kv import KvEntry, KvStore
 from ._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
 
 logger = logging.getLogger("trio_debounce.runs")
+
+T = TypeVar("T")
 
 #: The schema version of run and lease documents.
 SCHEMA = 1
@@ -174,6 +176,18 @@ def matches(
     )
 
 
+def _decode(entry: KvEntry | None, decode: Callable[[bytes, int], T], kind: str) -> T | None:
+    """The record in ``entry``; None for no entry, a delete marker, or a document no
+    reader can use (logged as a warning)."""
+    if entry is None or entry.value is None:
+        return None
+    try:
+        return decode(entry.value, entry.revision)
+    except (ValueError, TypeError) as exc:
+        logger.warning("ignoring the %s document at %s: %s", kind, entry.key[:80], exc)
+        return None
+
+
 class KvRunStore(RunStore):
     """Deferred runs on a :class:`~trio_debounce.testing.KvStore` (JetStream KV
     semantics); see the module docstring for the layout."""
@@ -199,13 +213,7 @@ class KvRunStore(RunStore):
         return self._decode_entry(entry)
 
     def _decode_entry(self, entry: KvEntry | None) -> StoredRun | None:
-        if entry is None or entry.value is None:
-            return None
-        try:
-            return decode_run(entry.value, entry.revision)
-        except (ValueError, TypeError) as exc:
-            logger.warning("ignoring the run document at %s: %s", entry.key[:80], exc)
-            return None
+        return _decode(entry, decode_run, "run")
 
     async def create_run(self, run: StoredRun) -> StoredRun | None:
         key = run_key(run.run_id)
@@ -238,7 +246,11 @@ class KvRunStore(RunStore):
         return run.replace(revision=revision)
 
     async def delete_run(self, run_id: str, *, revision: int) -> bool:
-        key = run_key(run_id)
+        return await self._delete(run_key(run_id), revision)
+
+    async def _delete(self, key: str, revision: int) -> bool:
+        """Delete ``key`` at ``revision`` and remove its marker at once (both
+        revision-checked); False if the key had moved on."""
         try:
             marker = await self._kv.delete(key, last=revision)
         except RevisionConflict:
@@ -282,13 +294,7 @@ class KvRunStore(RunStore):
         return self._decode_lease_entry(entry)
 
     def _decode_lease_entry(self, entry: KvEntry | None) -> Lease | None:
-        if entry is None or entry.value is None:
-            return None
-        try:
-            return decode_lease(entry.value, entry.revision)
-        except (ValueError, TypeError) as exc:
-            logger.warning("ignoring the lease document at %s: %s", entry.key[:80], exc)
-            return None
+        return _decode(entry, decode_lease, "lease")
 
     async def put_lease(self, lease: Lease) -> Lease | None:
         key = run_lease_key(lease.process_id)
@@ -308,16 +314,10 @@ class KvRunStore(RunStore):
                 revision = await self._kv.put(key, encode_lease(lease), last=entry.revision)
             except RevisionConflict:
                 return None
-        return Lease(lease.process_id, lease.epoch, lease.expires_at, lease.released, revision)
+        return lease.replace(revision=revision)
 
     async def delete_lease(self, process_id: str, *, revision: int) -> bool:
-        key = run_lease_key(process_id)
-        try:
-            marker = await self._kv.delete(key, last=revision)
-        except RevisionConflict:
-            return False
-        await self._kv.purge_marker(key, revision=marker)
-        return True
+        return await self._delete(run_lease_key(process_id), revision)
 
     async def list_leases(self) -> list[Lease]:
         leases = []

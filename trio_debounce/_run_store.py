@@ -119,6 +119,10 @@ class Lease:
     released: bool = False
     revision: int = 0
 
+    def replace(self, **changes: object) -> Lease:
+        """A copy with ``changes`` applied (:func:`dataclasses.replace`)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
 
 class _Any(enum.Enum):
     ANY = "ANY"

@@ -289,25 +289,10 @@ class RunScheduler:
         lease = self._lease
         try:
             with trio.move_on_after(self._options.op_timeout):
-                released = Lease(
-                    lease.process_id,
-                    lease.epoch,
-                    lease.expires_at,
-                    released=True,
-                    revision=lease.revision,
-                )
-                if await self._store.put_lease(released) is None:
+                if await self._store.put_lease(lease.replace(released=True)) is None:
                     current = await self._store.get_lease(self.process_id)
                     if current is not None and current.epoch == lease.epoch:
-                        await self._store.put_lease(
-                            Lease(
-                                lease.process_id,
-                                lease.epoch,
-                                current.expires_at,
-                                released=True,
-                                revision=current.revision,
-                            )
-                        )
+                        await self._store.put_lease(current.replace(released=True))
         except BackendError as exc:
             logger.warning(
                 "could not release the lease of %r (%s): peers take its runs over when it lapses",
@@ -338,12 +323,7 @@ class RunScheduler:
         assert self._store is not None
         assert self._lease is not None
         lease = self._lease
-        renewed = Lease(
-            lease.process_id,
-            lease.epoch,
-            self._wall() + self._options.lease,
-            revision=lease.revision,
-        )
+        renewed = lease.replace(expires_at=self._wall() + self._options.lease)
         written = await self._call("put_lease", self._store.put_lease, renewed)
         if written is None:
             current = await self._call("get_lease", self._store.get_lease, self.process_id)
@@ -352,9 +332,7 @@ class RunScheduler:
                 written = await self._call(
                     "put_lease",
                     self._store.put_lease,
-                    Lease(
-                        lease.process_id, lease.epoch, renewed.expires_at, revision=current.revision
-                    ),
+                    renewed.replace(revision=current.revision),
                 )
             if written is None:
                 self._fence(current)
