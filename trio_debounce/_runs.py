@@ -677,10 +677,7 @@ class RunScheduler:
                 payload = json.loads(payload)
             except ValueError:
                 payload = None
-            tomb = record.replace(
-                state=RunState.DONE, finished_at=wall, outcome=reason, payload="null"
-            )
-            if not await self._step(entry, tomb):
+            if not await self._step(entry, _tombstone(record, wall, reason)):
                 return True
         else:
             assert entry.local is not None
@@ -765,7 +762,6 @@ class RunScheduler:
         record = entry.record
         handler = self._handlers.get(record.workflow)
         retries = self._options.retries if self._delivery == "at-least-once" else 0
-        backoff = self._options.retry_backoff
         ok = False
         for retry in itertools.count():
             record = entry.record
@@ -778,14 +774,8 @@ class RunScheduler:
                     started_at=wall,
                 )
             else:
-                begin = record.replace(
-                    state=RunState.DONE,
-                    attempt=record.attempt + 1,
-                    token=record.token + 1,
-                    started_at=wall,
-                    finished_at=wall,
-                    outcome="ran",
-                    payload="null",
+                begin = _tombstone(record, wall, "ran").replace(
+                    attempt=record.attempt + 1, token=record.token + 1, started_at=wall
                 )
             if not await self._step(entry, begin):
                 return
@@ -800,23 +790,22 @@ class RunScheduler:
             if ok or retry >= retries:
                 break
             self._stats["retried"] += 1
-            await trio.sleep(min(backoff * 2 ** min(retry, 16), 60.0))
+            await trio.sleep(self._retry_delay(retry))
         self._stats["completed" if ok else "failed"] += 1
         if self._delivery == "at-least-once":
             record = entry.record
             wall = self._wall()
-            finish = record.replace(
-                state=RunState.DONE,
-                finished_at=wall,
-                outcome="ran" if ok else "failed",
-                payload="null",
-            )
-            if not await self._step(entry, finish):
+            if not await self._step(entry, _tombstone(record, wall, "ran" if ok else "failed")):
                 logger.info(
                     "run %r changed while its handler ran (re-scheduled, cancelled or taken "
                     "over); its record was left as it is",
                     entry.run_id,
                 )
+
+    def _retry_delay(self, retry: int) -> float:
+        """Seconds before retry ``retry + 1``: ``retry_backoff`` doubled each time,
+        capped at 60 (the exponent too, so that it cannot overflow)."""
+        return min(self._options.retry_backoff * 2.0 ** min(retry, 16), 60.0)
 
     async def _start_local(self, entry: _Armed) -> None:
         run = entry.local
@@ -834,7 +823,7 @@ class RunScheduler:
             if ok or retry >= retries:
                 break
             self._stats["retried"] += 1
-            await trio.sleep(min(self._options.retry_backoff * 2 ** min(retry, 16), 60.0))
+            await trio.sleep(self._retry_delay(retry))
         if self._local.get(run.run_id) is run:
             del self._local[run.run_id]
             self._local_done[run.run_id] = (run, self._wall(), "ran" if ok else "failed")
@@ -1216,6 +1205,11 @@ def _local_wall_time() -> Callable[[], float]:
         offset = default_wall_time() - clock.current_time()
         return lambda: clock.current_time() + offset
     return default_wall_time
+
+
+def _tombstone(record: StoredRun, wall: float, outcome: str) -> StoredRun:
+    """``record`` as a tombstone finished at ``wall`` (its payload no longer kept)."""
+    return record.replace(state=RunState.DONE, finished_at=wall, outcome=outcome, payload="null")
 
 
 def _same_write(current: StoredRun, new: StoredRun) -> bool:
