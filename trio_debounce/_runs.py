@@ -44,6 +44,7 @@ from ._run_types import (
     default_wall_time,
     wall_seconds,
 )
+from ._wallclock import WallClock, wall_to_trio
 
 logger = logging.getLogger("trio_debounce.runs")
 
@@ -589,7 +590,7 @@ class RunScheduler:
             wall = self._wall()
             if wall >= due:
                 return
-            await trio.sleep(due - wall)
+            await trio.sleep_until(wall_to_trio(due, wall_now=wall, trio_now=trio.current_time()))
 
     async def _run_task(self, entry: _Armed) -> None:
         acquired = False
@@ -1202,8 +1203,8 @@ def _local_wall_time() -> Callable[[], float]:
     runs too instead of leaving them waiting for the real clock."""
     clock = trio.lowlevel.current_clock()
     if isinstance(clock, trio.testing.MockClock):
-        offset = default_wall_time() - clock.current_time()
-        return lambda: clock.current_time() + offset
+        wall_clock = WallClock.now(default_wall_time)
+        return lambda: wall_clock.from_trio(clock.current_time())
     return default_wall_time
 
 
