@@ -734,15 +734,9 @@ class SqliteRunStore(RunStore):
           trio.ClosedResourceError: see the class.
         """
         _check_text(run_id, "run_id")
-        _check_integer(revision, "revision")
-
-        def delete(conn: sqlite3.Connection) -> bool | None:
-            cursor = conn.execute(
-                "DELETE FROM runs WHERE run_id = ? AND revision = ?", (run_id, revision)
-            )
-            return True if cursor.rowcount == 1 else None
-
-        return bool(await self._call(lambda conn: self._write(conn, _FULL, delete)))
+        return await self._delete(
+            "DELETE FROM runs WHERE run_id = ? AND revision = ?", run_id, revision, _FULL
+        )
 
     async def list_runs(
         self,
@@ -917,15 +911,23 @@ class SqliteRunStore(RunStore):
           trio.ClosedResourceError: see the class.
         """
         _check_text(process_id, "process_id")
+        return await self._delete(
+            "DELETE FROM leases WHERE process_id = ? AND revision = ?",
+            process_id,
+            revision,
+            _NORMAL,
+        )
+
+    async def _delete(self, sql: str, key: str, revision: int, synchronous: str) -> bool:
+        """Run the revision-checked ``sql`` (``DELETE ... WHERE <key> = ? AND revision
+        = ?``) in one write; True if it removed the row."""
         _check_integer(revision, "revision")
 
         def delete(conn: sqlite3.Connection) -> bool | None:
-            cursor = conn.execute(
-                "DELETE FROM leases WHERE process_id = ? AND revision = ?", (process_id, revision)
-            )
+            cursor = conn.execute(sql, (key, revision))
             return True if cursor.rowcount == 1 else None
 
-        return bool(await self._call(lambda conn: self._write(conn, _NORMAL, delete)))
+        return bool(await self._call(lambda conn: self._write(conn, synchronous, delete)))
 
     async def list_leases(self) -> list[Lease]:
         """Every (readable) lease in the store, ordered by process id.
