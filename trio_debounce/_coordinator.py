@@ -2308,18 +2308,11 @@ async def open_coordinator(
                 f"{backend!r} already serves an open coordinator; give each coordinator "
                 "its own backend (one process id each)"
             )
-    try:
-        handler_map = dict(handlers or {})
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"handlers must be a mapping of workflow names to handlers, not {handlers!r}"
-        ) from None
-    for workflow, handler in handler_map.items():
-        _validate.name("workflow", workflow)
-        _validate.handler(f"handlers[{workflow!r}]", handler)
-        if handler is None:
-            raise TypeError(f"handlers[{workflow!r}] must be an async callable, not None")
-    run_handler_map = _run_handlers(run_handlers)
+    handler_map: dict[str, Handler] = _handler_map("handlers", handlers, "handlers")
+    # Run records leave the process, so run workflow names must be valid Unicode.
+    run_handler_map: dict[str, RunHandler] = _handler_map(
+        "run_handlers", run_handlers, "run handlers", shareable=True
+    )
     if run_store is not None and not isinstance(run_store, RunStore):
         raise TypeError(f"run_store must be a trio_debounce.abc.RunStore, not {run_store!r}")
     if run_options is None:
@@ -2410,20 +2403,30 @@ async def open_coordinator(
         del body_error, nursery_error
 
 
-def _run_handlers(run_handlers: Mapping[str, RunHandler] | None) -> dict[str, RunHandler]:
+def _handler_map(
+    what: str, handlers: Mapping[str, Any] | None, kind: str, *, shareable: bool = False
+) -> dict[str, Any]:
+    """``handlers`` (``open_coordinator(handlers=)`` or ``run_handlers=``) as a checked
+    dict of workflow names to async callables.
+
+    Raises:
+      TypeError: not a mapping, a name that is not a str, a handler that is not an
+        async callable (or None).
+      ValueError: an empty name; with ``shareable``, a name with a lone surrogate.
+    """
     try:
-        handler_map = dict(run_handlers or {})
+        handler_map = dict(handlers or {})
     except (TypeError, ValueError):
         raise TypeError(
-            f"run_handlers must be a mapping of workflow names to run handlers, not "
-            f"{run_handlers!r}"
+            f"{what} must be a mapping of workflow names to {kind}, not {handlers!r}"
         ) from None
     for workflow, handler in handler_map.items():
         _validate.name("workflow", workflow)
-        _validate.shareable("workflow", workflow)
+        if shareable:
+            _validate.shareable("workflow", workflow)
+        _validate.handler(f"{what}[{workflow!r}]", handler)
         if handler is None:
-            raise TypeError(f"run_handlers[{workflow!r}] must be an async callable, not None")
-        _validate.handler(f"run_handlers[{workflow!r}]", handler)
+            raise TypeError(f"{what}[{workflow!r}] must be an async callable, not None")
     return handler_map
 
 
