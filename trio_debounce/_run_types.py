@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import datetime
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -230,11 +230,9 @@ def wall_seconds(name: str, value: object) -> float:
     seconds, as epoch seconds.
 
     Raises:
-      ValueError: a naive datetime, or a number that is not finite.
+      ValueError: a naive datetime, or a number that is NaN, infinite or too large.
       TypeError: anything else.
     """
-    import datetime
-
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError(
@@ -242,15 +240,7 @@ def wall_seconds(name: str, value: object) -> float:
                 f"got {value!r}"
             )
         return value.timestamp()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a timezone-aware datetime or epoch seconds, not {value!r}")
-    try:
-        seconds = float(value)
-    except OverflowError:
-        raise ValueError(f"{name} must be finite, got {value!r}") from None
-    if not math.isfinite(seconds):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return seconds
+    return _validate.finite(name, value, "a timezone-aware datetime or epoch seconds")
 
 
 def default_wall_time() -> float:

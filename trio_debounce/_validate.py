@@ -11,16 +11,16 @@ from ._types import Mode
 _MODES = ", ".join(repr(m.value) for m in Mode)
 
 
-def duration(name: str, value: object) -> float:
-    """Return ``value`` as a float number of seconds, or raise.
+def finite(name: str, value: object, kind: str) -> float:
+    """Return ``value`` as a finite float, or raise.
 
     Raises:
       TypeError: ``value`` is not an :class:`int` or :class:`float` (``bool`` is
-        refused too).
-      ValueError: ``value`` is negative, NaN or infinite.
+        refused too); the message says ``name`` must be ``kind``.
+      ValueError: ``value`` is NaN, infinite, or an int too large for a float.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds (float), not {value!r}")
+        raise TypeError(f"{name} must be {kind}, not {value!r}")
     try:
         seconds = float(value)
     except OverflowError:
@@ -29,6 +29,18 @@ def duration(name: str, value: object) -> float:
         raise ValueError(f"{name} must not be NaN, got {value!r}")
     if math.isinf(seconds):
         raise ValueError(f"{name} must be finite, got {value!r}")
+    return seconds
+
+
+def duration(name: str, value: object) -> float:
+    """Return ``value`` as a float number of seconds, or raise.
+
+    Raises:
+      TypeError: ``value`` is not an :class:`int` or :class:`float` (``bool`` is
+        refused too).
+      ValueError: ``value`` is negative, NaN or infinite.
+    """
+    seconds = finite(name, value, "a number of seconds (float)")
     if seconds < 0:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
     return seconds
