@@ -83,11 +83,11 @@ def _string(doc: dict[str, Any], name: str, *, optional: bool = False) -> Any:
     return value
 
 
-def decode_run(value: bytes, revision: int) -> StoredRun:
-    """The run in document ``value``.
+def _load(value: bytes) -> dict[str, Any]:
+    """The JSON object of a document of this schema version.
 
     Raises:
-      ValueError: the document is not a run document of a known schema version.
+      ValueError: not JSON, not an object, or an unknown schema version.
     """
     try:
         doc = json.loads(value)
@@ -97,6 +97,16 @@ def decode_run(value: bytes, revision: int) -> StoredRun:
         raise ValueError("not a JSON object")
     if doc.get("v") != SCHEMA:
         raise ValueError(f"unknown schema version {doc.get('v')!r}")
+    return doc
+
+
+def decode_run(value: bytes, revision: int) -> StoredRun:
+    """The run in document ``value``.
+
+    Raises:
+      ValueError: the document is not a run document of a known schema version.
+    """
+    doc = _load(value)
     return StoredRun(
         run_id=_string(doc, "id"),
         workflow=_string(doc, "wf"),
@@ -135,12 +145,7 @@ def decode_lease(value: bytes, revision: int) -> Lease:
     Raises:
       ValueError: the document is not a lease document of a known schema version.
     """
-    try:
-        doc = json.loads(value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("v") != SCHEMA:
-        raise ValueError("not a lease document of a known schema version")
+    doc = _load(value)
     released = doc.get("released")
     if not isinstance(released, bool):
         raise ValueError(f"field 'released' is not a bool: {released!r}")
