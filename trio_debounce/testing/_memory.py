@@ -211,6 +211,22 @@ class StoreFaults:
         return None
 
 
+def _wall_offset(store: MemoryStore, clock_skew: object) -> float:
+    """What one simulated process adds to Trio's clock to read its wall clock: the
+    store's epoch plus the process's ``clock_skew`` (seconds).
+
+    Raises:
+      ValueError: ``clock_skew`` is not a finite number.
+    """
+    if (
+        isinstance(clock_skew, bool)
+        or not isinstance(clock_skew, (int, float))
+        or not math.isfinite(clock_skew)
+    ):
+        raise ValueError(f"clock_skew must be a finite number of seconds, got {clock_skew!r}")
+    return store.epoch + float(clock_skew)
+
+
 class _FaultyStore(KvStore):
     """One client's view of a MemoryStore, through its StoreFaults."""
 
@@ -297,14 +313,8 @@ class MemoryBackend(KvDebounceBackend):
     ) -> None:
         if not isinstance(store, MemoryStore):
             raise TypeError(f"store must be a MemoryStore, not {store!r}")
-        if (
-            isinstance(clock_skew, bool)
-            or not isinstance(clock_skew, (int, float))
-            or not math.isfinite(clock_skew)
-        ):
-            raise ValueError(f"clock_skew must be a finite number of seconds, got {clock_skew!r}")
         self.faults = StoreFaults()
-        offset = store.epoch + float(clock_skew)
+        offset = _wall_offset(store, clock_skew)
         super().__init__(
             _FaultyStore(store, self.faults),
             process_id=process_id,
@@ -342,15 +352,9 @@ class MemoryRunStore(KvRunStore):
             store = MemoryStore()
         if not isinstance(store, MemoryStore):
             raise TypeError(f"store must be a MemoryStore, not {store!r}")
-        if (
-            isinstance(clock_skew, bool)
-            or not isinstance(clock_skew, (int, float))
-            or not math.isfinite(clock_skew)
-        ):
-            raise ValueError(f"clock_skew must be a finite number of seconds, got {clock_skew!r}")
         self.store = store
         self.faults = StoreFaults()
-        self._offset = store.epoch + float(clock_skew)
+        self._offset = _wall_offset(store, clock_skew)
         super().__init__(_FaultyStore(store, self.faults))
 
     def wall_time(self) -> float:
