@@ -126,16 +126,14 @@ class Coordinator(metaclass=_NoPublicConstructor):
         nursery: trio.Nursery,
         handlers: Mapping[str, Handler],
         on_error: ErrorCallback | None,
-        backend: DebounceBackend | None = None,
-        on_backend_error: OnBackendError = "fail-open",
-        delivery: Delivery = "at-least-once",
-        runs: RunScheduler | None = None,
+        backend: DebounceBackend | None,
+        on_backend_error: OnBackendError,
+        delivery: Delivery,
+        runs: RunScheduler,
     ) -> None:
         self._nursery = nursery
         #: The deferred runs (see _runs.py); its task runs in the same nursery.
-        self._runs = runs or RunScheduler(
-            store=None, handlers={}, options=RunOptions(), delivery=delivery, on_expired=None
-        )
+        self._runs = runs
         self._backend = backend
         self._delivery = delivery
         self._on_backend_error = on_backend_error

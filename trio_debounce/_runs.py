@@ -977,7 +977,7 @@ class RunScheduler:
                 f"run {run_id!r} is a non-persisted run of this coordinator; schedule it "
                 "with persist=False to re-schedule it"
             )
-        _validate.shareable("workflow", workflow)
+        # The workflow has a run handler, so its name was checked when that was set.
         _validate.shareable("run_id", run_id)
         text = _encode_payload(run_id, payload)
         size = len(text.encode("utf-8"))
