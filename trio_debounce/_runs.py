@@ -938,10 +938,7 @@ class RunScheduler:
             )
         old = self._local.get(run_id)
         if old is not None and old.workflow != workflow:
-            raise ValueError(
-                f"run {run_id!r} is already scheduled for workflow {old.workflow!r}, not "
-                f"{workflow!r} (run ids are unique across workflows)"
-            )
+            raise _other_workflow(run_id, old.workflow, workflow)
         version = 1 if old is None else old.version + 1
         run = _LocalRun(run_id, workflow, payload, due, expiry, version, wall)
         self._local[run_id] = run
@@ -1017,10 +1014,7 @@ class RunScheduler:
                     current.version, True, current.owner,
                 )  # fmt: skip
             elif current.workflow != workflow:
-                raise ValueError(
-                    f"run {run_id!r} is already scheduled for workflow {current.workflow!r}, "
-                    f"not {workflow!r} (run ids are unique across workflows)"
-                )
+                raise _other_workflow(run_id, current.workflow, workflow)
             else:
                 new = current.replace(
                     payload=text,
@@ -1206,6 +1200,13 @@ def _local_wall_time() -> Callable[[], float]:
         wall_clock = WallClock.now(default_wall_time)
         return lambda: wall_clock.from_trio(clock.current_time())
     return default_wall_time
+
+
+def _other_workflow(run_id: str, scheduled: str, asked: str) -> ValueError:
+    return ValueError(
+        f"run {run_id!r} is already scheduled for workflow {scheduled!r}, not {asked!r} "
+        "(run ids are unique across workflows)"
+    )
 
 
 def _tombstone(record: StoredRun, wall: float, outcome: str) -> StoredRun:
