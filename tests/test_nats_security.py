@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -35,12 +36,15 @@ from nats_jwt.v2.snippets import Operator
 from tests.nats_server import NatsServer, NatsServerFactory
 from trio_debounce import (
     BackendAuthError,
+    BackendError,
+    BackendUnavailableError,
     DocumentTooLargeError,
     Fire,
     open_coordinator,
 )
 from trio_debounce.abc import StoredRun
 from trio_debounce.nats import NatsConfig, open_nats_backend, open_nats_run_store
+from trio_debounce.nats._store import _map_error, _redact, _secrets
 
 pytestmark = pytest.mark.slow
 
@@ -168,15 +172,16 @@ def make_setup(method: str, tmp: Path) -> Setup:
             "}\n"
         )
         user_seed, stray_seed = user.key_pair.seed, stray.key_pair.seed
+        user_jwt, stray_jwt = user.jwt, stray.jwt  # each access signs anew
         return Setup(
             conf=conf,
-            good={"creds_file": _write(tmp / "user.creds", _creds(user.jwt, user_seed))},
+            good={"creds_file": _write(tmp / "user.creds", _creds(user_jwt, user_seed))},
             bad={
                 "unknown account": {
-                    "creds_file": _write(tmp / "stray.creds", _creds(stray.jwt, stray_seed))
+                    "creds_file": _write(tmp / "stray.creds", _creds(stray_jwt, stray_seed))
                 }
             },
-            secrets=(user_seed.decode(), stray_seed.decode(), user.jwt, stray.jwt),
+            secrets=(user_seed.decode(), stray_seed.decode(), user_jwt, stray_jwt),
         )
     if method in ("tls", "mtls"):
         ca, stranger_ca = trustme.CA(), trustme.CA()
@@ -496,3 +501,103 @@ def test_cli_run_hides_a_password_given_in_the_backend_url(
     assert proc.stderr == (
         "trio-debounce: error: cannot start the backend: connect: NATS refused the credentials\n"
     )
+
+
+async def test_credentials_refused_after_a_restart_are_not_failed_open(
+    nats_server_factory: NatsServerFactory, caplog_debug: pytest.LogCaptureFixture
+) -> None:
+    # The server comes back requiring another token: once the client's reconnect has
+    # been refused, pings raise BackendAuthError even under fail-open (a refusal is no
+    # outage), and no window is opened locally in their place.
+    server = nats_server_factory(conf='authorization { token: "t0ken-r1ght-6c1f" }\n')
+    config = NatsConfig(servers=(server.url,), token="t0ken-r1ght-6c1f", op_timeout=1.0)
+    fired: list[str] = []
+    first = trio.Event()
+
+    async def handler(fire: Fire) -> None:
+        fired.append(fire.key)
+        first.set()
+
+    with trio.fail_after(30):
+        async with (
+            open_nats_backend(config) as backend,
+            open_coordinator(
+                backend=backend, handlers={"w": handler}, on_backend_error="fail-open"
+            ) as coordinator,
+        ):
+            await coordinator.debounce("w", "before", delay=0.01)
+            await first.wait()
+            server.conf = 'authorization { token: "t0ken-r0tated-5e2a" }\n'
+            server.restart()
+            for _ in range(200):  # the client reconnects within a second or two
+                if "NATS refused the credentials" in caplog_debug.text:
+                    break
+                await trio.sleep(0.05)
+            else:
+                pytest.fail("the reconnect was never refused")
+            for n in range(3):
+                with pytest.raises(BackendAuthError, match="refused the credentials"):
+                    await coordinator.debounce("w", f"after-{n}", delay=0.01)
+            await trio.sleep(0.5)  # a window opened locally would have fired by now
+    assert fired == ["before"]
+    assert_hidden(("t0ken-r1ght-6c1f", "t0ken-r0tated-5e2a"), caplog_debug.text)
+
+
+def test_config_repr_and_errors_hide_url_credentials() -> None:
+    config = NatsConfig(
+        servers=("nats://alice:pa55-r1ght-77de@a:4222", "nats://t0ken-r1ght-6c1f@b:4222")
+    )
+    assert repr(config) == (
+        "NatsConfig(servers=('nats://<hidden>@a:4222', 'nats://<hidden>@b:4222'))"
+    )
+    for servers in ("nats://alice:pa55-r1ght-77de@a", ["ftp://alice:pa55-r1ght-77de@a"]):
+        with pytest.raises((TypeError, ValueError)) as info:
+            NatsConfig(servers=servers)  # type: ignore[arg-type]
+        assert "<hidden>@a" in str(info.value)
+        assert_hidden(("pa55-r1ght-77de",), str(info.value))
+    env = {"TRIO_DEBOUNCE_NATS_SERVERS": "http://alice:pa55-r1ght-77de@a"}
+    with pytest.raises(ValueError, match="must start with") as from_env:
+        NatsConfig.from_env(env)
+    assert_hidden(("pa55-r1ght-77de",), str(from_env.value))
+
+
+def test_secrets_of_a_config_include_urls_seeds_and_jwts(tmp_path: Path) -> None:
+    setup = make_setup("creds", tmp_path)
+    user_seed, _, user_jwt, _ = setup.secrets
+    config = NatsConfig(
+        servers=("nats://alice:pa55-r1ght-77de@a:1", "nats://t0ken-r1ght-6c1f@b:2", "nats://c:3"),
+        creds_file=setup.good["creds_file"],
+    )
+    found = _secrets(config)
+    assert set(found) == {"pa55-r1ght-77de", "t0ken-r1ght-6c1f", user_seed, user_jwt}
+    assert "alice" not in found  # a user name is no secret (and would mangle messages)
+    seed_file = tmp_path / "seed.nk"
+    seed_file.write_text(f"\n{user_seed}\n")
+    assert _secrets(NatsConfig(nkey_seed=str(seed_file))) == (user_seed,)
+    assert _secrets(NatsConfig(nkey_seed=str(tmp_path / "missing"))) == ()
+    message = _redact(f"bad seed {user_seed} at nats://alice:x@a", found)
+    assert message == "bad seed <hidden> at nats://<hidden>@a"
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected", "match"),
+    [
+        (
+            ssl.SSLCertVerificationError(1, "certificate verify failed"),
+            BackendAuthError,
+            "certificate is not trusted",
+        ),
+        (ssl.SSLError(1, "[SSL: TLSV1_ALERT_UNKNOWN_CA]"), BackendAuthError, "TLS handshake"),
+        (
+            ssl.SSLEOFError(8, "EOF occurred in violation of protocol"),
+            BackendUnavailableError,
+            "NATS is unavailable",
+        ),
+    ],
+)
+def test_tls_errors_map_to_refusals_unless_the_connection_was_cut(
+    exc: Exception, expected: type[BackendError], match: str
+) -> None:
+    mapped = _map_error(exc, "connect")
+    assert type(mapped) is expected
+    assert match in str(mapped)

@@ -187,12 +187,13 @@ def _tls_refused(exc: BaseException) -> bool:
 
 def _tls_failure(exc: ssl.SSLError) -> str:
     """What a failed TLS handshake means, for a message (never holds a secret)."""
-    reason = getattr(exc, "verify_message", None) or exc.reason or type(exc).__name__
+    code: str | None = getattr(exc, "reason", None)
+    reason = getattr(exc, "verify_message", None) or code or str(exc) or type(exc).__name__
     if isinstance(exc, ssl.SSLCertVerificationError):
         return f"the server's certificate is not trusted (tls_ca): {reason}"
-    if exc.reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
+    if code == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
         return "the server requires a client certificate (tls_cert, tls_key)"
-    if exc.reason is not None and "ALERT" in exc.reason:
+    if code is not None and "ALERT" in code:
         return f"the server refused the handshake or the client certificate: {reason}"
     return str(reason)
 
@@ -248,6 +249,7 @@ def _map_error(exc: BaseException, what: str, state: _State | None = None) -> Ba
         asyncio.TimeoutError,
         TimeoutError,
         ConnectionError,
+        *_TLS_CUT,
     )
     if isinstance(exc, unavailable):
         if state is not None and state.auth_failed:
