@@ -601,3 +601,26 @@ def test_tls_errors_map_to_refusals_unless_the_connection_was_cut(
     mapped = _map_error(exc, "connect")
     assert type(mapped) is expected
     assert match in str(mapped)
+
+
+async def test_tls_handshake_first(
+    nats_server_factory: NatsServerFactory, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    # TLS before anything else, from the environment; and refused by a plaintext server
+    setup = make_setup("tls", tmp_path / "pki")
+    conf = setup.conf.replace("tls {", "tls {\n  handshake_first: true")
+    server = nats_server_factory(conf=conf)
+    env = {
+        ENV["servers"]: server.url.replace("nats://", "tls://"),
+        ENV["tls_ca"]: setup.good["tls_ca"],
+        "TRIO_DEBOUNCE_NATS_TLS_HANDSHAKE_FIRST": "1",
+        "TRIO_DEBOUNCE_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT),
+    }
+    with trio.fail_after(20):
+        await fire_once(NatsConfig.from_env(env))
+        plain = NatsConfig.from_env(env | {ENV["servers"]: nats_server.url})
+        start = time.monotonic()
+        with pytest.raises(BackendAuthError, match="server did not answer in TLS"):
+            async with open_nats_run_store(plain):
+                pytest.fail("connected to a plaintext server")  # pragma: no cover
+        assert time.monotonic() - start < REFUSED_WITHIN

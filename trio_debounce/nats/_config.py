@@ -38,11 +38,15 @@ class NatsConfig:
       token (str | None): token authentication.
       user (str | None): user name for user and password authentication.
       password (str | None): the password that goes with ``user``.
-      creds_file (str | None): path of a ``.creds`` file (JWT and nkey seed).
-      nkey_seed (str | None): path of an nkey seed file.
-      tls_ca (str | None): CA bundle that verifies the server.
-      tls_cert (str | None): client certificate (mutual TLS).
-      tls_key (str | None): the client certificate's key.
+      creds_file (str | None): path of a ``.creds`` file (a user JWT and its nkey
+        seed, as ``nsc`` writes it), for servers in operator (JWT) mode.
+      nkey_seed (str | None): path of a file holding a user's nkey seed (``SU...``).
+      tls_ca (str | None): path of the PEM CA bundle that verifies the server's
+        certificate (the system's CAs when None). Giving it (or ``tls_cert``, a
+        ``tls://`` URL or ``tls_handshake_first``) makes TLS required: a server that
+        does not start TLS is refused.
+      tls_cert (str | None): path of the PEM client certificate (mutual TLS).
+      tls_key (str | None): path of the client certificate's PEM key.
       tls_handshake_first (bool): start TLS before the server's INFO (servers run with
         ``handshake_first``).
       js_domain (str | None): JetStream domain (give this or ``js_api_prefix``).

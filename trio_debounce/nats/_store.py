@@ -191,6 +191,8 @@ def _tls_failure(exc: ssl.SSLError) -> str:
     reason = getattr(exc, "verify_message", None) or code or str(exc) or type(exc).__name__
     if isinstance(exc, ssl.SSLCertVerificationError):
         return f"the server's certificate is not trusted (tls_ca): {reason}"
+    if code == "WRONG_VERSION_NUMBER":
+        return "the server did not answer in TLS (WRONG_VERSION_NUMBER)"
     if code == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
         return "the server requires a client certificate (tls_cert, tls_key)"
     if code is not None and "ALERT" in code:
@@ -837,8 +839,10 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
     Raises:
       BackendUnavailableError: no server answered within ``config.connect_timeout``
         seconds (Trio clock), or a bucket request timed out.
-      BackendAuthError: the server refused the credentials (raised at once, without
-        waiting for the timeout) or a permission the backend needs.
+      BackendAuthError: the server refused the credentials or the TLS handshake failed
+        for good (raised at once, without waiting for the timeout), TLS was asked for
+        and the server did not start it, or a permission the backend needs was
+        refused.
       BackendConfigError: the bucket is missing and ``create_bucket`` is False, it
         keeps history or expires entries, or a credential or TLS file is unusable.
       BackendError: any other failure of the server or client.
