@@ -44,7 +44,7 @@ from trio_debounce import (
 )
 from trio_debounce.abc import StoredRun
 from trio_debounce.nats import NatsConfig, open_nats_backend, open_nats_run_store
-from trio_debounce.nats._store import _map_error, _redact, _secrets
+from trio_debounce.nats._store import _log_asyncio_error, _map_error, _redact, _secrets
 
 pytestmark = pytest.mark.slow
 
@@ -624,3 +624,16 @@ async def test_tls_handshake_first(
             async with open_nats_run_store(plain):
                 pytest.fail("connected to a plaintext server")  # pragma: no cover
         assert time.monotonic() - start < REFUSED_WITHIN
+
+
+def test_asyncio_errors_are_logged_without_secrets(caplog: pytest.LogCaptureFixture) -> None:
+    context = {
+        "message": "Task exception was never retrieved",
+        "exception": OSError("cannot reach nats://alice:pa55-r1ght-77de@a:4222"),
+    }
+    _log_asyncio_error(("pa55-r1ght-77de",), None, context)  # type: ignore[arg-type]
+    (record,) = [r for r in caplog.records if r.name == "trio_debounce.nats"]
+    assert record.getMessage() == (
+        "asyncio reported: Task exception was never retrieved "
+        "(OSError: cannot reach nats://<hidden>@a:4222)"
+    )

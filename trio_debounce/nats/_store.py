@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -287,14 +288,15 @@ async def _run_cancellable(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs
         raise
 
 
-def _log_asyncio_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """The asyncio loop's exception handler: nats-py's stray errors become log lines."""
+def _log_asyncio_error(
+    secrets: tuple[str, ...], loop: asyncio.AbstractEventLoop, context: dict[str, Any]
+) -> None:
+    """The asyncio loop's exception handler (with ``secrets`` bound): nats-py's stray
+    errors become log lines, without secrets."""
     exception = context.get("exception")
-    logger.warning(
-        "asyncio reported: %s%s",
-        context.get("message") or "an error",
-        f" ({type(exception).__name__}: {exception})" if exception is not None else "",
-    )
+    detail = f" ({type(exception).__name__}: {exception})" if exception is not None else ""
+    message = f"{context.get('message') or 'an error'}{detail}"
+    logger.warning("asyncio reported: %s", _redact(message, secrets))
 
 
 def _check_key(key: str) -> str:
@@ -860,7 +862,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
         # would take the whole backend (and its coordinator) down for nats-py's own
         # leftovers, such as "Task was destroyed but it is pending!" for a watcher
         # subscription whose listing was cancelled. Log them instead.
-        loop.set_exception_handler(_log_asyncio_error)
+        loop.set_exception_handler(functools.partial(_log_asyncio_error, state.secrets))
         nc = Client()
         try:
             with trio.move_on_after(config.connect_timeout) as scope:
