@@ -36,6 +36,7 @@ from nats_jwt.v2.snippets import Operator
 from tests.nats_server import NatsServer, NatsServerFactory
 from trio_debounce import (
     BackendAuthError,
+    BackendConfigError,
     BackendError,
     BackendUnavailableError,
     DocumentTooLargeError,
@@ -637,3 +638,32 @@ def test_asyncio_errors_are_logged_without_secrets(caplog: pytest.LogCaptureFixt
         "asyncio reported: Task exception was never retrieved "
         "(OSError: cannot reach nats://<hidden>@a:4222)"
     )
+
+
+@pytest.mark.parametrize(
+    ("field", "content", "match"),
+    [
+        ("nkey_seed", "SUn0t-a-seed-s3cr3t\n", "nkey_seed does not hold an nkey seed"),
+        ("nkey_seed", "", "nkey_seed does not hold an nkey seed"),
+        ("creds_file", "s3cr3t garbage\n", "creds_file is not a creds file"),
+        # a seed block and no JWT block: nats-py's reader would loop forever
+        ("creds_file", "seed-only", "creds_file is not a creds file"),
+        ("creds_file", "jwt-only", "creds_file is not a creds file"),
+    ],
+)
+async def test_malformed_credential_files_are_refused_before_connecting(
+    field: str, content: str, match: str, tmp_path: Path, nats_server: NatsServer
+) -> None:
+    user = create_user_pair()
+    seed = user.seed.decode()
+    if content == "seed-only":
+        content = _creds("x", user.seed).split("*", 1)[1]
+    elif content == "jwt-only":
+        content = _creds("a.b.c", b"SUn0t-a-seed-s3cr3t")
+    path = _write(tmp_path / "credentials", content)
+    config = NatsConfig(servers=(nats_server.url,), **{field: path})  # type: ignore[arg-type]
+    for opener in OPENERS.values():
+        with trio.fail_after(5), pytest.raises(BackendConfigError, match=match) as info:
+            async with opener(config):
+                pytest.fail("connected with a malformed file")  # pragma: no cover
+        assert_hidden((seed, "s3cr3t", path), *_texts(info.value))

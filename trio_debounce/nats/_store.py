@@ -20,7 +20,6 @@ import functools
 import json
 import logging
 import math
-import os
 import re
 import ssl
 import time
@@ -713,12 +712,58 @@ def _secrets(config: NatsConfig) -> tuple[str, ...]:
     return tuple(sorted({s for s in found if s}, key=len, reverse=True))
 
 
-def _connect_options(config: NatsConfig, state: _State) -> dict[str, Any]:
+def _valid_seed(text: str) -> bool:
+    """Whether ``text`` is an nkey seed that nats-py's ``nkeys`` accepts."""
+    try:
+        import nkeys  # here: like nats-py, only for nkey and creds authentication
+    except ImportError:
+        raise BackendConfigError(
+            "nkey_seed and creds_file need the nkeys package (pip install 'nats-py[nkeys]')"
+        ) from None
+    try:
+        nkeys.from_seed(bytearray(text.encode()))
+    except Exception:
+        return False
+    return True
+
+
+def _check_credential_files(config: NatsConfig) -> None:
+    """Refuse a missing or malformed nkey seed or creds file before connecting.
+
+    nats-py reads them only while connecting, and a creds file without its JWT
+    block makes its reader loop forever (in the event loop's thread: a hang no
+    deadline can end). Messages name the field, never the path or the content.
+    """
     for name in ("creds_file", "nkey_seed"):
         path = getattr(config, name)
-        if path is not None and not os.path.isfile(path):
+        if path is None:
+            continue
+        try:
+            with open(path, encoding="ascii", errors="replace") as file:
+                text = file.read(1 << 16)
+        except OSError:
             # the path of an nkey seed is treated as a secret: not echoed
-            raise BackendConfigError(f"{name} does not name a readable file")
+            raise BackendConfigError(f"{name} does not name a readable file") from None
+        if name == "nkey_seed" and not _valid_seed(text.strip()):
+            raise BackendConfigError("nkey_seed does not hold an nkey seed (one line, S...)")
+        if name == "creds_file":
+            lines = text.splitlines()
+            found: dict[str, str] = {}
+            for marker in ("BEGIN NATS USER JWT", "BEGIN USER NKEY SEED"):
+                at = next((i for i, line in enumerate(lines) if marker in line), None)
+                if at is not None and at + 1 < len(lines):
+                    found[marker] = lines[at + 1].strip()
+            jwt = found.get("BEGIN NATS USER JWT", "")
+            seed = found.get("BEGIN USER NKEY SEED", "")
+            if jwt.count(".") != 2 or not _valid_seed(seed):
+                raise BackendConfigError(
+                    "creds_file is not a creds file (a user JWT and its nkey seed, "
+                    "each after its BEGIN line, as nsc writes them)"
+                )
+
+
+def _connect_options(config: NatsConfig, state: _State) -> dict[str, Any]:
+    _check_credential_files(config)
     options: dict[str, Any] = {
         "servers": list(config.servers),
         "error_cb": state.error_cb,
