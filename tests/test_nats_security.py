@@ -180,7 +180,11 @@ def make_setup(method: str, tmp: Path) -> Setup:
             bad={
                 "unknown account": {
                     "creds_file": _write(tmp / "stray.creds", _creds(stray_jwt, stray_seed))
-                }
+                },
+                # a known user's JWT with another user's seed: the signature fails
+                "seed of another user": {
+                    "creds_file": _write(tmp / "mixed.creds", _creds(user_jwt, stray_seed))
+                },
             },
             secrets=(user_seed.decode(), stray_seed.decode(), user_jwt, stray_jwt),
         )
@@ -319,7 +323,7 @@ def _bad_cases() -> Iterator[Any]:
         "token": ["wrong token"],
         "user": ["wrong password", "unknown user"],
         "nkey": ["unknown nkey"],
-        "creds": ["unknown account"],
+        "creds": ["unknown account", "seed of another user"],
         "tls": ["untrusted server certificate", "no CA given"],
         "mtls": ["missing client certificate", "client certificate of another CA"],
     }
