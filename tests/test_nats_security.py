@@ -671,3 +671,15 @@ async def test_malformed_credential_files_are_refused_before_connecting(
             async with opener(config):
                 pytest.fail("connected with a malformed file")  # pragma: no cover
         assert_hidden((seed, "s3cr3t", path), *_texts(info.value))
+
+
+async def test_a_credential_path_that_is_a_fifo_is_refused_not_opened(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    fifo = tmp_path / "seed.fifo"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer came
+    for field in ("nkey_seed", "creds_file"):
+        config = NatsConfig(servers=(nats_server.url,), **{field: str(fifo)})  # type: ignore[arg-type]
+        with trio.fail_after(5), pytest.raises(BackendConfigError, match="readable file"):
+            async with open_nats_backend(config):
+                pytest.fail("connected")  # pragma: no cover

@@ -20,6 +20,7 @@ import functools
 import json
 import logging
 import math
+import os
 import re
 import ssl
 import time
@@ -701,7 +702,7 @@ def _secrets(config: NatsConfig) -> tuple[str, ...]:
         # nats://<token>@host: a lone user name is a token
         found.append(parts.password if parts.password is not None else parts.username)
     for path in (config.nkey_seed, config.creds_file):
-        if path is None:
+        if path is None or not os.path.isfile(path):  # never open a FIFO (it blocks)
             continue
         try:
             with open(path, encoding="ascii", errors="replace") as file:
@@ -739,6 +740,8 @@ def _check_credential_files(config: NatsConfig) -> None:
         if path is None:
             continue
         try:
+            if not os.path.isfile(path):  # missing, or a FIFO that would block
+                raise OSError
             with open(path, encoding="ascii", errors="replace") as file:
                 text = file.read(1 << 16)
         except OSError:
