@@ -7,8 +7,9 @@ The helpers are synchronous (``subprocess`` and blocking sockets with short time
 the tests run under pytest-trio, and a few blocking milliseconds at set-up do no harm.
 
 The fixtures: ``nats_server`` (one started server, no auth) and ``nats_server_factory``
-(call it to start more, optionally with ``token=...``). Every server a fixture started
-is resumed if paused and terminated by pid at teardown.
+(call it to start more, optionally with ``token=...``, or with ``conf=...``: lines of a
+server configuration file, for authorization, TLS or limits). Every server a fixture
+started is resumed if paused and terminated by pid at teardown.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -65,13 +68,27 @@ class NatsServer:
       store_dir (Path): JetStream's store directory (``-sd``), kept across restarts.
       token (str | None): require this token (``--auth``).
       port (int | None): the port; a free one when None.
+      conf (str | None): the text of a configuration file (``-c``) the server reads
+        before its command-line options: ``authorization``, ``tls``, ``operator``,
+        ``max_payload`` and the like. With it, readiness is asked of the monitoring
+        port's ``/healthz?js-enabled-only=true`` instead of the client port, whose
+        handshake the configuration may make one the readiness probe cannot speak.
     """
 
-    def __init__(self, store_dir: Path, *, token: str | None = None, port: int | None = None):
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        token: str | None = None,
+        port: int | None = None,
+        conf: str | None = None,
+    ):
         self.binary = find_nats_server()
         self.store_dir = store_dir
         self.token = token
+        self.conf = conf
         self.port = free_port() if port is None else port
+        self.monitor_port = free_port() if conf is not None else None
         self.proc: subprocess.Popen[bytes] | None = None
         self.paused = False
         self._log = store_dir.parent / f"nats-server-{self.port}.log"
@@ -110,6 +127,10 @@ class NatsServer:
         ]
         if self.token is not None:
             args += ["--auth", self.token]
+        if self.conf is not None:
+            conf_file = self.store_dir.parent / f"nats-server-{self.port}.conf"
+            conf_file.write_text(self.conf)
+            args += ["-c", str(conf_file), "-m", str(self.monitor_port)]
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
         self.paused = False
         deadline = time.monotonic() + START_TIMEOUT
@@ -134,7 +155,15 @@ class NatsServer:
             return "(no log)"
 
     def _jetstream_answers(self) -> bool:
-        """One raw-protocol ``$JS.API.INFO`` request; True if a reply arrives."""
+        """One raw-protocol ``$JS.API.INFO`` request (or a ``/healthz`` request to
+        the monitoring port, for a server with a ``conf``); True if a reply arrives."""
+        if self.monitor_port is not None:
+            url = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
+            try:
+                with urllib.request.urlopen(url, timeout=0.5) as reply:
+                    return bool(reply.status == 200)
+            except (OSError, urllib.error.URLError):
+                return False
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
                 sock.settimeout(0.5)
@@ -229,7 +258,7 @@ class NatsServer:
         self.start()
 
 
-#: ``nats_server_factory(token=None)``: start one more server and return it.
+#: ``nats_server_factory(token=None, conf=None)``: start one more server and return it.
 NatsServerFactory = Callable[..., NatsServer]
 
 
@@ -238,8 +267,8 @@ def nats_server_factory(tmp_path: Path) -> Iterator[NatsServerFactory]:
     """Start real servers on demand; all are terminated at teardown."""
     servers: list[NatsServer] = []
 
-    def start(*, token: str | None = None) -> NatsServer:
-        server = NatsServer(tmp_path / f"js-{len(servers)}", token=token)
+    def start(*, token: str | None = None, conf: str | None = None) -> NatsServer:
+        server = NatsServer(tmp_path / f"js-{len(servers)}", token=token, conf=conf)
         servers.append(server)
         server.start()
         return server

@@ -390,9 +390,17 @@ def _is_interrupt(exc: BaseException) -> bool:
     return False
 
 
+def _drop_tls_close_noise(record: logging.LogRecord) -> bool:
+    """False for the warning asyncio logs whenever a TLS peer closes a stream
+    connection (nats-py's included): it is no news, and only this process's stderr
+    would show it."""
+    return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of the ``trio-debounce`` console script; exits with its status."""
     logging.basicConfig(level=logging.WARNING, format="trio-debounce: %(name)s: %(message)s")
+    logging.getLogger("asyncio").addFilter(_drop_tls_close_noise)
     parser = build_parser()
     args = parser.parse_args(argv)
     if sys.stdout is None and not (args.func is _cmd_run and args.cmd):

@@ -49,8 +49,11 @@ async def open_nats_backend(
     Raises:
       trio_debounce.BackendUnavailableError: no server answered within
         ``config.connect_timeout`` seconds.
-      trio_debounce.BackendAuthError: the server refused the credentials, or the
-        account lacks a permission the backend needs (raised at once, never retried).
+      trio_debounce.BackendAuthError: the server refused the credentials, the TLS
+        handshake failed (the server's certificate is not trusted, or the client
+        certificate is missing or refused), TLS was asked for and the server did not
+        start it, or the account lacks a permission the backend needs (raised at
+        once, never retried); see :doc:`/nats`, *Security*.
       trio_debounce.BackendConfigError: the bucket exists with settings the protocol
         cannot work with, or is missing with ``create_bucket=False``.
     """

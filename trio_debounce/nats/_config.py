@@ -14,6 +14,12 @@ _BUCKET = re.compile(r"\A[A-Za-z0-9_-]+\Z")
 _SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 _SECRETS = ("token", "password", "nkey_seed")
 _ENV = "TRIO_DEBOUNCE_"
+_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def _hide_userinfo(text: str) -> str:
+    """``text`` with the credentials of any URL in it (``nats://user:pass@``) hidden."""
+    return _URL_USERINFO.sub("<hidden>@", text)
 
 
 @dataclass(frozen=True)
@@ -22,7 +28,9 @@ class NatsConfig:
 
     Build it with keyword arguments, or from the environment at the edge of your
     program with :meth:`from_env`; nothing else in the library reads the environment.
-    Secrets (``token``, ``password``, ``nkey_seed``) never appear in :func:`repr`.
+    Secrets (``token``, ``password``, ``nkey_seed``, and the user and password of a
+    server URL such as ``nats://user:pass@host``) never appear in :func:`repr` or in
+    the constructor's errors.
 
     Attributes:
       servers (tuple[str, ...]): server URLs (``nats://``, ``tls://``, ``ws://`` or
@@ -30,11 +38,15 @@ class NatsConfig:
       token (str | None): token authentication.
       user (str | None): user name for user and password authentication.
       password (str | None): the password that goes with ``user``.
-      creds_file (str | None): path of a ``.creds`` file (JWT and nkey seed).
-      nkey_seed (str | None): path of an nkey seed file.
-      tls_ca (str | None): CA bundle that verifies the server.
-      tls_cert (str | None): client certificate (mutual TLS).
-      tls_key (str | None): the client certificate's key.
+      creds_file (str | None): path of a ``.creds`` file (a user JWT and its nkey
+        seed, as ``nsc`` writes it), for servers in operator (JWT) mode.
+      nkey_seed (str | None): path of a file holding a user's nkey seed (``SU...``).
+      tls_ca (str | None): path of the PEM CA bundle that verifies the server's
+        certificate (the system's CAs when None). Giving it (or ``tls_cert``, a
+        ``tls://`` URL or ``tls_handshake_first``) makes TLS required: a server that
+        does not start TLS is refused.
+      tls_cert (str | None): path of the PEM client certificate (mutual TLS).
+      tls_key (str | None): path of the client certificate's PEM key.
       tls_handshake_first (bool): start TLS before the server's INFO (servers run with
         ``handshake_first``).
       js_domain (str | None): JetStream domain (give this or ``js_api_prefix``).
@@ -94,16 +106,21 @@ class NatsConfig:
     def __post_init__(self) -> None:
         servers: object = self.servers
         if isinstance(servers, str):
-            raise TypeError(f"servers must be a sequence of URLs, not the str {servers!r}")
+            raise TypeError(
+                f"servers must be a sequence of URLs, not the str {_hide_userinfo(servers)!r}"
+            )
         if not isinstance(servers, (tuple, list)):
-            raise TypeError(f"servers must be a sequence of URLs, not {servers!r}")
+            raise TypeError(
+                f"servers must be a sequence of URLs, not {_hide_userinfo(repr(servers))}"
+            )
         servers = tuple(servers)
         object.__setattr__(self, "servers", servers)
         if not servers:
             raise ValueError("servers must name at least one server")
         for url in servers:
             if not isinstance(url, str) or not url.startswith(_SCHEMES):
-                raise ValueError(f"server URL must start with one of {_SCHEMES}, got {url!r}")
+                shown = _hide_userinfo(repr(url))
+                raise ValueError(f"server URL must start with one of {_SCHEMES}, got {shown}")
         for name in (
             "ping_interval",
             "process_lease",
@@ -147,6 +164,8 @@ class NatsConfig:
             if f.name in _SECRETS:
                 if value is not None:
                     shown.append(f"{f.name}=<hidden>")
+            elif f.name == "servers" and value != f.default:
+                shown.append(f"servers={_hide_userinfo(repr(value))}")
             elif value != f.default:
                 shown.append(f"{f.name}={value!r}")
         return f"NatsConfig({', '.join(shown)})"

@@ -542,8 +542,9 @@ async def open_nats_run_store(
       trio_debounce.BackendUnavailableError: no server answered within
         ``config.connect_timeout`` seconds, or loading the index stalled for
         ``config.op_timeout`` seconds.
-      trio_debounce.BackendAuthError: the server refused the credentials or a
-        permission (the watches need ``$JS.API.CONSUMER.CREATE.KV_<bucket>.>`` and
+      trio_debounce.BackendAuthError: the server refused the credentials, the TLS
+        handshake (as for :func:`open_nats_backend`) or a permission (the watches
+        need ``$JS.API.CONSUMER.CREATE.KV_<bucket>.>`` and
         ``$JS.API.CONSUMER.INFO.KV_<bucket>.>``, as listing does).
       trio_debounce.BackendConfigError: the bucket is missing (``create_bucket=False``)
         or has settings the store cannot work with.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ import os
 import re
 import ssl
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -75,6 +77,9 @@ _LOG_REPEAT = 60.0
 #: re-cancelling a nats-py coroutine that swallowed the cancellation.
 _CANCEL_GRACE = 1.0
 
+#: Seconds :func:`_shutdown` waits for a socket it closed to report it closed.
+_CLOSE_WAIT = 0.25
+
 #: Seconds without a subscriber after which the server deletes a watch's ephemeral
 #: consumer (one left behind by a watch stopped while disconnected, for instance).
 WATCH_INACTIVE_THRESHOLD = 30.0
@@ -94,8 +99,11 @@ class _State:
     """What the asyncio-side callbacks tell the Trio side (same thread, plain fields)."""
 
     secrets: tuple[str, ...]
-    #: The server refused the credentials (set by the error callback).
+    #: The server refused the credentials (set by the error callback, cleared by a
+    #: reconnect).
     auth_failed: bool = False
+    #: Why the last TLS handshake failed ("" when it did not; cleared by a reconnect).
+    tls_failure: str = ""
     #: ``time.monotonic()`` of the last permissions violation the server reported.
     permission_denied_at: float = -math.inf
     permission_message: str = ""
@@ -137,6 +145,12 @@ class _State:
             if self.connect_scope is not None:
                 self.connect_scope.cancel()
             self.log_once(logging.ERROR, f"NATS refused the credentials: {text}")
+        elif _tls_refused(exc):
+            assert isinstance(exc, ssl.SSLError)
+            self.tls_failure = _tls_failure(exc)
+            if self.connect_scope is not None:
+                self.connect_scope.cancel()
+            self.log_once(logging.ERROR, f"NATS TLS handshake failed: {self.tls_failure}")
         elif _PERMISSION_MARKER in lowered:
             self.permission_denied_at = time.monotonic()
             self.permission_message = _redact(text, self.secrets)
@@ -153,11 +167,38 @@ class _State:
 
     async def reconnected_cb(self) -> None:
         self._connection_changed()
+        self.auth_failed = False
+        self.tls_failure = ""
         self._last_logged.clear()
         logger.info("reconnected to NATS")
 
     async def closed_cb(self) -> None:
         logger.debug("NATS connection closed")
+
+
+#: TLS errors that are a cut connection (an outage), not a refused handshake.
+_TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
+
+
+def _tls_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is a TLS handshake that failed for good: an untrusted
+    certificate, a refused or missing client certificate, a protocol mismatch."""
+    return isinstance(exc, ssl.SSLError) and not isinstance(exc, _TLS_CUT)
+
+
+def _tls_failure(exc: ssl.SSLError) -> str:
+    """What a failed TLS handshake means, for a message (never holds a secret)."""
+    code: str | None = getattr(exc, "reason", None)
+    reason = getattr(exc, "verify_message", None) or code or str(exc) or type(exc).__name__
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"the server's certificate is not trusted (tls_ca): {reason}"
+    if code == "WRONG_VERSION_NUMBER":
+        return "the server did not answer in TLS (WRONG_VERSION_NUMBER)"
+    if code == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
+        return "the server requires a client certificate (tls_cert, tls_key)"
+    if code is not None and "ALERT" in code:
+        return f"the server refused the handshake or the client certificate: {reason}"
+    return str(reason)
 
 
 def _map_error(exc: BaseException, what: str, state: _State | None = None) -> BackendError:
@@ -173,7 +214,8 @@ def _map_error(exc: BaseException, what: str, state: _State | None = None) -> Ba
       :class:`~trio_debounce.RevisionConflict` for a failed compare-and-swap,
       :class:`~trio_debounce.BackendUnavailableError` when the server cannot be
       reached or did not answer, :class:`~trio_debounce.BackendAuthError` for a refused
-      credential or permission, :class:`~trio_debounce.BackendError` otherwise.
+      credential, permission or TLS handshake, :class:`~trio_debounce.BackendError`
+      otherwise.
     """
     if isinstance(exc, BackendError):
         return exc
@@ -192,6 +234,9 @@ def _map_error(exc: BaseException, what: str, state: _State | None = None) -> Ba
         isinstance(exc, nats.js.errors.APIError) and exc.code in (401, 403)
     ):
         return BackendAuthError(f"{what}: NATS denied a permission ({text})")
+    if _tls_refused(exc):
+        assert isinstance(exc, ssl.SSLError)
+        return BackendAuthError(f"{what}: the TLS handshake failed: {_tls_failure(exc)}")
     unavailable = (
         nats.errors.NoServersError,
         nats.errors.ConnectionClosedError,
@@ -207,10 +252,13 @@ def _map_error(exc: BaseException, what: str, state: _State | None = None) -> Ba
         asyncio.TimeoutError,
         TimeoutError,
         ConnectionError,
+        *_TLS_CUT,
     )
     if isinstance(exc, unavailable):
         if state is not None and state.auth_failed:
             return BackendAuthError(f"{what}: NATS refused the credentials ({text})")
+        if state is not None and state.tls_failure:
+            return BackendAuthError(f"{what}: the TLS handshake failed: {state.tls_failure}")
         if isinstance(exc, (nats.errors.TimeoutError, asyncio.TimeoutError, TimeoutError)):
             text += "; it may have been applied"
         return BackendUnavailableError(f"{what}: NATS is unavailable ({text})")
@@ -240,14 +288,15 @@ async def _run_cancellable(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs
         raise
 
 
-def _log_asyncio_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """The asyncio loop's exception handler: nats-py's stray errors become log lines."""
+def _log_asyncio_error(
+    secrets: tuple[str, ...], loop: asyncio.AbstractEventLoop, context: dict[str, Any]
+) -> None:
+    """The asyncio loop's exception handler (with ``secrets`` bound): nats-py's stray
+    errors become log lines, without secrets."""
     exception = context.get("exception")
-    logger.warning(
-        "asyncio reported: %s%s",
-        context.get("message") or "an error",
-        f" ({type(exception).__name__}: {exception})" if exception is not None else "",
-    )
+    detail = f" ({type(exception).__name__}: {exception})" if exception is not None else ""
+    message = f"{context.get('message') or 'an error'}{detail}"
+    logger.warning("asyncio reported: %s", _redact(message, secrets))
 
 
 def _check_key(key: str) -> str:
@@ -372,6 +421,10 @@ class NatsKvStore(KvStore):
         self._state = state
         self.max_value_bytes = max_value_bytes
         self.created = created
+
+    def __repr__(self) -> str:
+        servers = ", ".join(_redact(url, self._state.secrets) for url in self._config.servers)
+        return f"<NatsKvStore bucket={self._config.bucket!r} servers=[{servers}]>"
 
     async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``await fn(*args)`` on the asyncio side, within ``op_timeout``; errors mapped."""
@@ -631,12 +684,89 @@ def _tls_context(config: NatsConfig) -> ssl.SSLContext | None:
     return context
 
 
-def _connect_options(config: NatsConfig, state: _State) -> dict[str, Any]:
+#: A line of an nkey seed or creds file that is a secret: a seed (``S`` and a key-type
+#: letter, base32) or the user JWT (three base64url parts).
+_SECRET_LINE = re.compile(r"\AS[A-Z][A-Z2-7]{40,}\Z|\A[\w-]{8,}\.[\w-]{8,}\.[\w-]{8,}\Z")
+
+
+def _secrets(config: NatsConfig) -> tuple[str, ...]:
+    """The strings never to show in a message: the token, the password, the
+    passwords and tokens of the server URLs, and the seeds and JWT of the nkey seed
+    or creds file (read here only for that; nats-py reads them to connect)."""
+    found = [config.token, config.password]
+    for url in config.servers:
+        try:
+            parts = urllib.parse.urlsplit(url)
+        except ValueError:
+            continue
+        # nats://<token>@host: a lone user name is a token
+        found.append(parts.password if parts.password is not None else parts.username)
+    for path in (config.nkey_seed, config.creds_file):
+        if path is None or not os.path.isfile(path):  # never open a FIFO (it blocks)
+            continue
+        try:
+            with open(path, encoding="ascii", errors="replace") as file:
+                lines = file.read(1 << 16).split()
+        except OSError:
+            continue
+        found += [line for line in lines if _SECRET_LINE.match(line)]
+    return tuple(sorted({s for s in found if s}, key=len, reverse=True))
+
+
+def _valid_seed(text: str) -> bool:
+    """Whether ``text`` is an nkey seed that nats-py's ``nkeys`` accepts."""
+    try:
+        import nkeys  # here: like nats-py, only for nkey and creds authentication
+    except ImportError:
+        raise BackendConfigError(
+            "nkey_seed and creds_file need the nkeys package (pip install 'nats-py[nkeys]')"
+        ) from None
+    try:
+        nkeys.from_seed(bytearray(text.encode()))
+    except Exception:
+        return False
+    return True
+
+
+def _check_credential_files(config: NatsConfig) -> None:
+    """Refuse a missing or malformed nkey seed or creds file before connecting.
+
+    nats-py reads them only while connecting, and a creds file without its JWT
+    block makes its reader loop forever (in the event loop's thread: a hang no
+    deadline can end). Messages name the field, never the path or the content.
+    """
     for name in ("creds_file", "nkey_seed"):
         path = getattr(config, name)
-        if path is not None and not os.path.isfile(path):
+        if path is None:
+            continue
+        try:
+            if not os.path.isfile(path):  # missing, or a FIFO that would block
+                raise OSError
+            with open(path, encoding="ascii", errors="replace") as file:
+                text = file.read(1 << 16)
+        except OSError:
             # the path of an nkey seed is treated as a secret: not echoed
-            raise BackendConfigError(f"{name} does not name a readable file")
+            raise BackendConfigError(f"{name} does not name a readable file") from None
+        if name == "nkey_seed" and not _valid_seed(text.strip()):
+            raise BackendConfigError("nkey_seed does not hold an nkey seed (one line, S...)")
+        if name == "creds_file":
+            lines = text.splitlines()
+            found: dict[str, str] = {}
+            for marker in ("BEGIN NATS USER JWT", "BEGIN USER NKEY SEED"):
+                at = next((i for i, line in enumerate(lines) if marker in line), None)
+                if at is not None and at + 1 < len(lines):
+                    found[marker] = lines[at + 1].strip()
+            jwt = found.get("BEGIN NATS USER JWT", "")
+            seed = found.get("BEGIN USER NKEY SEED", "")
+            if jwt.count(".") != 2 or not _valid_seed(seed):
+                raise BackendConfigError(
+                    "creds_file is not a creds file (a user JWT and its nkey seed, "
+                    "each after its BEGIN line, as nsc writes them)"
+                )
+
+
+def _connect_options(config: NatsConfig, state: _State) -> dict[str, Any]:
+    _check_credential_files(config)
     options: dict[str, Any] = {
         "servers": list(config.servers),
         "error_cb": state.error_cb,
@@ -667,6 +797,25 @@ def _connect_options(config: NatsConfig, state: _State) -> dict[str, Any]:
     if config.inbox_prefix is not None:
         options["inbox_prefix"] = config.inbox_prefix
     return options
+
+
+def _wants_tls(config: NatsConfig) -> bool:
+    """Whether the config asks for TLS: a ``tls://`` URL, TLS files or handshake-first."""
+    return (
+        any(url.startswith("tls://") for url in config.servers)
+        or config.tls_ca is not None
+        or config.tls_cert is not None
+        or config.tls_handshake_first
+    )
+
+
+def _uses_tls(nc: Client) -> bool:
+    """Whether ``nc``'s connection runs over TLS right now (a TCP connection's socket
+    is wrapped; a websocket is not checked: ``wss://`` is TLS by its scheme)."""
+    writer = getattr(nc._transport, "_io_writer", None)
+    if writer is None:
+        return True
+    return writer.get_extra_info("ssl_object") is not None
 
 
 def _api_prefix(config: NatsConfig) -> str:
@@ -740,15 +889,15 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
     Raises:
       BackendUnavailableError: no server answered within ``config.connect_timeout``
         seconds (Trio clock), or a bucket request timed out.
-      BackendAuthError: the server refused the credentials (raised at once, without
-        waiting for the timeout) or a permission the backend needs.
+      BackendAuthError: the server refused the credentials or the TLS handshake failed
+        for good (raised at once, without waiting for the timeout), TLS was asked for
+        and the server did not start it, or a permission the backend needs was
+        refused.
       BackendConfigError: the bucket is missing and ``create_bucket`` is False, it
         keeps history or expires entries, or a credential or TLS file is unusable.
       BackendError: any other failure of the server or client.
     """
-    state = _State(
-        secrets=tuple(s for s in (config.token, config.password) if s),
-    )
+    state = _State(secrets=_secrets(config))
     options = _connect_options(config, state)
     # trio-asyncio's loop runs its tasks in nurseries, so an exception that crosses
     # open_loop() comes out wrapped in an ExceptionGroup. Errors (ours and the ones
@@ -761,7 +910,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
         # would take the whole backend (and its coordinator) down for nats-py's own
         # leftovers, such as "Task was destroyed but it is pending!" for a watcher
         # subscription whose listing was cancelled. Log them instead.
-        loop.set_exception_handler(_log_asyncio_error)
+        loop.set_exception_handler(functools.partial(_log_asyncio_error, state.secrets))
         nc = Client()
         try:
             with trio.move_on_after(config.connect_timeout) as scope:
@@ -773,11 +922,18 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
             state.connect_scope = None
             if state.auth_failed:
                 raise BackendAuthError("connect: NATS refused the credentials")
+            if state.tls_failure:
+                raise BackendAuthError(f"connect: the TLS handshake failed: {state.tls_failure}")
             if scope.cancelled_caught:
                 servers = ", ".join(_redact(url, state.secrets) for url in config.servers)
                 raise BackendUnavailableError(
                     f"connect: no NATS server answered within {config.connect_timeout} s "
                     f"(tried {servers})"
+                )
+            if _wants_tls(config) and not _uses_tls(nc):
+                raise BackendAuthError(
+                    "connect: the config asks for TLS (a tls:// URL or TLS files) but the "
+                    "server did not start TLS; refusing a plaintext connection"
                 )
             try:
                 with trio.fail_after(config.op_timeout * 2):
@@ -836,5 +992,11 @@ async def _shutdown(nc: Client, seconds: float) -> None:
         transport = nc._transport
         if transport is not None:
             transport.close()  # type: ignore[no-untyped-call]
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(transport.wait_closed(), seconds)  # type: ignore[no-untyped-call]
+            # After a failed TLS upgrade the stream never reports its close (and
+            # may report the wait's end as asyncio's CancelledError, not an
+            # Exception): wait briefly, the socket is closed either way.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(
+                    transport.wait_closed(),  # type: ignore[no-untyped-call]
+                    min(seconds, _CLOSE_WAIT),
+                )
