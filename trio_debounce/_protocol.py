@@ -145,7 +145,7 @@ class WindowDoc:
     @classmethod
     def decode(cls, raw: bytes) -> WindowDoc:
         """Parse a document; raises ValueError for anything but a valid version 1 or 2."""
-        obj = json.loads(raw)
+        obj = _loads(raw)
         if not isinstance(obj, dict) or obj.get("v") not in (SCHEMA_VERSION, WINDOW_SCHEMA_OPTIONS):
             raise ValueError("not a version 1 or 2 window document")
         max_count = None
@@ -202,6 +202,27 @@ class WindowDoc:
         return doc
 
 
+def _reject(text: str) -> float:
+    raise ValueError(f"not a finite number: {text[:40]}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        _reject(text)
+    return value
+
+
+def _loads(raw: bytes) -> Any:
+    """JSON of a stored document: NaN, infinities and nesting too deep to parse are
+    refused with ValueError like any other unreadable document, so that every decoder
+    raises only ValueError, KeyError or TypeError (what their callers catch)."""
+    try:
+        return json.loads(raw, parse_constant=_reject, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("a document nested too deeply") from None
+
+
 def _str(obj: dict[str, Any], name: str) -> str:
     value = obj[name]
     if not isinstance(value, str) or not value:
@@ -220,7 +241,10 @@ def _num(obj: dict[str, Any], name: str) -> float:
     value = obj[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} is not a number")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} is too large") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} is not finite")
     return value
@@ -239,7 +263,7 @@ class _Lease:
 
 
 def _decode_lease(raw: bytes) -> _Lease:
-    obj = json.loads(raw)
+    obj = _loads(raw)
     if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
         raise ValueError("not a version 1 lease")
     return _Lease(
@@ -299,7 +323,7 @@ class _FireRecord:
 
     @classmethod
     def decode(cls, raw: bytes) -> _FireRecord:
-        obj = json.loads(raw)
+        obj = _loads(raw)
         if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
             raise ValueError("not a version 1 fire record")
         return cls(

@@ -69,8 +69,12 @@ def _number(doc: dict[str, Any], name: str, *, optional: bool = False) -> Any:
     value = doc.get(name)
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"field {name!r} is not a finite number: {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(float(value) if abs(value) < 1e308 else math.inf)
+    ):
+        raise ValueError(f"field {name!r} is not a finite number: {str(value)[:40]}")
     return value
 
 
@@ -93,6 +97,8 @@ def _load(value: bytes) -> dict[str, Any]:
         doc = json.loads(value)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("not JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
     if doc.get("v") != SCHEMA:
