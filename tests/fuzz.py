@@ -18,7 +18,6 @@ and prints one line per target with the number of examples tried. It exits with 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import re
@@ -128,18 +127,20 @@ class Decoder:
     name: str
     decode: Callable[[bytes], object]
     unreadable: tuple[type[BaseException], ...]
+    #: Writes a decoded record back (every record read may be written back).
+    encode: Callable[[Any], bytes]
 
 
 #: What the debounce backend catches around its decoders (``_protocol.py``).
 UNREADABLE = (ValueError, KeyError, TypeError)
 
 DECODERS = [
-    Decoder("window", WindowDoc.decode, UNREADABLE),
-    Decoder("lease", _decode_lease, UNREADABLE),
-    Decoder("fire", _FireRecord.decode, UNREADABLE),
+    Decoder("window", WindowDoc.decode, UNREADABLE, WindowDoc.encode),
+    Decoder("lease", _decode_lease, UNREADABLE, _encode_lease),
+    Decoder("fire", _FireRecord.decode, UNREADABLE, _FireRecord.encode),
     # The run store's _decode catches ValueError and TypeError.
-    Decoder("run", lambda raw: decode_run(raw, 1), (ValueError, TypeError)),
-    Decoder("run_lease", lambda raw: decode_lease(raw, 1), (ValueError, TypeError)),
+    Decoder("run", lambda raw: decode_run(raw, 1), (ValueError, TypeError), encode_run),
+    Decoder("run_lease", lambda raw: decode_lease(raw, 1), (ValueError, TypeError), encode_lease),
 ]
 
 json_scalars = st.one_of(
@@ -226,9 +227,14 @@ def documents(kind: str) -> st.SearchStrategy[bytes]:
 
 
 def check_decoder(decoder: Decoder, raw: bytes) -> None:
-    """``raw`` decodes, or fails with one of the decoder's "unreadable" exceptions."""
-    with contextlib.suppress(*decoder.unreadable):
-        decoder.decode(raw)
+    """``raw`` decodes to a record that can be written back and read again, or fails
+    with one of the decoder's "unreadable" exceptions."""
+    try:
+        record = decoder.decode(raw)
+    except decoder.unreadable:
+        return
+    again = decoder.decode(decoder.encode(record))
+    assert again == record, (record, again)
 
 
 # ----------------------------------------------------------------------- keys

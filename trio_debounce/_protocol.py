@@ -227,13 +227,23 @@ def _str(obj: dict[str, Any], name: str) -> str:
     value = obj[name]
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} is not a non-empty string")
-    return value
+    return _utf8(name, value)
 
 
 def _opt_str(obj: dict[str, Any], name: str) -> str | None:
     value = obj.get(name)
     if value is not None and not isinstance(value, str):
         raise ValueError(f"{name} is not a string")
+    return value if value is None else _utf8(name, value)
+
+
+def _utf8(name: str, value: str) -> str:
+    # A "\ud800" escape parses to a lone surrogate, which no document can be
+    # written back with (the encoders write UTF-8).
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} holds a lone surrogate") from None
     return value
 
 
@@ -558,6 +568,8 @@ class KvDebounceBackend(DebounceBackend):
                 lease = _decode_lease(entry.value)
             except (ValueError, KeyError, TypeError):
                 continue
+            if entry.key != process_key(lease.process):
+                continue  # another process's lease under this key: not evidence of either
             table[lease.process] = lease
         live = {
             (lease.process, lease.epoch) for lease in table.values() if lease.live(now, self._skew)
@@ -879,8 +891,21 @@ class KvDebounceBackend(DebounceBackend):
         )
 
     def _load(self, text: str | None) -> Any:
-        """A stored payload, deserialized (None if none was stored)."""
-        return None if text is None else self._serializer.loads(text)
+        """A stored payload, deserialized (None if none was stored, or if it cannot be
+        deserialized: written by something else, or by another serializer; logged)."""
+        if text is None:
+            return None
+        try:
+            return self._serializer.loads(text)
+        except (Exception, RecursionError) as exc:
+            logger.warning(
+                "a stored payload (%d chars) cannot be deserialized (%s: %.80s); "
+                "the handler gets None",
+                len(text),
+                type(exc).__name__,
+                exc,
+            )
+            return None
 
     def _token(self, revision: int) -> int:
         """The fencing token of a step that committed at ``revision``."""
