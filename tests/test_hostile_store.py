@@ -213,9 +213,9 @@ def test_foreign_writes_between_protocol_steps(
     async def main() -> None:
         store = MemoryStore()
         backend = MemoryBackend(store, process_id="a", process_lease=6.0, op_timeout=3.0)
-        backend.faults.delay_next(0.1, n=2_000)
+        backend.faults.delay_next(0.1, n=1_000_000)
         run_store = MemoryRunStore(store)
-        run_store.faults.delay_next(0.1, n=2_000)
+        run_store.faults.delay_next(0.1, n=1_000_000)
         log = Log()
         values = {
             "delete-marker": None,
