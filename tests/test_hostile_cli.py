@@ -53,7 +53,7 @@ def logs(draw: st.DrawFn) -> tuple[list[bytes], int | None, str]:
     """Lines of a log, the 1-based number of the first bad one (None: all good), and
     the reason the CLI gives for it."""
     lines: list[bytes] = []
-    ts = draw(st.integers(-1000, 1000))
+    ts: float = draw(st.integers(-1000, 1000))
     bad_at: int | None = None
     reason = ""
     for _ in range(draw(st.integers(0, 8))):
