@@ -365,3 +365,48 @@ def test_store_faults_take_a_huge_count() -> None:
     assert faults._take("get") is not None
     assert faults._take("put") is not None
     assert faults._take("put") is None
+
+
+ENV_VARS = [
+    "NATS_SERVERS", "NATS_TOKEN", "NATS_USER", "NATS_PASSWORD", "NATS_CREDS",
+    "NATS_NKEY_SEED", "NATS_TLS_CA", "NATS_TLS_CERT", "NATS_TLS_KEY",
+    "NATS_TLS_HANDSHAKE_FIRST", "NATS_JS_DOMAIN", "NATS_JS_API_PREFIX",
+    "NATS_INBOX_PREFIX", "NATS_PING_INTERVAL", "NATS_BUCKET", "NATS_REPLICAS",
+    "NATS_CREATE_BUCKET", "LEASE", "OP_TIMEOUT", "CONNECT_TIMEOUT", "MAX_CLOCK_SKEW",
+]  # fmt: skip
+SECRETS = {"NATS_TOKEN", "NATS_PASSWORD", "NATS_NKEY_SEED"}
+env_values = st.one_of(
+    st.sampled_from(
+        ["", " ", "nan", "inf", "-1", "0", "1e400", "1", "yes", "maybe", "a.b", "*", ">"]
+    ),
+    st.sampled_from(ODD_STRINGS[:-1]).filter(lambda s: "\x00" not in s and "\ud800" not in s),
+    st.text(max_size=20).filter(lambda s: "\x00" not in s),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(env=st.dictionaries(st.sampled_from(ENV_VARS), env_values, max_size=4))
+def test_nats_config_from_env_refuses_by_name_without_secrets(env: dict[str, str]) -> None:
+    environ = {"TRIO_DEBOUNCE_" + name: value for name, value in env.items()}
+    try:
+        config = NatsConfig.from_env(environ)
+    except (TypeError, ValueError) as exc:
+        fields = {name.lower().removeprefix("nats_"): None for name in env}
+        fields |= {"process_lease": None, "servers": None, "replicas": None, "bucket": None}
+        named = {"TRIO_DEBOUNCE_" + name: value for name, value in env.items()}
+        assert_names(exc, named | fields, env)
+        message = str(exc)
+        assert not [secret for secret in secrets(env) if secret in message], (env, message)
+        return
+    for secret in secrets(env):
+        assert secret not in repr(config), env
+
+
+def secrets(env: dict[str, str]) -> list[str]:
+    """The secret values of ``env`` that no other variable also holds."""
+    others = [value for name, value in env.items() if name not in SECRETS]
+    return [
+        value
+        for name, value in env.items()
+        if name in SECRETS and len(value) >= 4 and not any(value in o for o in others)
+    ]
