@@ -393,7 +393,7 @@ def test_nats_config_from_env_refuses_by_name_without_secrets(env: dict[str, str
     except (TypeError, ValueError) as exc:
         fields = {name.lower().removeprefix("nats_"): None for name in env}
         fields |= {"process_lease": None, "servers": None, "replicas": None, "bucket": None}
-        named = {"TRIO_DEBOUNCE_" + name: value for name, value in env.items()}
+        named: dict[str, object] = {"TRIO_DEBOUNCE_" + n: v for n, v in env.items()}
         assert_names(exc, named | fields, env)
         message = str(exc)
         assert not [secret for secret in secrets(env) if secret in message], (env, message)
