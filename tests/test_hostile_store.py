@@ -18,6 +18,7 @@ import trio.testing
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from tests.fuzz import documents
 from trio_debounce import Fire, Mode, RunFire, RunOptions, open_coordinator
 from trio_debounce._keys import process_key, run_key, run_lease_key, window_key
 from trio_debounce._protocol import SWEEPER_KEY, WindowDoc, _FireRecord
@@ -317,3 +318,46 @@ async def test_foreign_delete_during_finalize_is_a_cancel(
         await coord.debounce("wf", "k", "again", delay=1.0)
         await trio.sleep(5)
     assert [(f.key, f.payload) for f in log.fires] == [("k", "again")]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    window=documents("window"),
+    fire=documents("fire"),
+    lease=documents("lease"),
+    payload=st.sampled_from([None, 1, "p", [1, 2]]),
+)
+def test_fuzzed_documents_under_a_running_coordinator(
+    window: bytes, fire: bytes, lease: bytes, payload: object
+) -> None:
+    """Whatever the documents say (a dead owner's window, a fire record, a lease, each
+    readable or not), the coordinator adopts or ignores them without crashing, and a
+    ping of the same window made afterwards fires with its payload."""
+
+    async def main() -> None:
+        store = MemoryStore()
+        store.raw_put(window_key("wf", "k"), window)
+        store.raw_put("f.fuzzed", fire)
+        store.raw_put(process_key("proc"), lease)
+        log = Log()
+        with trio.fail_after(600):
+            async with open_coordinator(
+                handlers={"wf": log.fire},
+                backend=MemoryBackend(store, process_id="a", process_lease=6.0),
+            ) as coord:
+                await trio.sleep(20)
+                before = len(log.fires)
+                try:
+                    result = await coord.debounce("wf", "k", payload, delay=1.0)
+                except ValueError as exc:
+                    # the open window's mode or options differ (documented)
+                    assert "differs" in str(exc) or "order_key" in str(exc), exc  # noqa: PT017
+                    return
+                await trio.sleep(30)
+                fired = [f.payload for f in log.fires[before:] if f.key == "k"]
+                if result.owner:
+                    assert fired[-1:] == [payload], fired
+                # else: coalesced into a window whose owner's lease (as planted) is
+                # live: that owner fires it, as documented
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
