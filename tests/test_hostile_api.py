@@ -319,13 +319,14 @@ def test_schedule_with_hostile_arguments(calls: list[dict[str, Any]]) -> None:
                     if scheduled.outcome == "already-ran":
                         continue
                     expires = args.get("expires_at")
-                    with trio.fail_after(300):
+                    due_in = max(0.0, scheduled.scheduled_at - store.wall_time())
+                    with trio.fail_after(due_in + 300):
                         # (or expired before it came due: dropped, as documented)
                         await wait_for(
                             lambda: (
                                 len(runs) > before  # noqa: B023
                                 or (
-                                    isinstance(expires, float)  # noqa: B023
+                                    isinstance(expires, (int, float))  # noqa: B023
                                     and store.wall_time() > expires  # noqa: B023
                                     and not coord.has_run(scheduled.run_id)  # noqa: B023
                                 )
