@@ -145,7 +145,7 @@ class WindowDoc:
     @classmethod
     def decode(cls, raw: bytes) -> WindowDoc:
         """Parse a document; raises ValueError for anything but a valid version 1 or 2."""
-        obj = json.loads(raw)
+        obj = _loads(raw)
         if not isinstance(obj, dict) or obj.get("v") not in (SCHEMA_VERSION, WINDOW_SCHEMA_OPTIONS):
             raise ValueError("not a version 1 or 2 window document")
         max_count = None
@@ -202,17 +202,48 @@ class WindowDoc:
         return doc
 
 
+def _reject(text: str) -> float:
+    raise ValueError(f"not a finite number: {text[:40]}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        _reject(text)
+    return value
+
+
+def _loads(raw: bytes) -> Any:
+    """JSON of a stored document: NaN, infinities and nesting too deep to parse are
+    refused with ValueError like any other unreadable document, so that every decoder
+    raises only ValueError, KeyError or TypeError (what their callers catch)."""
+    try:
+        return json.loads(raw, parse_constant=_reject, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("a document nested too deeply") from None
+
+
 def _str(obj: dict[str, Any], name: str) -> str:
     value = obj[name]
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} is not a non-empty string")
-    return value
+    return _utf8(name, value)
 
 
 def _opt_str(obj: dict[str, Any], name: str) -> str | None:
     value = obj.get(name)
     if value is not None and not isinstance(value, str):
         raise ValueError(f"{name} is not a string")
+    return value if value is None else _utf8(name, value)
+
+
+def _utf8(name: str, value: str) -> str:
+    # A "\ud800" escape parses to a lone surrogate, which no document can be
+    # written back with (the encoders write UTF-8).
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} holds a lone surrogate") from None
     return value
 
 
@@ -220,7 +251,10 @@ def _num(obj: dict[str, Any], name: str) -> float:
     value = obj[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} is not a number")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} is too large") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} is not finite")
     return value
@@ -239,7 +273,7 @@ class _Lease:
 
 
 def _decode_lease(raw: bytes) -> _Lease:
-    obj = json.loads(raw)
+    obj = _loads(raw)
     if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
         raise ValueError("not a version 1 lease")
     return _Lease(
@@ -299,7 +333,7 @@ class _FireRecord:
 
     @classmethod
     def decode(cls, raw: bytes) -> _FireRecord:
-        obj = json.loads(raw)
+        obj = _loads(raw)
         if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
             raise ValueError("not a version 1 fire record")
         return cls(
@@ -534,6 +568,8 @@ class KvDebounceBackend(DebounceBackend):
                 lease = _decode_lease(entry.value)
             except (ValueError, KeyError, TypeError):
                 continue
+            if entry.key != process_key(lease.process):
+                continue  # another process's lease under this key: not evidence of either
             table[lease.process] = lease
         live = {
             (lease.process, lease.epoch) for lease in table.values() if lease.live(now, self._skew)
@@ -855,8 +891,21 @@ class KvDebounceBackend(DebounceBackend):
         )
 
     def _load(self, text: str | None) -> Any:
-        """A stored payload, deserialized (None if none was stored)."""
-        return None if text is None else self._serializer.loads(text)
+        """A stored payload, deserialized (None if none was stored, or if it cannot be
+        deserialized: written by something else, or by another serializer; logged)."""
+        if text is None:
+            return None
+        try:
+            return self._serializer.loads(text)
+        except (Exception, RecursionError) as exc:
+            logger.warning(
+                "a stored payload (%d chars) cannot be deserialized (%s: %.80s); "
+                "the handler gets None",
+                len(text),
+                type(exc).__name__,
+                exc,
+            )
+            return None
 
     def _token(self, revision: int) -> int:
         """The fencing token of a step that committed at ``revision``."""

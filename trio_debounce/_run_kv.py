@@ -69,8 +69,12 @@ def _number(doc: dict[str, Any], name: str, *, optional: bool = False) -> Any:
     value = doc.get(name)
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"field {name!r} is not a finite number: {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(float(value) if abs(value) < 1e308 else math.inf)
+    ):
+        raise ValueError(f"field {name!r} is not a finite number: {str(value)[:40]}")
     return value
 
 
@@ -80,6 +84,10 @@ def _string(doc: dict[str, Any], name: str, *, optional: bool = False) -> Any:
         return None
     if not isinstance(value, str):
         raise ValueError(f"field {name!r} is not a str: {value!r}")
+    try:
+        value.encode("utf-8")  # a "\ud800" escape: no document could be written back
+    except UnicodeEncodeError:
+        raise ValueError(f"field {name!r} holds a lone surrogate") from None
     return value
 
 
@@ -93,6 +101,8 @@ def _load(value: bytes) -> dict[str, Any]:
         doc = json.loads(value)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("not JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
     if doc.get("v") != SCHEMA:
@@ -100,13 +110,16 @@ def _load(value: bytes) -> dict[str, Any]:
     return doc
 
 
-def decode_run(value: bytes, revision: int) -> StoredRun:
-    """The run in document ``value``.
+def decode_run(value: bytes, revision: int, key: str | None = None) -> StoredRun:
+    """The run in document ``value`` (read from ``key``, if given).
 
     Raises:
-      ValueError: the document is not a run document of a known schema version.
+      ValueError: the document is not a run document of a known schema version, or
+        it is of another run than the one ``key`` names.
     """
     doc = _load(value)
+    if key is not None and key != run_key(_string(doc, "id")):
+        raise ValueError(f"the document is of another run, {_string(doc, 'id')[:80]!r}")
     return StoredRun(
         run_id=_string(doc, "id"),
         workflow=_string(doc, "wf"),
@@ -139,13 +152,16 @@ def encode_lease(lease: Lease) -> bytes:
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
-def decode_lease(value: bytes, revision: int) -> Lease:
-    """The lease in document ``value``.
+def decode_lease(value: bytes, revision: int, key: str | None = None) -> Lease:
+    """The lease in document ``value`` (read from ``key``, if given).
 
     Raises:
-      ValueError: the document is not a lease document of a known schema version.
+      ValueError: the document is not a lease document of a known schema version, or
+        it is of another process than the one ``key`` names.
     """
     doc = _load(value)
+    if key is not None and key != run_lease_key(_string(doc, "pid")):
+        raise ValueError(f"the document is of another process, {_string(doc, 'pid')[:80]!r}")
     released = doc.get("released")
     if not isinstance(released, bool):
         raise ValueError(f"field 'released' is not a bool: {released!r}")
@@ -181,13 +197,13 @@ def matches(
     )
 
 
-def _decode(entry: KvEntry | None, decode: Callable[[bytes, int], T], kind: str) -> T | None:
+def _decode(entry: KvEntry | None, decode: Callable[[bytes, int, str], T], kind: str) -> T | None:
     """The record in ``entry``; None for no entry, a delete marker, or a document no
     reader can use (logged as a warning)."""
     if entry is None or entry.value is None:
         return None
     try:
-        return decode(entry.value, entry.revision)
+        return decode(entry.value, entry.revision, entry.key)
     except (ValueError, TypeError) as exc:
         logger.warning("ignoring the %s document at %s: %s", kind, entry.key[:80], exc)
         return None

@@ -676,7 +676,7 @@ class RunScheduler:
             record = entry.record
             try:
                 payload = json.loads(payload)
-            except ValueError:
+            except (ValueError, RecursionError):
                 payload = None
             if not await self._step(entry, _tombstone(record, wall, reason)):
                 return True
@@ -782,7 +782,7 @@ class RunScheduler:
                 return
             try:
                 payload = json.loads(record.payload)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 logger.error("run %r: its stored payload is not JSON (%s)", entry.run_id, exc)
                 ok = False
                 break

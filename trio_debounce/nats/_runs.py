@@ -128,7 +128,7 @@ class _Slot:
 class _Index:
     """The records under one key prefix, fed by a watch (Trio side, plain data)."""
 
-    def __init__(self, token: str, decode: Callable[[bytes, int], StoredRun | Lease]) -> None:
+    def __init__(self, token: str, decode: Callable[[bytes, int, str], StoredRun | Lease]) -> None:
         self.token = token
         self.prefix = token + "."
         self._decode = decode
@@ -177,7 +177,7 @@ class _Index:
         if value is None:
             return _Slot(revision, True, None)
         try:
-            record = self._decode(value, revision)
+            record = self._decode(value, revision, key)
         except (ValueError, TypeError) as exc:
             logger.warning("ignoring the document at %s: %s", key[:80], exc)
             return _Slot(revision, False, None)
@@ -217,12 +217,12 @@ class _Index:
         self._staging = None
 
 
-def _decode_run(value: bytes, revision: int) -> StoredRun:
-    return decode_run(value, revision)
+def _decode_run(value: bytes, revision: int, key: str) -> StoredRun:
+    return decode_run(value, revision, key)
 
 
-def _decode_lease(value: bytes, revision: int) -> Lease:
-    return decode_lease(value, revision)
+def _decode_lease(value: bytes, revision: int, key: str) -> Lease:
+    return decode_lease(value, revision, key)
 
 
 class _IndexedKv(KvStore):

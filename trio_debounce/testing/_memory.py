@@ -152,7 +152,8 @@ class StoreFaults:
 
     def __init__(self) -> None:
         self.partitioned = False
-        self._queue: collections.deque[_Fault] = collections.deque()
+        #: Armed faults, each with how many more calls it applies to.
+        self._queue: collections.deque[list[Any]] = collections.deque()
 
     def fail_next(
         self,
@@ -200,13 +201,16 @@ class StoreFaults:
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
-        for _ in range(n):
-            self._queue.append(_Fault(kind, seconds, frozenset(ops), error))
+        # One entry with a count, not n entries: a huge n must not hang or fill memory.
+        self._queue.append([_Fault(kind, seconds, frozenset(ops), error), n])
 
     def _take(self, op: str) -> _Fault | None:
-        for i, fault in enumerate(self._queue):
+        for i, armed in enumerate(self._queue):
+            fault: _Fault = armed[0]
             if not fault.ops or op in fault.ops:
-                del self._queue[i]
+                armed[1] -= 1
+                if armed[1] == 0:
+                    del self._queue[i]
                 return fault
         return None
 
