@@ -22,7 +22,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -363,6 +363,21 @@ class _KeyQueue:
 
     writing: bool = False
     waiting: list[_Ping] = field(default_factory=list)
+    #: Finalizes waiting for the key's turn; they go before the next batch of pings.
+    finalizers: list[trio.Event] = field(default_factory=list)
+
+
+def _due_for_good(doc: WindowDoc, now: float) -> bool:
+    """Is the window due at ``now``, with no ping able to move it later (its cap has
+    come, or its max_count)?"""
+    return (
+        not doc.fired
+        and doc.at <= now
+        and (
+            (doc.cap is not None and doc.cap <= now)
+            or (doc.max_count is not None and doc.count >= doc.max_count)
+        )
+    )
 
 
 def _settle(ping: _Ping, result: Registration | BaseException) -> None:
@@ -852,11 +867,7 @@ class KvDebounceBackend(DebounceBackend):
                             _settle(other, exc)
                     raise
                 finally:
-                    queue.writing = False
-                    if queue.waiting:
-                        queue.waiting[0].wake.set()  # it leads the next write
-                    elif self._queues.get(kv_key) is queue:
-                        del self._queues[kv_key]
+                    self._release_turn(kv_key, queue)
         result = ping.result
         if isinstance(result, BaseException):
             raise result
@@ -913,6 +924,21 @@ class KvDebounceBackend(DebounceBackend):
                             doc is not None and not doc.fired and await self._owner_live(doc, now)
                         )
                         last_doc, last_live = doc, live
+                        if (
+                            live
+                            and doc is not None
+                            and not self._mine(doc)
+                            and _due_for_good(doc, now)
+                            and trio.current_time() < deadline - self._op_timeout / 2
+                        ):
+                            # The window is due and these pings cannot move its time:
+                            # let its owner's commit through (a write now would make it
+                            # conflict), then land in the next window; after half the
+                            # deadline, land in this one.
+                            self._forget(kv_key)
+                            await self._backoff(attempt)
+                            attempt += 1
+                            continue
                         applied = self._apply_batch(doc, live, now, batch, write, known is not None)
                         if applied is None:
                             self._forget(kv_key)  # refused on a remembered document: re-read
@@ -1014,6 +1040,43 @@ class KvDebounceBackend(DebounceBackend):
                 ),
             )
         return rest
+
+    def _release_turn(self, kv_key: str, queue: _KeyQueue) -> None:
+        """End a write of ``kv_key``: hand the key's turn to a waiting finalize (it stays
+        taken), else to the next batch of pings."""
+        if queue.finalizers:
+            queue.finalizers.pop(0).set()
+            return
+        queue.writing = False
+        if queue.waiting:
+            queue.waiting[0].wake.set()  # it leads the next write
+        elif self._queues.get(kv_key) is queue:
+            del self._queues[kv_key]
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, kv_key: str) -> AsyncIterator[None]:
+        """Take ``kv_key``'s turn to write (for a finalize): this process's pings of the
+        key wait meanwhile, so they never make its commit conflict."""
+        queue = self._queues.get(kv_key)
+        if queue is None:
+            queue = self._queues[kv_key] = _KeyQueue()
+        if queue.writing:
+            turn = trio.Event()
+            queue.finalizers.append(turn)
+            try:
+                await turn.wait()  # handed over by the write before
+            except BaseException:
+                if turn.is_set():
+                    self._release_turn(kv_key, queue)
+                else:
+                    queue.finalizers.remove(turn)
+                raise
+        else:
+            queue.writing = True
+        try:
+            yield
+        finally:
+            self._release_turn(kv_key, queue)
 
     def _apply_batch(
         self,
@@ -1146,6 +1209,19 @@ class KvDebounceBackend(DebounceBackend):
         delivery: Delivery = "at-least-once",
     ) -> Finalization:
         kv_key = window_key(workflow, key)
+        async with self._turn(kv_key):
+            return await self._finalize(workflow, key, kv_key, run_id, take, force, delivery)
+
+    async def _finalize(
+        self,
+        workflow: str,
+        key: str,
+        kv_key: str,
+        run_id: str,
+        take: bool,
+        force: bool,
+        delivery: Delivery,
+    ) -> Finalization:
         error: BackendError | None = None
         # The commit in flight, in case its answer is lost: (window, write id, time,
         # fire record id). Each attempt has its own ids: a record taken back after a
