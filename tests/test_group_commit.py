@@ -14,7 +14,13 @@ import trio
 import trio.testing
 
 from tests.fires import Fires
-from trio_debounce import BackendUnavailableError, Mode, Registered, open_coordinator
+from trio_debounce import (
+    BackendUnavailableError,
+    Finalized,
+    Mode,
+    Registered,
+    open_coordinator,
+)
 from trio_debounce._backend import Registration
 from trio_debounce._protocol import WindowDoc
 from trio_debounce.testing import MemoryBackend, MemoryStore
@@ -243,3 +249,53 @@ async def test_hot_key_through_the_coordinator_fires_once_with_every_ping(
     assert fire.ping_count == 1000
     # the stored payload is that of the last ping to arrive
     assert fire.payload == payloads[-1]
+
+
+async def test_a_finalize_waits_for_its_keys_write_in_flight(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The owner's ping is being written when its finalize comes: the finalize takes the
+    # key's next turn, so it sees that write (which moved the fire time) instead of
+    # committing against the revision before it and losing the compare-and-swap.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    kw: dict[str, Any] = {"mode": Mode.TRAILING, "delay": 1.0, "max_delay": None}
+    await a.register("wf", "k", run_id="r", payload=0, **kw)
+    await trio.sleep(1.0)
+    a.faults.delay_next(0.5, ops=("put",))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(a.register, "wf", "k", run_id="s", payload=1, **kw))
+        await trio.sleep(0.1)
+        result = await a.finalize("wf", "k", "r")
+    assert result.outcome is Finalized.RESCHEDULE
+    assert a.conflicts == 0
+
+
+async def test_a_peers_ping_yields_to_a_window_due_at_its_cap(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # B's ping cannot move a window that is due at its cap: it lets A's commit through
+    # and opens the next window, instead of making A's commit conflict.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    b = MemoryBackend(store, process_id="B")
+    await a.refresh_lease()
+    await b.refresh_lease()
+    kw: dict[str, Any] = {"mode": Mode.TRAILING, "delay": 1.0, "max_delay": 1.0}
+    await a.register("wf", "k", run_id="r", payload="a", **kw)
+    await trio.sleep(1.0)
+    a.faults.delay_next(0.5, ops=("put",))  # A's commit is slow: B's ping comes during it
+    results: dict[Any, Any] = {}
+
+    async def owner() -> None:
+        results["a"] = await a.finalize("wf", "k", "r")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(owner)
+        await trio.sleep(0.1)
+        results["b"] = await b.register("wf", "k", run_id="s", payload="b", **kw)
+    fired = results["a"]
+    assert (fired.outcome, fired.ping_count, fired.payload) == (Finalized.FIRE, 1, "a")
+    assert (results["b"].outcome, results["b"].run_id) == (Registered.OPENED, "s")
+    assert a.conflicts == 0
