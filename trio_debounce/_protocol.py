@@ -6,8 +6,11 @@ in-memory fake in tests. The rules are in :doc:`/protocol`; in short:
 
 * One JSON document per window (``w.<workflow>.<key>``), one lease per process
   (``p.<process>``), one sweeper lock (``s.sweeper``).
-* Every change is a compare-and-swap on the revision just read; a conflict re-reads,
+* Every change is a compare-and-swap on the revision this process last read or wrote
+  (remembered per key, so an owner's ping is one request); a conflict re-reads,
   re-applies the ping and retries with jittered backoff until the operation deadline.
+* Pings of one key that arrive while its write is in flight are merged, in arrival
+  order, into the next single write (group commit; ``_apply_ping`` applied per ping).
 * A window is owned by a live process while that process's lease (read through a
   local table, so checking a known live owner costs no request) has not expired, give
   or take ``max_clock_skew``.
