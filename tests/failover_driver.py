@@ -16,9 +16,11 @@ and writes one JSON object a line to stdout, flushed at once (``t`` is
 :func:`time.time`, so lines of different processes on one host compare):
 
 * ``{"ev": "ready", "proc": P, "pid": ..., "t": ...}`` once the coordinator is open;
-* ``{"ev": "ack", "key", "payload", "run", "count", "owner", "stored", "outcome",
-  "at", "t"}`` when a ping returns (``at``: the pending fire time, wall clock, or
-  null);
+* ``{"ev": "ack", "key", "payload", "run", "count", "seq", "owner", "stored",
+  "outcome", "at", "t"}`` when a ping returns (``at``: the pending fire time, wall
+  clock, or null; ``seq``: the order in which this process's pings entered
+  ``debounce``, which orders the pings that one write carried, as they report one
+  count);
 * ``{"ev": "start", "key", "run", "payload", "count", "attempt", "token", "edge",
   "fired_at", "t"}`` when the handler starts, and ``{"ev": "done", ...same...}`` when
   it returns: it sleeps ``--handler-time`` seconds in between, so that a kill can land
@@ -101,7 +103,14 @@ async def read_lines(stream: trio.lowlevel.FdStream) -> AsyncIterator[str]:
             yield line.decode()
 
 
+#: The order in which this process's pings entered ``debounce`` (see "seq").
+_arrivals = 0
+
+
 async def ping(coordinator: Coordinator, key: str, payload: str, delay: float) -> None:
+    global _arrivals
+    _arrivals += 1
+    seq = _arrivals
     try:
         result = await coordinator.debounce(WORKFLOW, key, payload, delay=delay, mode="trailing")
     except Exception as exc:
@@ -114,6 +123,7 @@ async def ping(coordinator: Coordinator, key: str, payload: str, delay: float) -
             "payload": payload,
             "run": result.active_run_id,
             "count": result.ping_count,
+            "seq": seq,
             "owner": result.owner,
             "stored": result.stored,
             "outcome": result.outcome.value,

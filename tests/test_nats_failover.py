@@ -404,7 +404,9 @@ def tally(cluster: Cluster, kills: list[Kill]) -> tuple[Tally, list[str]]:
     for run in sorted(cluster.stored_runs()):
         acks = cluster.acks[run]
         stored = [a for a in acks if a["stored"]]
-        latest = max(stored, key=lambda a: a["count"])
+        # Pings merged into one write (group commit) report its count; the write's
+        # stored payload is its last ping's, the last to enter debounce in that process.
+        latest = max(stored, key=lambda a: (a["count"], a["seq"]))
         last_ack = max(a["t"] for a in acks)
         starts = sorted(cluster.starts.get(run, []), key=lambda s: s["t"])
         dones = cluster.dones.get(run, [])
@@ -600,7 +602,8 @@ def _check_fired_once(cluster: Cluster, runs: set[str], by: Driver) -> list[tupl
     fired = []
     for run in runs:
         starts = cluster.starts.get(run, [])
-        latest = max((a for a in cluster.acks[run] if a["stored"]), key=lambda a: a["count"])
+        stored = [a for a in cluster.acks[run] if a["stored"]]
+        latest = max(stored, key=lambda a: (a["count"], a["seq"]))
         assert len(starts) == 1, (run, starts)
         [start] = starts
         assert start["proc"] == by.name

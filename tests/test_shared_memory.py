@@ -382,11 +382,41 @@ async def test_reconcile_rearms_a_window_that_names_us(
     assert fire.run_id == "r"
 
 
-@pytest.mark.parametrize("delay", [1.0, 20.0])
+async def cut_off(backend: MemoryBackend, start: float, end: float) -> None:
+    """Partition ``backend`` from its store from ``start`` to ``end`` seconds from now."""
+    await trio.sleep(start)
+    backend.faults.partitioned = True
+    await trio.sleep(end - start)
+    backend.faults.partitioned = False
+
+
+async def test_register_whose_answer_was_lost_is_recognised_before_failing_open(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A's write lands at once but its answer comes after op_timeout: a re-read finds
+    # its write id, so the ping is taken as stored, with no local window beside it.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "A") as (a,):
+        backend_a = a._backend
+        assert isinstance(backend_a, MemoryBackend)
+        backend_a.faults.delay_next(5.0, ops=("put",))
+        r = await a.debounce("wf", "k", "a", delay=1.0)
+        assert r.ping_count == 1  # recognised, not applied a second time
+        assert r.outcome is Outcome.SCHEDULE_TRAILING
+        assert r.owner
+        assert r.stored
+        assert a.statistics().fail_open_windows == 0
+        await trio.sleep(3.0)
+    assert [(p, f.ping_count, f.payload) for p, f in fires.log] == [("A", 1, "a")]
+
+
+# delay 3: the local window is still open at the reconcile (t0+6) after the fail-open
+@pytest.mark.parametrize("delay", [3.0, 20.0])
 async def test_register_that_timed_out_but_landed_fires_once(
     autojump_clock: trio.testing.MockClock, delay: float
 ) -> None:
-    # A's write lands at once but its answer comes after op_timeout: A fails open with a
+    # A's write lands at once but its answer comes after op_timeout, and the store stays
+    # out of reach through the re-read that would recognise it: A fails open with a
     # local window, while the shared window names A and takes B's ping. The burst still
     # fires once, with both pings counted.
     store, fires = MemoryStore(), Fires()
@@ -394,7 +424,9 @@ async def test_register_that_timed_out_but_landed_fires_once(
         backend_a = a._backend
         assert isinstance(backend_a, MemoryBackend)
         backend_a.faults.delay_next(5.0, ops=("put",))
-        r = await a.debounce("wf", "k", "a", delay=delay)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cut_off, backend_a, 1.0, 4.5)
+            r = await a.debounce("wf", "k", "a", delay=delay)
         assert r.owner
         assert a.statistics().fail_open_windows == 1
         r = await b.debounce("wf", "k", "b", delay=delay)
@@ -438,10 +470,13 @@ async def test_landed_register_after_its_local_window_fired(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(peer)
-            await a.debounce("wf", "k", "a", delay=1.0)  # fails open at t0+2
+            nursery.start_soon(cut_off, backend_a, 1.0, 4.5)
+            # the answer is lost at t0+2, the re-read cannot reach the store: fails
+            # open at t0+4
+            await a.debounce("wf", "k", "a", delay=1.0)
         await trio.sleep(25.0)
     assert [p for p, _ in fires.log] == ["A"] * fires_expected
-    assert fires.log[0][1].fired_at == near(t0 + 3.0)
+    assert fires.log[0][1].fired_at == near(t0 + 5.0)
 
 
 async def test_requests_per_operation(autojump_clock: trio.testing.MockClock) -> None:
@@ -457,35 +492,47 @@ async def test_requests_per_operation(autojump_clock: trio.testing.MockClock) ->
         return dict(store.requests - before)
 
     kw: dict[str, Any] = {"mode": Mode.TRAILING, "delay": 5.0, "max_delay": None, "run_id": "r"}
-    assert await cost(a.register("wf", "k", **kw)) == {"get": 1, "put": 1}  # opened
-    assert await cost(a.register("wf", "k", **kw)) == {"get": 1, "put": 1}  # extended
-    await trio.sleep(2.0)
-    # coalesced: the first time B meets owner A it reads A's lease, then never again
-    assert await cost(b.register("wf", "k", **kw)) == {"get": 2, "put": 1}
-    assert await cost(b.register("wf", "k", **kw)) == {"get": 1, "put": 1}
-    await trio.sleep(3.0)
-    # the owner finalizes after B pushed the fire: a reschedule records when it wakes
-    await a.refresh_lease()
-    assert await cost(a.finalize("wf", "k", "r")) == {"get": 1, "put": 1}
-    await trio.sleep(2.0)
-    # fire, at-least-once: a fire record, then the window delete; the record's delete
-    # once the handler has returned
+    # opened: a first ping of the key reads it; then the owner writes against the
+    # revision of its own last write
+    assert await cost(a.register("wf", "k", **kw)) == {"get": 1, "put": 1}
+    assert await cost(a.register("wf", "k", **kw)) == {"put": 1}  # extended
+    # fire, at-least-once: a fire record, then the window delete against the revision
+    # of the owner's last write; the record's delete once the handler has returned
+    await trio.sleep(5.0)
     await a.refresh_lease()  # as its heartbeat does (a lapsed lease is renewed first)
     before = store.requests.copy()
     fired = await a.finalize("wf", "k", "r")
-    assert dict(store.requests - before) == {"get": 1, "put": 1, "delete": 1}
+    assert dict(store.requests - before) == {"put": 1, "delete": 1}
     assert fired.outcome is Finalized.FIRE
     assert fired.fire_id is not None
     assert await cost(a.complete(fired.fire_id)) == {"delete": 1}
-    # fire, at-most-once: one compare-and-swap that marks the window fired
-    await a.register("wf", "k", **kw)
+    # fire, at-most-once: one compare-and-swap that marks the window fired; the next
+    # window opens over the delete marker, and then over the tombstone, unread
+    assert await cost(a.register("wf", "k", **kw)) == {"put": 1}
     await trio.sleep(5.0)
     await a.refresh_lease()
     before = store.requests.copy()
     fired = await a.finalize("wf", "k", "r", delivery="at-most-once")
-    assert dict(store.requests - before) == {"get": 1, "put": 1}
+    assert dict(store.requests - before) == {"put": 1}
     assert fired.outcome is Finalized.FIRE
     assert fired.fire_id is None
+    assert await cost(a.register("wf", "k", **kw)) == {"put": 1}
+    await trio.sleep(2.0)
+    # coalesced: the first time B meets owner A it reads A's lease, then never again;
+    # B's next ping writes against the revision of its own last write
+    assert await cost(b.register("wf", "k", **kw)) == {"get": 2, "put": 1}
+    assert await cost(b.register("wf", "k", **kw)) == {"put": 1}
+    # A's write against its own last revision loses to B's (and B's then to A's): a
+    # re-read and a retry; the key is contended from then on, so each reads first
+    assert await cost(a.register("wf", "k", **kw)) == {"get": 1, "put": 2}
+    assert await cost(b.register("wf", "k", **kw)) == {"get": 1, "put": 2}
+    assert await cost(a.register("wf", "k", **kw)) == {"get": 1, "put": 1}
+    await trio.sleep(3.0)
+    assert await cost(b.register("wf", "k", **kw)) == {"get": 1, "put": 1}
+    await trio.sleep(2.0)
+    # the owner finalizes after B pushed the fire: a reschedule records when it wakes
+    await a.refresh_lease()
+    assert await cost(a.finalize("wf", "k", "r")) == {"get": 1, "put": 1}
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,11 @@ in-memory fake in tests. The rules are in :doc:`/protocol`; in short:
 
 * One JSON document per window (``w.<workflow>.<key>``), one lease per process
   (``p.<process>``), one sweeper lock (``s.sweeper``).
-* Every change is a compare-and-swap on the revision just read; a conflict re-reads,
+* Every change is a compare-and-swap on the revision this process last read or wrote
+  (remembered per key, so an owner's ping is one request); a conflict re-reads,
   re-applies the ping and retries with jittered backoff until the operation deadline.
+* Pings of one key that arrive while its write is in flight are merged, in arrival
+  order, into the next single write (group commit; ``_apply_ping`` applied per ping).
 * A window is owned by a live process while that process's lease (read through a
   local table, so checking a known live owner costs no request) has not expired, give
   or take ``max_clock_skew``.
@@ -22,8 +25,8 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Callable, Collection
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
@@ -41,7 +44,12 @@ from ._backend import (
     Registration,
     WindowStatus,
 )
-from ._errors import BackendError, BackendUnavailableError, RevisionConflict
+from ._errors import (
+    BackendError,
+    BackendUnavailableError,
+    DocumentTooLargeError,
+    RevisionConflict,
+)
 from ._keys import WINDOW_PREFIX, parse_window_key, process_key, window_key
 from ._kv import KvEntry, KvStore
 from ._payload import JsonSerializer, PayloadSerializer
@@ -359,6 +367,62 @@ class _QueuedDelete:
     fire_id: str | None = None
 
 
+#: How many keys' last known (revision, document) a backend keeps (least recently used
+#: first out); a key not kept costs one read before its next write.
+_KNOWN_LIMIT = 10_000
+
+
+@dataclass(slots=True, eq=False)
+class _Ping:
+    """One register call, waiting to be written (alone, or merged into a batch)."""
+
+    mode: Mode
+    delay: float
+    max_delay: float | None
+    run_id: str
+    text: str
+    own: Any
+    max_count: int | None
+    payload_policy: str
+    order_key: float | None
+    max_items: int | None
+    #: Trio time by which the call must be answered (its arrival + op_timeout).
+    deadline: float
+    #: Written in a batch of its own (its document was too large in a merged one).
+    alone: bool = False
+    result: Registration | BaseException | None = None
+    wake: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass(slots=True, eq=False)
+class _KeyQueue:
+    """The pings of one key that wait for the write in flight (group commit)."""
+
+    writing: bool = False
+    waiting: list[_Ping] = field(default_factory=list)
+    #: Finalizes waiting for the key's turn; they go before the next batch of pings.
+    finalizers: list[trio.Event] = field(default_factory=list)
+
+
+def _due_for_good(doc: WindowDoc, now: float) -> bool:
+    """Is the window due at ``now``, with no ping able to move it later (its cap has
+    come, or its max_count)?"""
+    return (
+        not doc.fired
+        and doc.at <= now
+        and (
+            (doc.cap is not None and doc.cap <= now)
+            or (doc.max_count is not None and doc.count >= doc.max_count)
+        )
+    )
+
+
+def _settle(ping: _Ping, result: Registration | BaseException) -> None:
+    """Give ``ping`` its result and wake its call."""
+    ping.result = result
+    ping.wake.set()
+
+
 class KvDebounceBackend(DebounceBackend):
     """The debounce protocol over a :class:`~trio_debounce._kv.KvStore`.
 
@@ -412,6 +476,15 @@ class KvDebounceBackend(DebounceBackend):
         #: KV key -> run id of the windows this process owns, as far as it knows.
         self._owned: dict[str, str] = {}
         self._queued_deletes: dict[str, _QueuedDelete] = {}
+        #: KV key -> (revision, window document or None) as this process last read or
+        #: wrote it: a write against it needs no read first (the compare-and-swap
+        #: proves it current); a conflict or an error forgets it.
+        self._known: dict[str, tuple[int, WindowDoc | None]] = {}
+        #: KV keys that peers write too (a compare-and-swap lost to them, or a read
+        #: found a revision this process did not know): read before every write.
+        self._contended: set[str] = set()
+        #: KV key -> the pings waiting to be merged into its next write.
+        self._queues: dict[str, _KeyQueue] = {}
         #: Fire records this process wrote or adopted: id -> revision.
         self._fire_records: dict[str, int] = {}
         #: Fire records whose delete could not reach the store: retried by heartbeats.
@@ -474,6 +547,41 @@ class KvDebounceBackend(DebounceBackend):
     async def _get(self, key: str) -> KvEntry | None:
         entry: KvEntry | None = await self._call(self._store.get, key)
         return entry
+
+    async def _read(self, kv_key: str) -> tuple[KvEntry | None, int, WindowDoc | None]:
+        """Read window ``kv_key``: its entry, revision (0: none) and document (None:
+        absent, a delete marker or unreadable), remembered for the next write."""
+        entry = await self._get(kv_key)
+        doc = self._parse(entry)
+        revision = 0 if entry is None else entry.revision
+        known = self._known.get(kv_key)
+        if known is not None and known[0] != revision:
+            self._contend(kv_key)  # written by someone else since
+        self._remember(kv_key, revision, doc)
+        return entry, revision, doc
+
+    def _cached(self, kv_key: str) -> tuple[int, WindowDoc | None] | None:
+        """The revision and document to write ``kv_key`` against without a read, if
+        this process knows them and the key is not contended."""
+        if kv_key in self._contended:
+            return None
+        return self._known.get(kv_key)
+
+    def _contend(self, kv_key: str) -> None:
+        self._forget(kv_key)
+        if len(self._contended) >= _KNOWN_LIMIT:
+            self._contended.clear()
+        self._contended.add(kv_key)
+
+    def _remember(self, kv_key: str, revision: int, doc: WindowDoc | None) -> None:
+        known = self._known
+        known.pop(kv_key, None)
+        known[kv_key] = (revision, doc)
+        if len(known) > _KNOWN_LIMIT:
+            del known[next(iter(known))]
+
+    def _forget(self, kv_key: str) -> None:
+        self._known.pop(kv_key, None)
 
     def _parse(self, entry: KvEntry | None) -> WindowDoc | None:
         if entry is None or entry.value is None:
@@ -761,66 +869,172 @@ class KvDebounceBackend(DebounceBackend):
                     f"could not write the lease of process {self._process_id!r} within "
                     f"{self._op_timeout} s"
                 )
+        ping = _Ping(
+            mode,
+            delay,
+            max_delay,
+            run_id,
+            text,
+            own,
+            max_count,
+            payload_policy,
+            order_key,
+            max_items,
+            deadline,
+        )
+        # Group commit: the pings of a key that arrive while a write of it is in flight
+        # wait for it, then go out together, in arrival order, in the next write (led
+        # by whichever of their calls runs first).
+        queue = self._queues.get(kv_key)
+        if queue is None:
+            queue = self._queues[kv_key] = _KeyQueue()
+        queue.waiting.append(ping)
+        # Merged, the ping cannot be withdrawn: its write may be in flight.
+        with trio.CancelScope(shield=True):
+            while ping.result is None:
+                if queue.writing:
+                    ping.wake = trio.Event()
+                    await ping.wake.wait()
+                    continue
+                queue.writing = True
+                batch, queue.waiting = queue.waiting, []
+                try:
+                    queue.waiting[:0] = await self._commit(workflow, key, kv_key, batch)
+                except BaseException as exc:
+                    for other in batch:
+                        if other.result is None:
+                            _settle(other, exc)
+                    raise
+                finally:
+                    self._release_turn(kv_key, queue)
+        result = ping.result
+        if isinstance(result, BaseException):
+            raise result
+        assert result is not None
+        return result
+
+    async def _commit(
+        self, workflow: str, key: str, kv_key: str, batch: list[_Ping]
+    ) -> list[_Ping]:
+        """Write the pings of ``batch`` (one key, arrival order) by one compare-and-swap.
+
+        Settles each ping it writes or refuses (its ``result``: a Registration or the
+        exception its call raises) and returns the pings left for the next write. The
+        batch is bounded by its oldest ping's deadline; a write whose answer was lost
+        then gets one more ``op_timeout`` to be recognised by a re-read of its write id
+        (see :doc:`/protocol`, "Group commit").
+        """
         write = uuid.uuid4().hex
+        deadline = batch[0].deadline
         last_doc: WindowDoc | None = None
         last_live = False
         error: BackendError | None = None
-        attempted: tuple[Registered, float | None] | None = None
-        with trio.move_on_at(deadline):
-            attempt = 0
-            while True:
-                try:
-                    entry = await self._get(kv_key)
-                    doc = self._parse(entry)
-                    if doc is not None and not doc.fired and attempted is not None:
-                        # A write of this call that failed ambiguously had landed: the
-                        # write that opened the window (even if a peer has written since,
-                        # so its leading edge still fires here), or the latest write.
-                        assert entry is not None
-                        if doc.opened_by == write:
-                            return self._registered(
-                                kv_key, Registered.OPENED, doc, None, entry.revision, own
-                            )
-                        if doc.write == write:
-                            return self._registered(
-                                kv_key, attempted[0], doc, attempted[1], entry.revision, own
-                            )
-                    now = self._wall()
-                    live = doc is not None and not doc.fired and await self._owner_live(doc, now)
-                    last_doc, last_live = doc, live
-                    outcome, new, take_at = self._apply_ping(
-                        doc,
-                        live,
-                        now,
-                        mode,
-                        delay,
-                        max_delay,
-                        run_id,
-                        write,
-                        text,
-                        max_count,
-                        payload_policy,
-                        order_key,
-                        max_items,
-                    )
-                    attempted = (outcome, take_at)
-                    revision = await self._call(
-                        self._store.put,
-                        kv_key,
-                        new.encode(),
-                        last=0 if entry is None else entry.revision,
-                    )
-                except RevisionConflict:
-                    self.conflicts += 1
-                    logger.debug("register %s: revision conflict, retrying", kv_key)
-                except BackendUnavailableError as exc:
-                    error = exc
-                else:
-                    if new.payload_policy != "last" or new.ordered:
-                        own = self._load(new.payload)  # the window's payload, not this ping's
-                    return self._registered(kv_key, outcome, new, take_at, revision, own)
-                await self._backoff(attempt)
-                attempt += 1
+        rest: list[_Ping] = []
+        #: The pings of the write whose answer was lost, their outcomes, its take time.
+        sent: tuple[list[tuple[_Ping, Registered]], float | None] | None = None
+        base = -1  # the revision that write expected
+        in_flight = ambiguous = resolving = False
+        while True:
+            with trio.move_on_at(deadline):
+                attempt = 0
+                while True:
+                    try:
+                        known = None if ambiguous else self._cached(kv_key)
+                        if known is None:
+                            _, revision, doc = await self._read(kv_key)
+                            if ambiguous:
+                                ambiguous = False
+                                assert sent is not None
+                                if (
+                                    doc is not None
+                                    and not doc.fired
+                                    and write in (doc.write, doc.opened_by)
+                                ):
+                                    # The write had landed (the window it opened, even
+                                    # if peers have written since; or its revision).
+                                    self._settle_batch(kv_key, sent[0], doc, sent[1], revision)
+                                    return rest
+                                if resolving and revision == base:
+                                    break  # it did not land, and the deadline has passed
+                        else:
+                            revision, doc = known
+                        now = self._wall()
+                        live = (
+                            doc is not None and not doc.fired and await self._owner_live(doc, now)
+                        )
+                        last_doc, last_live = doc, live
+                        if (
+                            live
+                            and doc is not None
+                            and not self._mine(doc)
+                            and _due_for_good(doc, now)
+                            and trio.current_time() < deadline - self._op_timeout / 2
+                        ):
+                            # The window is due and these pings cannot move its time:
+                            # let its owner's commit through (a write now would make it
+                            # conflict), then land in the next window; after half the
+                            # deadline, land in this one.
+                            self._forget(kv_key)
+                            await self._backoff(attempt)
+                            attempt += 1
+                            continue
+                        applied = self._apply_batch(doc, live, now, batch, write, known is not None)
+                        if applied is None:
+                            self._forget(kv_key)  # refused on a remembered document: re-read
+                            continue
+                        pings, new, take_at, rest = applied
+                        if not pings:
+                            return rest  # every ping was refused
+                        assert new is not None
+                        sent, base = (pings, take_at), revision
+                        in_flight = True
+                        new_revision = await self._call(
+                            self._store.put, kv_key, new.encode(), last=revision
+                        )
+                        in_flight = False
+                    except RevisionConflict:
+                        in_flight = False
+                        self._contend(kv_key)
+                        self.conflicts += 1
+                        logger.debug("register %s: revision conflict, retrying", kv_key)
+                    except DocumentTooLargeError as exc:
+                        in_flight = False
+                        assert sent is not None
+                        if len(sent[0]) == 1:
+                            _settle(sent[0][0][0], exc)
+                            return rest
+                        # Too large merged: write its pings one at a time.
+                        for ping, _ in sent[0]:
+                            ping.alone = True
+                        return [ping for ping, _ in sent[0]] + rest
+                    except BackendUnavailableError as exc:
+                        self._forget(kv_key)
+                        ambiguous = ambiguous or in_flight  # the write may have landed
+                        in_flight = False
+                        error = exc
+                    except BackendError as exc:
+                        # Refused permissions, a misconfigured store: every ping raises it.
+                        for ping in batch:
+                            if ping.result is None:
+                                _settle(ping, exc)
+                        return rest
+                    else:
+                        self._remember(kv_key, new_revision, new)
+                        self._settle_batch(kv_key, pings, new, take_at, new_revision)
+                        return rest
+                    await self._backoff(attempt)
+                    attempt += 1
+            if in_flight:  # the deadline cut the write short: it may have landed
+                in_flight = False
+                ambiguous = True
+                self._forget(kv_key)
+            if ambiguous and not resolving:
+                # Never fail open beside a write that may have landed: re-read first.
+                resolving = True
+                deadline = trio.current_time() + self._op_timeout
+                continue
+            break
+        waiting = [ping for ping in batch if ping.result is None and ping not in rest]
         if (
             last_doc is not None
             and not last_doc.fired
@@ -831,29 +1045,130 @@ class KvDebounceBackend(DebounceBackend):
             and error is None
         ):
             # Contention until the deadline, but a live owner has a fire pending that
-            # comes after this ping's arrival: absorbed without a write.
-            self.unstored_coalesces += 1
+            # comes after these pings' arrival: absorbed without a write.
+            self.unstored_coalesces += len(waiting)
             logger.warning(
-                "register %s: no write won within %.3g s; coalesced into the live window "
-                "of process %s without storing the ping",
+                "register %s: no write won within %.3g s; coalesced %d pings into the live "
+                "window of process %s without storing them",
                 kv_key,
                 self._op_timeout,
+                len(waiting),
                 last_doc.owner,
             )
-            return Registration(
-                Registered.COALESCED,
-                last_doc.run_id,
-                last_doc.mode,
-                last_doc.at,
-                last_doc.first,
-                last_doc.count,
-                stored=False,
-                payload=own,
+            for ping in waiting:
+                _settle(
+                    ping,
+                    Registration(
+                        Registered.COALESCED,
+                        last_doc.run_id,
+                        last_doc.mode,
+                        last_doc.at,
+                        last_doc.first,
+                        last_doc.count,
+                        stored=False,
+                        payload=ping.own,
+                    ),
+                )
+            return rest
+        for ping in waiting:
+            _settle(
+                ping,
+                BackendUnavailableError(
+                    f"register of {workflow!r}/{key!r} did not complete within "
+                    f"{self._op_timeout} s" + (f": {error}" if error is not None else "")
+                ),
             )
-        raise BackendUnavailableError(
-            f"register of {workflow!r}/{key!r} did not complete within {self._op_timeout} s"
-            + (f": {error}" if error is not None else "")
-        )
+        return rest
+
+    def _release_turn(self, kv_key: str, queue: _KeyQueue) -> None:
+        """End a write of ``kv_key``: hand the key's turn to a waiting finalize (it stays
+        taken), else to the next batch of pings."""
+        if queue.finalizers:
+            queue.finalizers.pop(0).set()
+            return
+        queue.writing = False
+        if queue.waiting:
+            queue.waiting[0].wake.set()  # it leads the next write
+        elif self._queues.get(kv_key) is queue:
+            del self._queues[kv_key]
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, kv_key: str) -> AsyncIterator[None]:
+        """Take ``kv_key``'s turn to write (for a finalize): this process's pings of the
+        key wait meanwhile, so they never make its commit conflict."""
+        queue = self._queues.get(kv_key)
+        if queue is None:
+            queue = self._queues[kv_key] = _KeyQueue()
+        if queue.writing:
+            turn = trio.Event()
+            queue.finalizers.append(turn)
+            try:
+                await turn.wait()  # handed over by the write before
+            except BaseException:
+                if turn.is_set():
+                    self._release_turn(kv_key, queue)
+                else:
+                    queue.finalizers.remove(turn)
+                raise
+        else:
+            queue.writing = True
+        try:
+            yield
+        finally:
+            self._release_turn(kv_key, queue)
+
+    def _apply_batch(
+        self,
+        doc: WindowDoc | None,
+        live: bool,
+        now: float,
+        batch: list[_Ping],
+        write: str,
+        remembered: bool,
+    ) -> tuple[list[tuple[_Ping, Registered]], WindowDoc | None, float | None, list[_Ping]] | None:
+        """Apply the unsettled pings of ``batch`` to ``doc`` in order (``_apply_ping``
+        each, as if written one after the other).
+
+        Returns the pings applied with their outcomes, the document to write, the take
+        time, and the pings left for the next write: a ping that opens a leading or
+        both-edges window goes alone (its leading fire carries its own payload), and so
+        does one marked ``alone``. A ping refused (ValueError) is settled with the
+        error, unless ``doc`` was ``remembered`` (it may be stale): then None.
+        """
+        applied: list[tuple[_Ping, Registered]] = []
+        take_at: float | None = None
+        pending = [ping for ping in batch if ping.result is None]
+        for index, ping in enumerate(pending):
+            if applied and ping.alone:
+                return applied, doc, take_at, pending[index:]
+            try:
+                outcome, new, take = self._apply_ping(
+                    doc,
+                    live,
+                    now,
+                    ping.mode,
+                    ping.delay,
+                    ping.max_delay,
+                    ping.run_id,
+                    write,
+                    ping.text,
+                    ping.max_count,
+                    ping.payload_policy,
+                    ping.order_key,
+                    ping.max_items,
+                )
+            except ValueError as exc:
+                if remembered:
+                    return None
+                _settle(ping, exc)
+                continue
+            applied.append((ping, outcome))
+            doc, take_at = new, take
+            if outcome is not Registered.COALESCED:
+                live = True  # ours from now on
+            if ping.alone or (outcome is Registered.OPENED and ping.mode is not Mode.TRAILING):
+                return applied, doc, take_at, pending[index + 1 :]
+        return applied, doc, take_at, []
 
     def _disown(self, kv_key: str, run_id: str) -> None:
         """Forget that this process owns window ``kv_key`` under ``run_id`` (and only
@@ -861,34 +1176,46 @@ class KvDebounceBackend(DebounceBackend):
         if self._owned.get(kv_key) == run_id:
             del self._owned[kv_key]
 
-    def _registered(
+    def _settle_batch(
         self,
         kv_key: str,
-        outcome: Registered,
+        pings: list[tuple[_Ping, Registered]],
         doc: WindowDoc,
         take_at: float | None,
         revision: int,
-        payload: Any,
-    ) -> Registration:
-        """The result of a register whose write landed; tracks what this process owns."""
-        if outcome is Registered.TOOK_OVER:
-            self.takeovers += 1
-        if outcome is not Registered.COALESCED:
+    ) -> None:
+        """Answer the pings of a write that landed; tracks what this process owns.
+
+        Every ping of the write reports the window as that write left it (count, due
+        time, payload), whatever order their tasks wake in; each its own outcome.
+        """
+        if doc.payload_policy != "last" or doc.ordered:
+            payload = self._load(doc.payload)  # the window's payload, not a ping's
+        else:
+            payload = pings[-1][0].own  # the last ping's: the one stored
+        if self._mine(doc):
             self._owned[kv_key] = doc.run_id
         else:
             self._disown(kv_key, doc.run_id)
-        return Registration(
-            outcome,
-            doc.run_id,
-            doc.mode,
-            doc.at,
-            doc.first,
-            doc.count,
-            True,
-            take_at,
-            payload,
-            self._token(revision),
-        )
+        token = self._token(revision)
+        for ping, outcome in pings:
+            if outcome is Registered.TOOK_OVER:
+                self.takeovers += 1
+            _settle(
+                ping,
+                Registration(
+                    outcome,
+                    doc.run_id,
+                    doc.mode,
+                    doc.at,
+                    doc.first,
+                    doc.count,
+                    True,
+                    take_at if outcome is Registered.COALESCED else None,
+                    payload,
+                    token,
+                ),
+            )
 
     def _load(self, text: str | None) -> Any:
         """A stored payload, deserialized (None if none was stored, or if it cannot be
@@ -913,6 +1240,16 @@ class KvDebounceBackend(DebounceBackend):
 
     # ---------------------------------------------------------------- finalize
 
+    def _commits(self, doc: WindowDoc | None, run_id: str, take: bool, force: bool) -> bool:
+        """Would a finalize of ``run_id`` commit a fire on ``doc`` as it is?"""
+        return (
+            doc is not None
+            and not doc.fired
+            and doc.run_id == run_id
+            and (take or self._mine(doc))
+            and (force or doc.at <= self._wall())
+        )
+
     async def finalize(
         self,
         workflow: str,
@@ -924,6 +1261,19 @@ class KvDebounceBackend(DebounceBackend):
         delivery: Delivery = "at-least-once",
     ) -> Finalization:
         kv_key = window_key(workflow, key)
+        async with self._turn(kv_key):
+            return await self._finalize(workflow, key, kv_key, run_id, take, force, delivery)
+
+    async def _finalize(
+        self,
+        workflow: str,
+        key: str,
+        kv_key: str,
+        run_id: str,
+        take: bool,
+        force: bool,
+        delivery: Delivery,
+    ) -> Finalization:
         error: BackendError | None = None
         # The commit in flight, in case its answer is lost: (window, write id, time,
         # fire record id). Each attempt has its own ids: a record taken back after a
@@ -934,20 +1284,27 @@ class KvDebounceBackend(DebounceBackend):
             attempt = 0
             while True:
                 try:
-                    entry = await self._get(kv_key)
-                    doc = self._parse(entry)
-                    if committing is not None:
-                        proven = await self._proven(kv_key, entry, doc, committing, delivery)
-                        if proven is not None:
-                            return proven
-                        committing = None
+                    # Commit against the revision this process last read or wrote when
+                    # it has one (the compare-and-swap proves it current); any other
+                    # decision is made on a fresh read.
+                    known = None if committing is not None else self._cached(kv_key)
+                    if known is not None:
+                        revision, doc = known
+                        if not self._commits(doc, run_id, take, force):
+                            known = None
+                    if known is None:
+                        entry, revision, doc = await self._read(kv_key)
+                        if committing is not None:
+                            proven = await self._proven(kv_key, entry, doc, committing, delivery)
+                            if proven is not None:
+                                return proven
+                            committing = None
                     if doc is None or doc.fired or doc.run_id != run_id:
                         self._disown(kv_key, run_id)
                         return Finalization(Finalized.ABANDONED)
                     if not take and not self._mine(doc):
                         self._disown(kv_key, run_id)
                         return Finalization(Finalized.ABANDONED)
-                    assert entry is not None
                     now = self._wall()
                     if not force and doc.at > now:
                         if take:
@@ -959,11 +1316,13 @@ class KvDebounceBackend(DebounceBackend):
                         if doc.armed != doc.at:
                             # Record when we wake, so a ping that moves the fire earlier
                             # than that knows to take it.
-                            await self._call(
-                                self._store.put,
+                            armed = replace(doc, armed=doc.at)
+                            self._remember(
                                 kv_key,
-                                replace(doc, armed=doc.at).encode(),
-                                last=entry.revision,
+                                await self._call(
+                                    self._store.put, kv_key, armed.encode(), last=revision
+                                ),
+                                armed,
                             )
                         return Finalization(
                             Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
@@ -973,18 +1332,18 @@ class KvDebounceBackend(DebounceBackend):
                         # over. The compare-and-swap below would catch that, but renew
                         # first so that peers stop treating us as dead.
                         await self.refresh_lease()
+                        self._forget(kv_key)
                         continue
                     fired_at = now if force else doc.at
                     write = uuid.uuid4().hex
                     fire_id = _FIRE_PREFIX + write
                     committing = (doc, write, fired_at, fire_id)
                     if delivery == "at-most-once":
+                        tombstone = replace(doc, fired=True, write=write)
                         revision = await self._call(
-                            self._store.put,
-                            kv_key,
-                            replace(doc, fired=True, write=write).encode(),
-                            last=entry.revision,
+                            self._store.put, kv_key, tombstone.encode(), last=revision
                         )
+                        self._remember(kv_key, revision, tombstone)
                         return self._fire(kv_key, doc, fired_at, self._token(revision), None)
                     record = self._fire_record(workflow, key, doc, fired_at, 1)
                     record_revision = await self._call(
@@ -992,18 +1351,21 @@ class KvDebounceBackend(DebounceBackend):
                     )
                     self._fire_records[fire_id] = record_revision
                     try:
-                        await self._call(self._store.delete, kv_key, last=entry.revision)
+                        marker = await self._call(self._store.delete, kv_key, last=revision)
                     except RevisionConflict:
                         # A ping landed after our read: take the record back, re-read.
                         await self._drop_record(fire_id)
                         raise
+                    self._remember(kv_key, marker, None)
                     # The token of the commit: the record's revision, later than every
                     # write of the window (its leading fire's included).
                     return self._fire(kv_key, doc, fired_at, self._token(record_revision), fire_id)
                 except RevisionConflict:
+                    self._contend(kv_key)
                     self.conflicts += 1
                     committing = None
                 except BackendUnavailableError as exc:
+                    self._forget(kv_key)
                     error = exc
                 await self._backoff(attempt)
                 attempt += 1
@@ -1059,6 +1421,7 @@ class KvDebounceBackend(DebounceBackend):
                 await self._drop_record(fire_id)
                 return None
             assert entry is not None
+            self._forget(kv_key)
             try:  # the record landed, the window delete did not: finish it
                 await self._call(self._store.delete, kv_key, last=entry.revision)
             except RevisionConflict:
@@ -1151,6 +1514,7 @@ class KvDebounceBackend(DebounceBackend):
             if doc is not None and doc.run_id == queued.run_id and self._mine(doc):
                 assert entry is not None
                 if doc.last <= queued.fired_at:
+                    self._forget(kv_key)
                     try:
                         await self._call(self._store.delete, kv_key, last=entry.revision)
                     except RevisionConflict:
@@ -1175,6 +1539,7 @@ class KvDebounceBackend(DebounceBackend):
                 doc = self._parse(entry)
                 if entry is None or entry.value is None or (doc is not None and doc.fired):
                     return False
+                self._forget(kv_key)
                 try:
                     await self._call(self._store.delete, kv_key, last=entry.revision)
                 except RevisionConflict:
@@ -1199,6 +1564,7 @@ class KvDebounceBackend(DebounceBackend):
             except ValueError:
                 continue
             self._owned[entry.key] = doc.run_id
+            self._remember(entry.key, entry.revision, doc)
             owned.append(
                 OwnedWindow(workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
             )
@@ -1283,6 +1649,7 @@ class KvDebounceBackend(DebounceBackend):
                 continue
             if self._mine(doc):
                 self._owned[entry.key] = doc.run_id
+                self._remember(entry.key, entry.revision, doc)
                 orphans.owned.append(
                     OwnedWindow(workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
                 )
@@ -1298,9 +1665,12 @@ class KvDebounceBackend(DebounceBackend):
                 write=uuid.uuid4().hex,
             )
             try:
-                await self._call(self._store.put, entry.key, new.encode(), last=entry.revision)
+                revision = await self._call(
+                    self._store.put, entry.key, new.encode(), last=entry.revision
+                )
             except RevisionConflict:
                 continue  # a peer adopted it, or a ping took it over
+            self._remember(entry.key, revision, new)
             self.takeovers += 1
             self._owned[entry.key] = doc.run_id
             logger.info(
@@ -1431,6 +1801,7 @@ class KvDebounceBackend(DebounceBackend):
                     doc = self._parse(entry)
                     if doc is not None and doc.run_id == run_id and self._mine(doc):
                         assert entry is not None
+                        self._forget(kv_key)
                         try:
                             await self._call(self._store.delete, kv_key, last=entry.revision)
                         except RevisionConflict:

@@ -1,8 +1,9 @@
 """The NATS JetStream KV implementation of :class:`~trio_debounce._kv.KvStore`.
 
 nats-py is an asyncio library; :func:`open_nats_store` opens a private trio-asyncio
-loop for it, and every nats-py call crosses the bridge with
-:func:`trio_asyncio.aio_as_trio` under a Trio-side deadline. nats-py's exceptions are
+loop for it, and every store operation crosses the bridge once (:func:`_cross`: one
+asyncio task, its result handed straight back to the waiting Trio task) under a
+Trio-side deadline. nats-py's exceptions are
 mapped at this boundary (:func:`_map_error`) onto the library's own
 (:mod:`trio_debounce._errors`), so none escapes.
 
@@ -28,10 +29,11 @@ import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import nats.errors
 import nats.js.errors
+import outcome
 import trio
 import trio_asyncio
 from nats.aio.client import Client
@@ -288,6 +290,66 @@ async def _run_cancellable(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs
         raise
 
 
+def _cancel_until_done(
+    task: asyncio.Future[Any], give_up: float, abandon: Callable[[], None]
+) -> None:
+    """Cancel ``task``, and again every 0.05 s until it is done (nats-py swallows some
+    cancellations); past ``give_up`` (the loop's clock), call ``abandon``. Asyncio side."""
+    if task.done():
+        return
+    loop = task.get_loop()
+    if loop.time() >= give_up:
+        abandon()
+        return
+    task.cancel()
+    loop.call_later(0.05, _cancel_until_done, task, give_up, abandon)
+
+
+async def _cross(loop: asyncio.AbstractEventLoop, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Await ``fn(*args)`` on the asyncio side (Trio side): one asyncio task, whose
+    done callback hands its outcome straight back to the waiting Trio task.
+
+    A cancellation of the Trio side cancels the task, and again for up to
+    :data:`_CANCEL_GRACE` seconds if nats-py swallowed the cancellation; then the task
+    is abandoned (its outcome dropped) and the Trio side raises
+    :exc:`trio.Cancelled`. So a cancelled call never waits for nats-py's own, longer
+    timeouts.
+    """
+    task: asyncio.Future[T] = loop.create_task(fn(*args))  # type: ignore[arg-type]
+    waiter = trio.lowlevel.current_task()
+    raise_cancel: Callable[[], NoReturn] | None = None
+    settled = False
+
+    def settle(result: outcome.Outcome[T]) -> None:
+        nonlocal settled
+        if not settled:
+            settled = True
+            trio.lowlevel.reschedule(waiter, result)
+
+    def done(finished: asyncio.Future[T]) -> None:
+        if settled:
+            if not finished.cancelled():
+                finished.exception()  # retrieved, so asyncio does not log it
+        elif raise_cancel is not None and finished.cancelled():
+            settle(outcome.capture(raise_cancel))
+        else:
+            settle(outcome.capture(finished.result))
+
+    def abandon() -> None:
+        assert raise_cancel is not None
+        settle(outcome.capture(raise_cancel))
+
+    def abort(raise_cancel_arg: Callable[[], NoReturn]) -> trio.lowlevel.Abort:
+        nonlocal raise_cancel
+        raise_cancel = raise_cancel_arg
+        _cancel_until_done(task, loop.time() + _CANCEL_GRACE, abandon)
+        return trio.lowlevel.Abort.FAILED
+
+    task.add_done_callback(done)
+    result: T = await trio.lowlevel.wait_task_rescheduled(abort)
+    return result
+
+
 def _log_asyncio_error(
     secrets: tuple[str, ...], loop: asyncio.AbstractEventLoop, context: dict[str, Any]
 ) -> None:
@@ -411,8 +473,10 @@ class NatsKvStore(KvStore):
         max_value_bytes: int,
         created: float,
         state: _State,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._config = config
+        self._loop = loop
         self._nc = nc
         self._kv = kv
         self._stream = f"KV_{config.bucket}"
@@ -432,8 +496,7 @@ class NatsKvStore(KvStore):
         started = time.monotonic()
         try:
             with trio.fail_after(timeout):
-                result: T = await trio_asyncio.aio_as_trio(_run_cancellable)(fn, *args)
-                return result
+                return await _cross(self._loop, fn, *args)
         except trio.TooSlowError:
             if self._state.permission_denied_at >= started:
                 message = self._state.permission_message
@@ -959,6 +1022,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
                 max_value_bytes=limit - HEADROOM,
                 created=info.created.timestamp() if info.created is not None else 0.0,
                 state=state,
+                loop=loop,
             )
         except trio.Cancelled:
             raise

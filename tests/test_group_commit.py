@@ -1,0 +1,301 @@
+"""Group commit: pings of one key that arrive while a write of it is in flight go out
+together in the next compare-and-swap (see docs/protocol.rst, "Group commit").
+
+Protocol logic on MemoryStore under MockClock, with StoreFaults.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from tests.fires import Fires
+from trio_debounce import (
+    BackendUnavailableError,
+    Finalized,
+    Mode,
+    Registered,
+    open_coordinator,
+)
+from trio_debounce._backend import Registration
+from trio_debounce._protocol import WindowDoc
+from trio_debounce.testing import MemoryBackend, MemoryStore
+
+KEY = "w.d2Y.aw"  # window ("wf", "k")
+
+
+def stored(store: MemoryStore) -> WindowDoc:
+    entry = store.raw_get(KEY)
+    assert entry is not None
+    assert entry.value is not None
+    return WindowDoc.decode(entry.value)
+
+
+async def ping(backend: MemoryBackend, payload: Any, results: dict[Any, Any], **kw: Any) -> None:
+    """Register one ping; its Registration (or the exception it raised) goes to
+    ``results[payload]``, with the Trio time it returned at."""
+    kw.setdefault("mode", Mode.TRAILING)
+    try:
+        r: Any = await backend.register(
+            "wf", "k", delay=5.0, max_delay=None, run_id=f"r{payload}", payload=payload, **kw
+        )
+    except BackendUnavailableError as exc:
+        r = exc
+    results[payload] = (r, trio.current_time())
+
+
+async def burst(backend: MemoryBackend, n: int, **kw: Any) -> dict[Any, Any]:
+    """Ping 0 writes first (its answer 1 s late); pings 1..n-1 arrive while it is in
+    flight, 0.01 s apart, in that order."""
+    results: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(partial(ping, backend, i, results, **kw))
+            await trio.sleep(0.01)
+    return results
+
+
+async def test_pings_in_flight_are_merged_into_one_write(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    a.faults.delay_next(1.0, ops=("put",))
+    before = store.requests.copy()
+    results = await burst(a, 10)
+    assert store.requests["put"] - before["put"] == 2  # ping 0, then pings 1..9 at once
+    first: Registration = results[0][0]
+    assert (first.outcome, first.ping_count) == (Registered.OPENED, 1)
+    merged: list[Registration] = [results[i][0] for i in range(1, 10)]
+    # each returns once the write that carries it is acknowledged, and reports the
+    # window as that write left it
+    assert {r.outcome for r in merged} == {Registered.EXTENDED}
+    assert {(r.ping_count, r.payload, r.fencing_token) for r in merged} == {
+        (10, 9, merged[0].fencing_token)
+    }
+    assert merged[0].fencing_token > first.fencing_token
+    doc = stored(store)
+    assert (doc.count, doc.payload, doc.run_id) == (10, "9", "r0")
+
+
+async def test_merged_pings_keep_their_arrival_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    a.faults.delay_next(1.0, ops=("put",))
+    await burst(a, 20, payload_policy="collect", max_items=100)
+    assert store.requests["put"] == 3  # the lease, ping 0, pings 1..19
+    assert a._load(stored(store).payload) == list(range(20))
+
+
+async def test_a_leading_opening_ping_is_written_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Its leading fire carries its own payload: it is never merged with later pings.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    a.faults.delay_next(1.0, ops=("get",))  # the first read is slow: all 5 queue up
+    results = await burst(a, 5, mode=Mode.LEADING)
+    outcomes = [(results[i][0].outcome, results[i][0].payload) for i in range(5)]
+    assert outcomes[0] == (Registered.OPENED, 0)
+    assert {o for o, _ in outcomes[1:]} == {Registered.EXTENDED}
+    assert store.requests["put"] == 3  # the lease, ping 0 alone, pings 1..4
+    assert stored(store).count == 5
+
+
+async def test_a_merged_ping_cannot_be_withdrawn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The caller of a merged ping is cancelled while the ping waits: the ping is still
+    # written, and the call returns its result instead of raising Cancelled.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    a.faults.delay_next(1.0, ops=("put",))
+    results: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ping, a, 0, results)
+        await trio.sleep(0.1)
+        with trio.CancelScope() as scope:
+
+            async def cancel_soon() -> None:
+                await trio.sleep(0.1)  # the ping is merged by then
+                scope.cancel()
+
+            nursery.start_soon(cancel_soon)
+            r = await a.register(
+                "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r1", payload=1
+            )
+        assert scope.cancel_called
+        assert not scope.cancelled_caught
+    assert (r.outcome, r.ping_count, r.payload) == (Registered.EXTENDED, 2, 1)
+    assert stored(store).count == 2
+
+
+async def test_a_batch_is_governed_by_its_oldest_pings_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Pings 1 and 2 arrive while ping 0's write is in flight (answered at t0+1.5); their
+    # batch loses every compare-and-swap, so it fails at ping 1's deadline (t0+0.5+2):
+    # ping 2, which arrived at t0+1.4, fails then too, well within its own deadline.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A", op_timeout=2.0)
+    await a.refresh_lease()
+    a.faults.delay_next(1.5, ops=("put",))
+    results: dict[Any, Any] = {}
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ping, a, 0, results)
+        await trio.sleep(0.5)
+        nursery.start_soon(ping, a, 1, results)
+        await trio.sleep(0.1)
+        a.faults.conflict_next(10_000)
+        await trio.sleep(0.8)
+        nursery.start_soon(ping, a, 2, results)
+    assert isinstance(results[0][0], Registration)
+    for i in (1, 2):
+        error, returned_at = results[i]
+        assert isinstance(error, BackendUnavailableError)
+        assert returned_at == pytest.approx(t0 + 2.5)
+    assert stored(store).count == 1
+
+
+async def test_an_ambiguous_batch_is_resolved_by_rereading_its_write_id(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The batch of pings 1..4 lands, but its answer is lost past the batch's deadline:
+    # a re-read finds its write id, and every ping of it is answered as stored.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A", op_timeout=2.0)
+    await a.refresh_lease()
+    a.faults.delay_next(1.0, ops=("put",))
+    a.faults.delay_next(10.0, ops=("put",))
+    results = await burst(a, 5)
+    for i in range(1, 5):
+        r = results[i][0]
+        assert isinstance(r, Registration)
+        assert (r.outcome, r.ping_count, r.stored) == (Registered.EXTENDED, 5, True)
+    assert stored(store).count == 5  # written once
+
+
+async def test_a_batch_that_did_not_land_is_written_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The batch's write fails without being applied (the error is ambiguous): the
+    # re-read does not find its write id, so it is written again, counted once.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    a.faults.delay_next(1.0, ops=("put",))
+    a.faults.fail_next(1, ops=("put",))
+    results = await burst(a, 5)
+    assert {results[i][0].ping_count for i in range(1, 5)} == {5}
+    assert stored(store).count == 5
+
+
+async def test_a_batch_whose_write_is_lost_and_unreadable_fails_open_after_the_reread(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The write lands, its answer is lost, and the store stays out of reach for the
+    # re-read: only then (one op_timeout after the batch's deadline) do the pings fail.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A", op_timeout=2.0)
+    await a.refresh_lease()
+    a.faults.delay_next(1.0, ops=("put",))
+    a.faults.delay_next(10.0, ops=("put",))
+    t0 = trio.current_time()
+
+    async def cut_off() -> None:
+        await trio.sleep(2.0)
+        a.faults.partitioned = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cut_off)
+        results = await burst(a, 5)
+    for i in range(1, 5):
+        error, returned_at = results[i]
+        assert isinstance(error, BackendUnavailableError)
+        # the batch's deadline (ping 1's: t0+0.01+2), then the re-read's op_timeout
+        assert returned_at == pytest.approx(t0 + 4.01, abs=0.02)
+
+
+async def test_hot_key_through_the_coordinator_fires_once_with_every_ping(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    backend = MemoryBackend(store, process_id="A")
+    async with open_coordinator(handlers={"wf": fires.handler("A")}, backend=backend) as a:
+        payloads: list[int] = []
+
+        async def pinger(task: int) -> None:
+            for i in range(50):
+                payloads.append(task * 100 + i)
+                await a.debounce("wf", "k", task * 100 + i, delay=1.0)
+
+        puts = store.requests["put"]
+        async with trio.open_nursery() as nursery:
+            for task in range(20):
+                nursery.start_soon(pinger, task)
+        assert store.requests["put"] - puts < 1000  # merged
+    [(_, fire)] = fires.log
+    assert fire.ping_count == 1000
+    # the stored payload is that of the last ping to arrive
+    assert fire.payload == payloads[-1]
+
+
+async def test_a_finalize_waits_for_its_keys_write_in_flight(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The owner's ping is being written when its finalize comes: the finalize takes the
+    # key's next turn, so it sees that write (which moved the fire time) instead of
+    # committing against the revision before it and losing the compare-and-swap.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    kw: dict[str, Any] = {"mode": Mode.TRAILING, "delay": 1.0, "max_delay": None}
+    await a.register("wf", "k", run_id="r", payload=0, **kw)
+    await trio.sleep(1.0)
+    a.faults.delay_next(0.5, ops=("put",))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(a.register, "wf", "k", run_id="s", payload=1, **kw))
+        await trio.sleep(0.1)
+        result = await a.finalize("wf", "k", "r")
+    assert result.outcome is Finalized.RESCHEDULE
+    assert a.conflicts == 0
+
+
+async def test_a_peers_ping_yields_to_a_window_due_at_its_cap(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # B's ping cannot move a window that is due at its cap: it lets A's commit through
+    # and opens the next window, instead of making A's commit conflict.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    b = MemoryBackend(store, process_id="B")
+    await a.refresh_lease()
+    await b.refresh_lease()
+    kw: dict[str, Any] = {"mode": Mode.TRAILING, "delay": 1.0, "max_delay": 1.0}
+    await a.register("wf", "k", run_id="r", payload="a", **kw)
+    await trio.sleep(1.0)
+    a.faults.delay_next(0.5, ops=("put",))  # A's commit is slow: B's ping comes during it
+    results: dict[Any, Any] = {}
+
+    async def owner() -> None:
+        results["a"] = await a.finalize("wf", "k", "r")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(owner)
+        await trio.sleep(0.1)
+        results["b"] = await b.register("wf", "k", run_id="s", payload="b", **kw)
+    fired = results["a"]
+    assert (fired.outcome, fired.ping_count, fired.payload) == (Finalized.FIRE, 1, "a")
+    assert (results["b"].outcome, results["b"].run_id) == (Registered.OPENED, "s")
+    assert a.conflicts == 0
