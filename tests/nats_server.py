@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -65,12 +65,23 @@ class NatsServer:
       store_dir (Path): JetStream's store directory (``-sd``), kept across restarts.
       token (str | None): require this token (``--auth``).
       port (int | None): the port; a free one when None.
+      extra_args (Sequence[str]): more command-line arguments, after the others (e.g.
+        ``("-c", "limits.conf")`` for a configuration file with a small
+        ``max_file_store``).
     """
 
-    def __init__(self, store_dir: Path, *, token: str | None = None, port: int | None = None):
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        token: str | None = None,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+    ):
         self.binary = find_nats_server()
         self.store_dir = store_dir
         self.token = token
+        self.extra_args = tuple(extra_args)
         self.port = free_port() if port is None else port
         self.proc: subprocess.Popen[bytes] | None = None
         self.paused = False
@@ -110,6 +121,7 @@ class NatsServer:
         ]
         if self.token is not None:
             args += ["--auth", self.token]
+        args += self.extra_args
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
         self.paused = False
         deadline = time.monotonic() + START_TIMEOUT
