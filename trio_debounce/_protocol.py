@@ -1095,8 +1095,15 @@ class KvDebounceBackend(DebounceBackend):
         self._queued_completions.discard(fire_id)
 
     async def _apply_queued_deletes(self) -> None:
-        """Apply deletes queued by finalizes that could not reach the store."""
+        """Apply deletes queued by finalizes that could not reach the store.
+
+        Several calls may run at once (the heartbeat's, and those of finalizes that
+        renew a lapsed lease): each entry is dropped only by the call that finds it
+        still queued, and never when a newer finalize has queued another delete for
+        the same key meanwhile."""
         for kv_key, queued in list(self._queued_deletes.items()):
+            if self._queued_deletes.get(kv_key) is not queued:
+                continue  # applied by a concurrent call, or replaced
             entry = await self._get(kv_key)
             doc = self._parse(entry)
             if doc is not None and doc.run_id == queued.run_id and self._mine(doc):
@@ -1111,7 +1118,8 @@ class KvDebounceBackend(DebounceBackend):
                 # the owner's reconcile re-arms it, so they are not lost.
             if queued.fire_id is not None:
                 await self._delete_own_record(queued.fire_id)
-            del self._queued_deletes[kv_key]
+            if self._queued_deletes.get(kv_key) is queued:
+                del self._queued_deletes[kv_key]
         for fire_id in list(self._queued_completions):
             await self.complete(fire_id)
 
