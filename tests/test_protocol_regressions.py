@@ -47,3 +47,36 @@ async def test_concurrent_lease_renewals_apply_a_queued_delete_once(
         assert r.ping_count == 1
         await trio.sleep(1.5)
     assert [f.payload for _, f in fires.log] == ["p", "q"]
+
+
+async def test_unconfirmed_both_edges_fire_keeps_a_peers_ping(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A both-edges window: A's ping opens it (leading fire), B's ping lands (count 2, so
+    # a trailing fire is due). A's finalize cannot reach the store; A knows one ping,
+    # so its unconfirmed fire has no trailing edge. The queued delete used to remove
+    # the window once the store answered (B's ping came before the fire time), and
+    # B's stored ping never fired. Now the window stays, A's reconcile re-arms it,
+    # and the trailing edge fires with B's payload.
+    fires = Fires()
+    store = MemoryStore()
+    a_backend = MemoryBackend(store, process_id="A", process_lease=6.0, op_timeout=1.0)
+    b_backend = MemoryBackend(store, process_id="B", process_lease=6.0, op_timeout=1.0)
+    async with (
+        open_coordinator(handlers={"wf": fires.handler("A")}, backend=a_backend) as a,
+        open_coordinator(handlers={"wf": fires.handler("B")}, backend=b_backend) as b,
+    ):
+        r = await a.debounce("wf", "k", "a", delay=2.0, mode="both")
+        assert r.owner
+        r = await b.debounce("wf", "k", "b", delay=2.0, mode="both")
+        assert not r.owner
+        assert r.ping_count == 2
+        a_backend.faults.partitioned = True
+        # A's heartbeat at 2 s fails; its finalize at 2 s fails until 3 s, with its
+        # lease (renewed at 0 s) still held.
+        await trio.sleep(3.5)
+        assert a.statistics().unconfirmed_fires == 1
+        a_backend.faults.partitioned = False
+        await trio.sleep(20.0)  # the heartbeat at 4 s: the queued delete, a reconcile
+    edges = [(p, f.payload, f.ping_count, f.edge.value) for p, f in fires.log]
+    assert edges == [("A", "a", 1, "leading"), ("A", "b", 2, "trailing")]

@@ -323,6 +323,9 @@ class _QueuedDelete:
     fired_at: float
     #: A fire record the failed finalize may have written.
     fire_id: str | None = None
+    #: The window's ping count as last returned to the owner (0: unknown). The
+    #: owner's unconfirmed fire ran a trailing edge only if this count called for one.
+    known_count: int = 0
 
 
 class KvDebounceBackend(DebounceBackend):
@@ -378,6 +381,9 @@ class KvDebounceBackend(DebounceBackend):
         #: KV key -> run id of the windows this process owns, as far as it knows.
         self._owned: dict[str, str] = {}
         self._queued_deletes: dict[str, _QueuedDelete] = {}
+        #: KV key -> (run id, the highest ping count returned to the coordinator for
+        #: it): what the owner knows if its finalize fails; kept with ``_owned``.
+        self._known_counts: dict[str, tuple[str, int]] = {}
         #: Fire records this process wrote or adopted: id -> revision.
         self._fire_records: dict[str, int] = {}
         #: Fire records whose delete could not reach the store: retried by heartbeats.
@@ -824,6 +830,15 @@ class KvDebounceBackend(DebounceBackend):
         under that run: a stale task's finalize must not forget a newer window)."""
         if self._owned.get(kv_key) == run_id:
             del self._owned[kv_key]
+        if self._known_counts.get(kv_key, ("",))[0] == run_id:
+            del self._known_counts[kv_key]
+
+    def _know_count(self, kv_key: str, run_id: str, count: int) -> None:
+        """Record that the coordinator was told window ``kv_key`` (``run_id``) holds
+        ``count`` pings."""
+        known = self._known_counts.get(kv_key)
+        if known is None or known[0] != run_id or known[1] < count:
+            self._known_counts[kv_key] = (run_id, count)
 
     def _registered(
         self,
@@ -839,6 +854,7 @@ class KvDebounceBackend(DebounceBackend):
             self.takeovers += 1
         if outcome is not Registered.COALESCED:
             self._owned[kv_key] = doc.run_id
+            self._know_count(kv_key, doc.run_id, doc.count)
         else:
             self._disown(kv_key, doc.run_id)
         return Registration(
@@ -904,6 +920,7 @@ class KvDebounceBackend(DebounceBackend):
                         if take:
                             if doc.at >= doc.armed:
                                 return Finalization(Finalized.ABANDONED)  # the owner wakes
+                            self._know_count(kv_key, run_id, doc.count)
                             return Finalization(
                                 Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
                             )
@@ -916,6 +933,7 @@ class KvDebounceBackend(DebounceBackend):
                                 replace(doc, armed=doc.at).encode(),
                                 last=entry.revision,
                             )
+                        self._know_count(kv_key, run_id, doc.count)
                         return Finalization(
                             Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
                         )
@@ -969,8 +987,13 @@ class KvDebounceBackend(DebounceBackend):
         if not take:
             # The owner fires unconfirmed; once the store answers, delete the window
             # (unless pings landed since) and the fire record this call may have left.
+            known = self._known_counts.get(kv_key)
             self._queued_deletes[kv_key] = _QueuedDelete(
-                kv_key, run_id, fired_at, committing[3] if committing is not None else None
+                kv_key,
+                run_id,
+                fired_at,
+                committing[3] if committing is not None else None,
+                known[1] if known is not None and known[0] == run_id else 0,
             )
         raise BackendUnavailableError(
             f"finalize of {workflow!r}/{key!r} (run {run_id}) did not complete within "
@@ -1108,14 +1131,18 @@ class KvDebounceBackend(DebounceBackend):
             doc = self._parse(entry)
             if doc is not None and doc.run_id == queued.run_id and self._mine(doc):
                 assert entry is not None
-                if doc.last <= queued.fired_at:
+                # A both-edges window that the owner knew with one ping had no
+                # trailing fire; if peers' pings landed, it still needs one.
+                missed_trailing = doc.mode is Mode.BOTH and queued.known_count < 2 <= doc.count
+                if doc.last <= queued.fired_at and not missed_trailing:
                     try:
                         await self._call(self._store.delete, kv_key, last=entry.revision)
                     except RevisionConflict:
                         continue  # a ping landed: try again next heartbeat
                     logger.info("applied the queued delete of %s (run %s)", kv_key, queued.run_id)
-                # else: pings landed after the unconfirmed fire; the window stays and
-                # the owner's reconcile re-arms it, so they are not lost.
+                # else: pings landed after the unconfirmed fire (or a trailing fire
+                # was missed); the window stays and the owner's reconcile re-arms it,
+                # so they are not lost.
             if queued.fire_id is not None:
                 await self._delete_own_record(queued.fire_id)
             if self._queued_deletes.get(kv_key) is queued:
@@ -1395,6 +1422,7 @@ class KvDebounceBackend(DebounceBackend):
                         except RevisionConflict:
                             logger.warning("release of %s lost a race to another write", kv_key)
                     del self._owned[kv_key]
+                    self._known_counts.pop(kv_key, None)
                 if self._lease_revision:
                     with contextlib.suppress(RevisionConflict):
                         await self._call(
