@@ -41,7 +41,7 @@ from ._backend import (
     Registration,
     WindowStatus,
 )
-from ._errors import BackendError, BackendUnavailableError, RevisionConflict
+from ._errors import BackendError, BackendUnavailableError, ProcessIdTakenError, RevisionConflict
 from ._keys import WINDOW_PREFIX, parse_window_key, process_key, window_key
 from ._kv import KvEntry, KvStore
 from ._payload import JsonSerializer, PayloadSerializer
@@ -389,6 +389,8 @@ class KvDebounceBackend(DebounceBackend):
         #: Fire records whose delete could not reach the store: retried by heartbeats.
         self._queued_completions: set[str] = set()
         self._lease_expires = -math.inf
+        #: The lease of the coordinator that took our process id (we are fenced).
+        self._taken_by: _Lease | None = None
         self._in_outage = False
         #: Trio time before which no takeover happens (after an outage).
         self._takeover_after = -math.inf
@@ -500,9 +502,29 @@ class KvDebounceBackend(DebounceBackend):
     def lease_held(self) -> bool:
         """Is this process's own lease still live, by its own clock, with the skew
         margin? If not, a peer may have taken its windows over."""
-        return self._wall() < self._lease_expires - self._skew
+        return self._taken_by is None and self._wall() < self._lease_expires - self._skew
+
+    def _check_not_taken(self) -> None:
+        """Raise :exc:`ProcessIdTakenError` once another coordinator took our id."""
+        if self._taken_by is not None:
+            raise ProcessIdTakenError(
+                f"process id {self._process_id!r} was taken by another coordinator "
+                f"(epoch {self._taken_by.epoch}); this one (epoch {self._epoch}) is fenced: "
+                f"two live coordinators must never share a process id"
+            )
+
+    def _foreign_lease(self, entry: KvEntry | None) -> _Lease | None:
+        """The lease in ``entry`` if it is another epoch's (of our process id)."""
+        if entry is None or entry.value is None:
+            return None
+        try:
+            lease = _decode_lease(entry.value)
+        except (ValueError, KeyError, TypeError):
+            return None
+        return lease if lease.epoch != self._epoch else None
 
     async def refresh_lease(self) -> set[str]:
+        self._check_not_taken()
         now = self._wall()
         lease = _Lease(self._process_id, self._epoch, now + self._lease)
         value = _encode_lease(lease)
@@ -513,8 +535,30 @@ class KvDebounceBackend(DebounceBackend):
                 )
                 break
             except RevisionConflict:
-                # Swept, or written by a predecessor with our process id: read and retry.
+                # Swept (absent), our own write whose answer was lost, or another
+                # epoch's lease: a predecessor's (before our first write landed) or,
+                # once one had, a later coordinator started with our id: we are fenced.
                 entry = await self._get(self._process_key)
+                foreign = self._foreign_lease(entry)
+                if foreign is not None and math.isfinite(self._lease_expires):
+                    self._taken_by = foreign
+                    logger.error(
+                        "process id %r was taken by another coordinator (epoch %s): this "
+                        "one (epoch %s) is fenced and refuses pings; two live coordinators "
+                        "must never share a process id",
+                        self._process_id,
+                        foreign.epoch,
+                        self._epoch,
+                    )
+                    self._check_not_taken()
+                if foreign is not None and foreign.live(now, self._skew):
+                    logger.warning(
+                        "process id %r: replacing the live lease of epoch %s (a restart "
+                        "before its lease lapsed; if that coordinator still runs, it is "
+                        "fenced at its next heartbeat)",
+                        self._process_id,
+                        foreign.epoch,
+                    )
                 self._lease_revision = 0 if entry is None else entry.revision
                 await self._backoff(attempt)
         else:
@@ -718,6 +762,7 @@ class KvDebounceBackend(DebounceBackend):
         order_key: float | None = None,
         max_items: int | None = None,
     ) -> Registration:
+        self._check_not_taken()
         kv_key = window_key(workflow, key)
         text = self._serializer.dumps(payload)
         own = self._serializer.loads(text)
@@ -1256,6 +1301,7 @@ class KvDebounceBackend(DebounceBackend):
         return removed
 
     async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:
+        self._check_not_taken()
         orphans = Orphans([], [], [])
         adopting = self._can_take_over()
         now = self._wall()
