@@ -276,8 +276,9 @@ class NatsKvWatch:
     close it and open a new one (whose initial values are a fresh snapshot).
     """
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, loop: asyncio.AbstractEventLoop) -> None:
         self.prefix = prefix
+        self._loop = loop
         self._interrupted = trio.Event()
         self._watcher: Any = None
 
@@ -312,9 +313,9 @@ class NatsKvWatch:
         """
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries!r}")
-        items: list[KvEntry | None] | None = await trio_asyncio.aio_as_trio(self._aio_batch)(
-            max_entries
-        )
+        items: list[KvEntry | None] | None = await trio_asyncio.aio_as_trio(
+            self._aio_batch, loop=self._loop
+        )(max_entries)
         if items is None:
             raise BackendError(f"watch {self.prefix!r}: the watch was stopped")
         return items
@@ -362,8 +363,13 @@ class NatsKvStore(KvStore):
         max_value_bytes: int,
         created: float,
         state: _State,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._config = config
+        #: The store's own trio-asyncio loop. Every call names it: a Trio task may
+        #: have been spawned where another store's loop was current (the context a
+        #: task inherits holds the loop opened last), and that loop may be closed.
+        self._loop = loop
         self._nc = nc
         self._kv = kv
         self._stream = f"KV_{config.bucket}"
@@ -379,7 +385,9 @@ class NatsKvStore(KvStore):
         started = time.monotonic()
         try:
             with trio.fail_after(timeout):
-                result: T = await trio_asyncio.aio_as_trio(_run_cancellable)(fn, *args)
+                result: T = await trio_asyncio.aio_as_trio(_run_cancellable, loop=self._loop)(
+                    fn, *args
+                )
                 return result
         except trio.TooSlowError:
             if self._state.permission_denied_at >= started:
@@ -436,7 +444,7 @@ class NatsKvStore(KvStore):
         if not prefix.endswith(".") or prefix.startswith("."):
             raise ValueError(f"prefix must end with '.', got {prefix[:80]!r}")
         _check_key(prefix[:-1])
-        watch = NatsKvWatch(prefix)
+        watch = NatsKvWatch(prefix, self._loop)
         changed = self._state.connection_changed
         watch._watcher = await self._call(f"watch {prefix!r}", self._aio_watch, prefix, watch)
         self._state.watches.add(watch)
@@ -447,7 +455,7 @@ class NatsKvStore(KvStore):
         finally:
             self._state.watches.discard(watch)
             with trio.CancelScope(shield=True), trio.move_on_after(self._config.op_timeout):
-                await trio_asyncio.aio_as_trio(_stop_watcher)(watch._watcher)
+                await trio_asyncio.aio_as_trio(_stop_watcher, loop=self._loop)(watch._watcher)
 
     async def _aio_watch(self, prefix: str, watch: NatsKvWatch) -> Any:
         watcher = await self._kv.watch(
@@ -767,7 +775,9 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
             with trio.move_on_after(config.connect_timeout) as scope:
                 state.connect_scope = scope
                 try:
-                    await trio_asyncio.aio_as_trio(_run_cancellable)(nc.connect, **options)
+                    await trio_asyncio.aio_as_trio(_run_cancellable, loop=loop)(
+                        nc.connect, **options
+                    )
                 except Exception as exc:
                     raise _map_error(exc, "connect", state) from exc
             state.connect_scope = None
@@ -781,7 +791,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
                 )
             try:
                 with trio.fail_after(config.op_timeout * 2):
-                    kv, info = await trio_asyncio.aio_as_trio(_run_cancellable)(
+                    kv, info = await trio_asyncio.aio_as_trio(_run_cancellable, loop=loop)(
                         _open_bucket, config, nc, state
                     )
             except trio.TooSlowError:
@@ -803,6 +813,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
                 max_value_bytes=limit - HEADROOM,
                 created=info.created.timestamp() if info.created is not None else 0.0,
                 state=state,
+                loop=loop,
             )
         except trio.Cancelled:
             raise
@@ -812,7 +823,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
             state.connect_scope = None
             state.closing = True
             with trio.CancelScope(shield=True), trio.move_on_after(config.op_timeout * 2):
-                await trio_asyncio.aio_as_trio(_shutdown)(nc, config.op_timeout)
+                await trio_asyncio.aio_as_trio(_shutdown, loop=loop)(nc, config.op_timeout)
     if error is not None:
         raise error
 
