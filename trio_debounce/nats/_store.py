@@ -75,6 +75,19 @@ _LOG_REPEAT = 60.0
 #: re-cancelling a nats-py coroutine that swallowed the cancellation.
 _CANCEL_GRACE = 1.0
 
+#: What nats-py raises when no stream answered a request (no responders, an empty or
+#: 503 reply): the stream has no leader (an election after the loss of a node) or the
+#: connection's interest has not propagated yet. Nothing was applied, so the store
+#: retries it within ``op_timeout``, every :data:`_NO_STREAM_RETRY` seconds at first,
+#: doubling up to :data:`_NO_STREAM_RETRY_MAX`.
+_NO_STREAM = (
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+)
+_NO_STREAM_RETRY = 0.05
+_NO_STREAM_RETRY_MAX = 0.5
+
 #: Seconds without a subscriber after which the server deletes a watch's ephemeral
 #: consumer (one left behind by a watch stopped while disconnected, for instance).
 WATCH_INACTIVE_THRESHOLD = 30.0
@@ -380,19 +393,36 @@ class NatsKvStore(KvStore):
         self.created = created
 
     async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """``await fn(*args)`` on the asyncio side, within ``op_timeout``; errors mapped."""
+        """``await fn(*args)`` on the asyncio side, within ``op_timeout``; errors mapped.
+
+        A request that no stream answered (:data:`_NO_STREAM`: during a JetStream leader
+        election, for instance) was not applied, and is retried until ``op_timeout``.
+        """
         timeout = self._config.op_timeout
         started = time.monotonic()
+        unanswered: BaseException | None = None
         try:
             with trio.fail_after(timeout):
-                result: T = await trio_asyncio.aio_as_trio(_run_cancellable, loop=self._loop)(
-                    fn, *args
-                )
-                return result
+                pause = _NO_STREAM_RETRY
+                while True:
+                    try:
+                        result: T = await trio_asyncio.aio_as_trio(
+                            _run_cancellable, loop=self._loop
+                        )(fn, *args)
+                        return result
+                    except _NO_STREAM as exc:
+                        unanswered = exc
+                    await trio.sleep(pause)
+                    pause = min(2 * pause, _NO_STREAM_RETRY_MAX)
         except trio.TooSlowError:
             if self._state.permission_denied_at >= started:
                 message = self._state.permission_message
                 raise BackendAuthError(f"{what}: NATS denied a permission ({message})") from None
+            if unanswered is not None:
+                text = _redact(str(unanswered) or type(unanswered).__name__, self._state.secrets)
+                raise BackendUnavailableError(
+                    f"{what}: no JetStream stream answered within {timeout} s ({text})"
+                ) from None
             raise BackendUnavailableError(
                 f"{what}: NATS did not answer within {timeout} s; it may have been applied"
             ) from None
