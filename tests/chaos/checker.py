@@ -10,7 +10,10 @@ from the ``ping``, ``start`` and ``end`` events of :mod:`tests.chaos.driver`:
   (under at-least-once), or none that started (under at-most-once); also a window
   whose latest stored ping began after the start of its last trailing fire (a
   stored ping left without a fire at or after its arrival);
-* **fired twice**: a window with more than one start of the same edge;
+* **fired twice**: a window with more than one start of the same edge; among them,
+  **two owners**: two first attempts of the same edge that both carry a fencing
+  token (confirmed fires: never allowed, in either mode; a re-run after a kill has a
+  later attempt, an unconfirmed fire token 0);
 * **interrupted**: a start without its end, in a killed process;
 * **payload**: a confirmed trailing fire (token > 0) whose payload is not a stored
   ping of its window, or is superseded by a stored ping that surely came later (its
@@ -44,6 +47,7 @@ class Report:
     windows: int = 0
     lost: list[str] = field(default_factory=list)
     fired_twice: list[str] = field(default_factory=list)
+    two_owners: list[str] = field(default_factory=list)
     interrupted: list[str] = field(default_factory=list)
     wrong_payload: list[str] = field(default_factory=list)
     hung: list[str] = field(default_factory=list)
@@ -55,7 +59,8 @@ class Report:
     def summary(self) -> str:
         return (
             f"pings {self.pings} (errors {self.errors}), windows {self.windows}, "
-            f"lost {len(self.lost)}, fired twice {len(self.fired_twice)}, interrupted "
+            f"lost {len(self.lost)}, fired twice {len(self.fired_twice)} (two owners "
+            f"{len(self.two_owners)}), interrupted "
             f"{len(self.interrupted)}, wrong payload {len(self.wrong_payload)}, hung "
             f"{len(self.hung)}, not stored {len(self.not_stored)}, fail-open windows "
             f"{len(self.fail_open)}, unconfirmed fires {self.unconfirmed}"
@@ -136,6 +141,13 @@ def check(
         for edge in ("leading", "trailing"):
             if sum(1 for fire in fires if fire["edge"] == edge) > 1:
                 report.fired_twice.append(run)
+                confirmed = [
+                    fire
+                    for fire in fires
+                    if fire["edge"] == edge and fire["token"] > 0 and fire["attempt"] == 1
+                ]
+                if len(confirmed) > 1:
+                    report.two_owners.append(run)
                 break
         if not stored:
             continue

@@ -6,10 +6,11 @@ Run as (``python -m tests.chaos.driver --help`` lists every option)::
         --log p0.jsonl --keys 1000 --rate 20 --seconds 60 --seed 1
 
 It opens the NATS backend and a coordinator (workflow ``"wf"``), then pings random keys
-of ``k0 .. k<keys-1>`` at about ``--rate`` pings a second for ``--seconds`` seconds,
-each ping in a task of its own (at most ``--concurrency`` at once). A key's mode
-(trailing, leading or both), delay and cap (``max_delay``, or none) are drawn from the
-key's name, so every process pings a key the same way. Then it keeps its coordinator
+of ``k0 .. k<keys-1>`` at about ``--rate`` pings a second for ``--seconds`` seconds (or
+until its standard input is closed), each ping in a task of its own (at most
+``--concurrency`` at once). A key's mode (trailing, leading or both), delay and cap
+(``max_delay``, or none) are drawn from the key's name, so every process pings a key
+the same way. Then it keeps its coordinator
 open until its standard input is closed (so that it takes over the windows of peers
 that were killed), and leaves the block with ``on_exit="wait"``.
 
@@ -192,6 +193,8 @@ async def run(args: argparse.Namespace) -> None:
             t0=t0,
         )
 
+    closed = trio.Event()  # standard input was closed
+
     async def load(coordinator: Coordinator, nursery: trio.Nursery) -> None:
         limiter = trio.CapacityLimiter(args.concurrency)
         end = trio.current_time() + args.seconds
@@ -201,7 +204,7 @@ async def run(args: argparse.Namespace) -> None:
             async with limiter:
                 await ping(coordinator, key, payload)
 
-        while trio.current_time() < end:
+        while trio.current_time() < end and not closed.is_set():
             seq += 1
             key = f"{args.key_prefix}{rng.randrange(args.keys)}"
             payload = f"{args.name}:{seq}"
@@ -241,16 +244,22 @@ async def run(args: argparse.Namespace) -> None:
             log.write("ready", clock=clock.offset)
             if clock.offset:
                 log.write("clock", offset=clock.offset)
+
+            async def read_stdin() -> None:
+                async with stdin:
+                    async for _ in read_lines(stdin):
+                        pass
+                closed.set()
+
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample)
                 nursery.start_soon(clock_steps)
+                nursery.start_soon(read_stdin)
                 if args.block_at >= 0:
                     nursery.start_soon(block)
                 async with trio.open_nursery() as pings:
                     await load(coordinator, pings)
-                async with stdin:
-                    async for _ in read_lines(stdin):
-                        pass
+                await closed.wait()
                 nursery.cancel_scope.cancel()
         stats: dict[str, Any] = dataclasses.asdict(coordinator.statistics())
         log.write("exit", stats=stats)

@@ -119,14 +119,20 @@ class Fleet:
             os.kill(inc.proc.pid, signal.SIGKILL)
             inc.proc.wait()
             inc.killed_at = at
+        self._close_pipe(inc)
         return at
+
+    @staticmethod
+    def _close_pipe(inc: Incarnation) -> None:
+        if inc.proc.stdin is not None and not inc.proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                inc.proc.stdin.close()
 
     def close(self, inc: Incarnation) -> None:
         """Close its standard input: it leaves its block (``on_exit="wait"``)."""
-        if inc.closed_at is None and inc.proc.stdin is not None:
+        if inc.closed_at is None:
             inc.closed_at = time.time()
-            with contextlib.suppress(BrokenPipeError):
-                inc.proc.stdin.close()
+            self._close_pipe(inc)
 
     def shutdown(self, timeout: float = 60.0) -> list[Incarnation]:
         """Close every live driver and wait; kill those still running after
@@ -149,6 +155,7 @@ class Fleet:
             if inc.live:
                 os.kill(inc.proc.pid, signal.SIGKILL)
                 inc.proc.wait()
+            self._close_pipe(inc)
 
     def crashed(self) -> list[Incarnation]:
         """Incarnations that ended without a kill, with a non-zero status."""

