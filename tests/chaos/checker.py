@@ -15,9 +15,10 @@ from the ``ping``, ``start`` and ``end`` events of :mod:`tests.chaos.driver`:
   token (confirmed fires: never allowed, in either mode; a re-run after a kill has a
   later attempt, an unconfirmed fire token 0);
 * **interrupted**: a start without its end, in a killed process;
-* **payload**: a confirmed trailing fire (token > 0) whose payload is not a stored
-  ping of its window, or is superseded by a stored ping that surely came later (its
-  call began after the fired ping's call returned, and it returned before the fire);
+* **payload**: a confirmed trailing fire (token > 0) whose payload is not a ping of
+  its window (one reported as not stored may have landed late), or is superseded by
+  a stored ping that surely came later (its call began after the fired ping's call
+  returned, and it returned before the fire);
 * **hung calls**: a ping that took longer than its bound (not counting one that
   overlapped a blocked event loop in its process).
 
@@ -171,7 +172,9 @@ def check(
         if last_ping > max(fire["t"] for fire in trailing) + SLACK:
             report.lost.append(run)
             continue
-        by_payload = {p["payload"]: p for p in stored}
+        # A ping reported as not stored may have landed after all (its write timed out
+        # and committed later): the fire may carry it.
+        by_payload = {p["payload"]: p for p in pings[run]}
         for fire in trailing:
             if fire["token"] == 0:
                 continue  # unconfirmed: this process's own latest payload
