@@ -391,6 +391,12 @@ class KvDebounceBackend(DebounceBackend):
         self._lease_expires = -math.inf
         #: The lease of the coordinator that took our process id (we are fenced).
         self._taken_by: _Lease | None = None
+        #: One lease refresh at a time: concurrent ones (the heartbeat and finalizes
+        #: after a stall) would lose compare-and-swaps to each other.
+        self._lease_lock = trio.Lock()
+        #: Lease writes that landed; deaths found by refreshes not yet returned.
+        self._lease_writes = 0
+        self._dead_unreported: set[str] = set()
         self._in_outage = False
         #: Trio time before which no takeover happens (after an outage).
         self._takeover_after = -math.inf
@@ -525,6 +531,19 @@ class KvDebounceBackend(DebounceBackend):
 
     async def refresh_lease(self) -> set[str]:
         self._check_not_taken()
+        seen = self._lease_writes
+        async with self._lease_lock:
+            if self._lease_writes != seen and self.lease_held():
+                # Renewed by another caller while this one waited: that is enough.
+                dead, self._dead_unreported = self._dead_unreported, set()
+                return dead
+            self._dead_unreported |= await self._refresh_lease()
+            dead, self._dead_unreported = self._dead_unreported, set()
+            return dead
+
+    async def _refresh_lease(self) -> set[str]:
+        """Write our lease (see :meth:`refresh_lease`); holds ``_lease_lock``."""
+        self._check_not_taken()
         now = self._wall()
         lease = _Lease(self._process_id, self._epoch, now + self._lease)
         value = _encode_lease(lease)
@@ -564,6 +583,7 @@ class KvDebounceBackend(DebounceBackend):
         else:
             raise BackendError(f"could not renew the lease of process {self._process_id!r}")
         self._lease_expires = lease.expires
+        self._lease_writes += 1
         dead = await self.reload_leases()
         self._leases[self._process_id] = lease
         await self._apply_queued_deletes()
