@@ -568,13 +568,14 @@ def store_full(ctx: Context) -> list[Row]:
     stats = exit_stats(run.events)
     errors = [ev["error"] for ev in run.events if ev["ev"] == "err"]
     out.notes.append(
-        f"fail-open windows {stats.get('fail_open_windows', 0)}, backend errors "
+        f"exit statistics (drivers that exited): fail-open windows "
+        f"{stats.get('fail_open_windows', 0)}, backend errors "
         f"{stats.get('backend_errors', 0)}, unconfirmed fires "
-        f"{stats.get('unconfirmed_fires', 0)}, ping errors {len(errors)} "
+        f"{stats.get('unconfirmed_fires', 0)}; ping errors {len(errors)} "
         f"{sorted(set(e[:80] for e in errors))[:3]}; bucket samples {run.bucket_samples}"
     )
-    if not stats.get("fail_open_windows"):
-        out.notes.append("the store never filled: no fail-open window")
+    if not run.report.fail_open and not errors:
+        out.notes.append("the store never filled: no fail-open window, no ping error")
     return [out]
 
 
