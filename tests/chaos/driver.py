@@ -79,7 +79,7 @@ def key_shape(key: str, *, min_delay: float, max_delay: float) -> KeyShape:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--url", required=True, help="server URLs, comma-separated")
     parser.add_argument("--bucket", required=True)
     parser.add_argument("--process-id", required=True)
     parser.add_argument("--name", required=True, help="this incarnation's name")
@@ -139,7 +139,7 @@ async def run(args: argparse.Namespace) -> None:
     rng = random.Random(args.seed)
     clock = Clock(args.clock_offset)
     config = NatsConfig(
-        servers=(args.url,),
+        servers=tuple(url for url in args.url.split(",") if url),
         bucket=args.bucket,
         process_lease=args.lease,
         max_clock_skew=args.skew,
