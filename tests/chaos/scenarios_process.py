@@ -275,7 +275,7 @@ def soak_rows(ctx: Context, run: FleetRun, label: str, keys: int) -> Row:
 @register("soak", short_seconds=25, full_seconds=150)
 def soak(ctx: Context) -> list[Row]:
     """4 processes x 1,000 keys (one key space shared by all four), all modes, random
-    delays and caps, about 15 pings a second each, against one bucket."""
+    delays and caps, about 10 pings a second each, against one bucket."""
     keys = 1000
     run = run_fleet(
         ctx,
@@ -283,7 +283,7 @@ def soak(ctx: Context) -> list[Row]:
         delivery="at-least-once",
         processes=4,
         keys=keys,
-        rate=8.0 if ctx.short else 15.0,
+        rate=8.0 if ctx.short else 10.0,
         seconds=ctx.seconds,
     )
     return [soak_rows(ctx, run, "soak", keys)]
