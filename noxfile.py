@@ -54,7 +54,7 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def chaos(session: nox.Session) -> None:
     """The chaos scenarios of docs/reliability.rst on real nats-server and driver
-    processes (about 15 minutes on two cores); prints the table and fails if a
+    processes (about 20 minutes on two cores); prints the table and fails if a
     promised zero is not. ``nox -s chaos -- --short`` runs the short budgets, ``--only
     NAME`` one scenario, ``--scale 2`` longer load phases, ``--keep DIR`` the logs."""
     session.install("-e", ".[test]")

@@ -272,7 +272,7 @@ def soak_rows(ctx: Context, run: FleetRun, label: str, keys: int) -> Row:
     return out
 
 
-@register("soak", short_seconds=25, full_seconds=150)
+@register("soak", short_seconds=25, full_seconds=120)
 def soak(ctx: Context) -> list[Row]:
     """4 processes x 1,000 keys (one key space shared by all four), all modes, random
     delays and caps, about 10 pings a second each, against one bucket."""
@@ -292,7 +292,7 @@ def soak(ctx: Context) -> list[Row]:
 # ------------------------------------------------------------------ process death
 
 
-@register("death", short_seconds=20, full_seconds=45)
+@register("death", short_seconds=20, full_seconds=30)
 def death(ctx: Context) -> list[Row]:
     """kill -9 of owners and claim holders at random points: debounce windows (3
     processes on 60 keys, a kill every 1.5-4 s, handlers of 0.05-0.3 s so that kills
@@ -396,7 +396,7 @@ def deferred_runs(
     return rows
 
 
-@register("slow-lease-watch", short_seconds=12, full_seconds=30)
+@register("slow-lease-watch", short_seconds=12, full_seconds=20)
 def slow_lease_watch(ctx: Context) -> list[Row]:
     """Deferred runs on NATS whose lease index is fed by a slow consumer: every
     process's watch of the lease keys takes each batch 1 s late (its lease is 1 s), so
@@ -406,7 +406,7 @@ def slow_lease_watch(ctx: Context) -> list[Row]:
     return deferred_runs(ctx, "slow-lease-watch", {"--watch-lag": 1.0})
 
 
-@register("blocked-loop", short_seconds=15, full_seconds=30)
+@register("blocked-loop", short_seconds=15, full_seconds=20)
 def blocked_loop(ctx: Context) -> list[Row]:
     """One of three coordinators blocks its event loop (``time.sleep`` in a task) for
     2.5 leases mid-load; its peers take its windows over meanwhile."""
@@ -441,7 +441,7 @@ def blocked_loop(ctx: Context) -> list[Row]:
 # ------------------------------------------------------------------------ clocks
 
 
-@register("clocks", short_seconds=20, full_seconds=45)
+@register("clocks", short_seconds=20, full_seconds=30)
 def clocks(ctx: Context) -> list[Row]:
     """Three coordinators whose wall clocks (the backend's ``wall_time`` seam) differ
     by up to the documented maximum skew (offsets -skew/2, 0, +skew/2), and one whose
@@ -529,7 +529,7 @@ def free_store(url: str, monitor_port: int) -> str:
     return f"bucket messages {stream_messages(monitor_port, 'filler')} in the filler"
 
 
-@register("store-full", short_seconds=15, full_seconds=30)
+@register("store-full", short_seconds=15, full_seconds=20)
 def store_full(ctx: Context) -> list[Row]:
     """A server whose JetStream store holds 256 KiB (``max_file_store``), most of it
     taken by another bucket, and pings with 500-byte payloads: writes fail while the store
@@ -579,7 +579,7 @@ def store_full(ctx: Context) -> list[Row]:
     return [out]
 
 
-@register("twin-process-id", short_seconds=12, full_seconds=20)
+@register("twin-process-id", short_seconds=12, full_seconds=15)
 def twin_process_id(ctx: Context) -> list[Row]:
     """A second process started with the process id of a live one: only one may run.
     The later start wins (a restart looks the same); the earlier must be fenced within
