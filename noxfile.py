@@ -49,3 +49,13 @@ def bench(session: nox.Session) -> None:
     # JSON and table; about 5 minutes.
     out = f"{session.create_tmp()}/bench-runs.json"
     session.run("python", "bench/bench_runs.py", "-o", out)
+
+
+@nox.session
+def chaos(session: nox.Session) -> None:
+    """The chaos scenarios of docs/reliability.rst on real nats-server and driver
+    processes (about 20 minutes on two cores); prints the table and fails if a
+    promised zero is not. ``nox -s chaos -- --short`` runs the short budgets, ``--only
+    NAME`` one scenario, ``--scale 2`` longer load phases, ``--keep DIR`` the logs."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "tests.chaos", *session.posargs)

@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -73,6 +73,9 @@ class NatsServer:
         ``max_payload`` and the like. With it, readiness is asked of the monitoring
         port's ``/healthz?js-enabled-only=true`` instead of the client port, whose
         handshake the configuration may make one the readiness probe cannot speak.
+      extra_args (Sequence[str]): more command-line arguments, after the others (e.g.
+        ``("-c", "limits.conf")`` for a configuration file with a small
+        ``max_file_store``).
     """
 
     def __init__(
@@ -82,11 +85,13 @@ class NatsServer:
         token: str | None = None,
         port: int | None = None,
         conf: str | None = None,
+        extra_args: Sequence[str] = (),
     ):
         self.binary = find_nats_server()
         self.store_dir = store_dir
         self.token = token
         self.conf = conf
+        self.extra_args = tuple(extra_args)
         self.port = free_port() if port is None else port
         self.monitor_port = free_port() if conf is not None else None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -131,6 +136,7 @@ class NatsServer:
             conf_file = self.store_dir.parent / f"nats-server-{self.port}.conf"
             conf_file.write_text(self.conf)
             args += ["-c", str(conf_file), "-m", str(self.monitor_port)]
+        args += self.extra_args
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
         self.paused = False
         deadline = time.monotonic() + START_TIMEOUT

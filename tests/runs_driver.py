@@ -208,7 +208,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--handler-time", type=float, default=0.004)
     parser.add_argument("--schedulers", type=int, default=8, help="schedule calls at once")
     parser.add_argument("--log-level", default="WARNING", help="of stderr's log handler")
+    parser.add_argument(
+        "--watch-lag",
+        type=float,
+        default=0.0,
+        help="seconds the NATS store's watch of the lease keys waits before each batch "
+        "(a slow consumer; the chaos scenario 'slow-lease-watch')",
+    )
     return parser.parse_args(argv)
+
+
+def slow_lease_watch(lag: float) -> None:
+    """Make the NATS run store's watch of the lease keys (``rl.``) a slow consumer:
+    each batch is taken ``lag`` seconds late, so its index of leases lags behind."""
+    from trio_debounce._keys import RUN_LEASE_PREFIX
+    from trio_debounce.nats._store import NatsKvWatch
+
+    receive_batch = NatsKvWatch.receive_batch
+
+    async def lagging(self: NatsKvWatch, max_entries: int = 512) -> Any:
+        if self.prefix.startswith(RUN_LEASE_PREFIX):
+            await trio.sleep(lag)
+        return await receive_batch(self, max_entries)
+
+    NatsKvWatch.receive_batch = lagging  # type: ignore[method-assign]
 
 
 async def read_lines(stream: trio.lowlevel.FdStream) -> AsyncGenerator[str, None]:
@@ -233,6 +256,9 @@ async def main(args: argparse.Namespace) -> None:
             inner = await stack.enter_async_context(open_sqlite_run_store(args.path))
         else:
             from trio_debounce.nats import NatsConfig, open_nats_run_store
+
+            if args.watch_lag > 0:
+                slow_lease_watch(args.watch_lag)
 
             config = NatsConfig(
                 servers=(args.url,),

@@ -35,6 +35,18 @@ class BackendConfigError(BackendError):
     (for example a KV bucket that keeps history or expires entries)."""
 
 
+class ProcessIdTakenError(BackendConfigError):
+    """Another coordinator started with this coordinator's process id.
+
+    Two live coordinators must never share a process id. The later start wins (it
+    cannot tell a live twin from a stalled or crashed predecessor without waiting):
+    the earlier coordinator finds its lease taken at its next heartbeat and is
+    *fenced*. From then on its pings raise this error (misconfiguration: never failed
+    open), it takes nothing over, and its windows go to the live processes as a dead
+    process's windows do. The message names the process id.
+    """
+
+
 class DocumentTooLargeError(BackendError, ValueError):
     """A record would exceed the largest message the server accepts.
 

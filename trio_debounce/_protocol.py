@@ -48,6 +48,7 @@ from ._errors import (
     BackendError,
     BackendUnavailableError,
     DocumentTooLargeError,
+    ProcessIdTakenError,
     RevisionConflict,
 )
 from ._keys import WINDOW_PREFIX, parse_window_key, process_key, window_key
@@ -365,6 +366,9 @@ class _QueuedDelete:
     fired_at: float
     #: A fire record the failed finalize may have written.
     fire_id: str | None = None
+    #: The window's ping count as last returned to the owner (0: unknown). The
+    #: owner's unconfirmed fire ran a trailing edge only if this count called for one.
+    known_count: int = 0
 
 
 #: How many keys' last known (revision, document) a backend keeps (least recently used
@@ -485,11 +489,22 @@ class KvDebounceBackend(DebounceBackend):
         self._contended: set[str] = set()
         #: KV key -> the pings waiting to be merged into its next write.
         self._queues: dict[str, _KeyQueue] = {}
+        #: KV key -> (run id, the highest ping count returned to the coordinator for
+        #: it): what the owner knows if its finalize fails; kept with ``_owned``.
+        self._known_counts: dict[str, tuple[str, int]] = {}
         #: Fire records this process wrote or adopted: id -> revision.
         self._fire_records: dict[str, int] = {}
         #: Fire records whose delete could not reach the store: retried by heartbeats.
         self._queued_completions: set[str] = set()
         self._lease_expires = -math.inf
+        #: The lease of the coordinator that took our process id (we are fenced).
+        self._taken_by: _Lease | None = None
+        #: One lease refresh at a time: concurrent ones (the heartbeat and finalizes
+        #: after a stall) would lose compare-and-swaps to each other.
+        self._lease_lock = trio.Lock()
+        #: Lease writes that landed; deaths found by refreshes not yet returned.
+        self._lease_writes = 0
+        self._dead_unreported: set[str] = set()
         self._in_outage = False
         #: Trio time before which no takeover happens (after an outage).
         self._takeover_after = -math.inf
@@ -636,9 +651,42 @@ class KvDebounceBackend(DebounceBackend):
     def lease_held(self) -> bool:
         """Is this process's own lease still live, by its own clock, with the skew
         margin? If not, a peer may have taken its windows over."""
-        return self._wall() < self._lease_expires - self._skew
+        return self._taken_by is None and self._wall() < self._lease_expires - self._skew
+
+    def _check_not_taken(self) -> None:
+        """Raise :exc:`ProcessIdTakenError` once another coordinator took our id."""
+        if self._taken_by is not None:
+            raise ProcessIdTakenError(
+                f"process id {self._process_id!r} was taken by another coordinator "
+                f"(epoch {self._taken_by.epoch}); this one (epoch {self._epoch}) is fenced: "
+                f"two live coordinators must never share a process id"
+            )
+
+    def _foreign_lease(self, entry: KvEntry | None) -> _Lease | None:
+        """The lease in ``entry`` if it is another epoch's (of our process id)."""
+        if entry is None or entry.value is None:
+            return None
+        try:
+            lease = _decode_lease(entry.value)
+        except (ValueError, KeyError, TypeError):
+            return None
+        return lease if lease.epoch != self._epoch else None
 
     async def refresh_lease(self) -> set[str]:
+        self._check_not_taken()
+        seen = self._lease_writes
+        async with self._lease_lock:
+            if self._lease_writes != seen and self.lease_held():
+                # Renewed by another caller while this one waited: that is enough.
+                dead, self._dead_unreported = self._dead_unreported, set()
+                return dead
+            self._dead_unreported |= await self._refresh_lease()
+            dead, self._dead_unreported = self._dead_unreported, set()
+            return dead
+
+    async def _refresh_lease(self) -> set[str]:
+        """Write our lease (see :meth:`refresh_lease`); holds ``_lease_lock``."""
+        self._check_not_taken()
         now = self._wall()
         lease = _Lease(self._process_id, self._epoch, now + self._lease)
         value = _encode_lease(lease)
@@ -649,13 +697,36 @@ class KvDebounceBackend(DebounceBackend):
                 )
                 break
             except RevisionConflict:
-                # Swept, or written by a predecessor with our process id: read and retry.
+                # Swept (absent), our own write whose answer was lost, or another
+                # epoch's lease: a predecessor's (before our first write landed) or,
+                # once one had, a later coordinator started with our id: we are fenced.
                 entry = await self._get(self._process_key)
+                foreign = self._foreign_lease(entry)
+                if foreign is not None and math.isfinite(self._lease_expires):
+                    self._taken_by = foreign
+                    logger.error(
+                        "process id %r was taken by another coordinator (epoch %s): this "
+                        "one (epoch %s) is fenced and refuses pings; two live coordinators "
+                        "must never share a process id",
+                        self._process_id,
+                        foreign.epoch,
+                        self._epoch,
+                    )
+                    self._check_not_taken()
+                if foreign is not None and foreign.live(now, self._skew):
+                    logger.warning(
+                        "process id %r: replacing the live lease of epoch %s (a restart "
+                        "before its lease lapsed; if that coordinator still runs, it is "
+                        "fenced at its next heartbeat)",
+                        self._process_id,
+                        foreign.epoch,
+                    )
                 self._lease_revision = 0 if entry is None else entry.revision
                 await self._backoff(attempt)
         else:
             raise BackendError(f"could not renew the lease of process {self._process_id!r}")
         self._lease_expires = lease.expires
+        self._lease_writes += 1
         dead = await self.reload_leases()
         self._leases[self._process_id] = lease
         await self._apply_queued_deletes()
@@ -856,6 +927,7 @@ class KvDebounceBackend(DebounceBackend):
         order_key: float | None = None,
         max_items: int | None = None,
     ) -> Registration:
+        self._check_not_taken()
         kv_key = window_key(workflow, key)
         text = self._serializer.dumps(payload)
         own = self._serializer.loads(text)
@@ -1175,6 +1247,15 @@ class KvDebounceBackend(DebounceBackend):
         under that run: a stale task's finalize must not forget a newer window)."""
         if self._owned.get(kv_key) == run_id:
             del self._owned[kv_key]
+        if self._known_counts.get(kv_key, ("",))[0] == run_id:
+            del self._known_counts[kv_key]
+
+    def _know_count(self, kv_key: str, run_id: str, count: int) -> None:
+        """Record that the coordinator was told window ``kv_key`` (``run_id``) holds
+        ``count`` pings."""
+        known = self._known_counts.get(kv_key)
+        if known is None or known[0] != run_id or known[1] < count:
+            self._known_counts[kv_key] = (run_id, count)
 
     def _settle_batch(
         self,
@@ -1195,6 +1276,7 @@ class KvDebounceBackend(DebounceBackend):
             payload = pings[-1][0].own  # the last ping's: the one stored
         if self._mine(doc):
             self._owned[kv_key] = doc.run_id
+            self._know_count(kv_key, doc.run_id, doc.count)
         else:
             self._disown(kv_key, doc.run_id)
         token = self._token(revision)
@@ -1310,6 +1392,7 @@ class KvDebounceBackend(DebounceBackend):
                         if take:
                             if doc.at >= doc.armed:
                                 return Finalization(Finalized.ABANDONED)  # the owner wakes
+                            self._know_count(kv_key, run_id, doc.count)
                             return Finalization(
                                 Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
                             )
@@ -1324,6 +1407,7 @@ class KvDebounceBackend(DebounceBackend):
                                 ),
                                 armed,
                             )
+                        self._know_count(kv_key, run_id, doc.count)
                         return Finalization(
                             Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
                         )
@@ -1380,8 +1464,13 @@ class KvDebounceBackend(DebounceBackend):
         if not take:
             # The owner fires unconfirmed; once the store answers, delete the window
             # (unless pings landed since) and the fire record this call may have left.
+            told = self._known_counts.get(kv_key)
             self._queued_deletes[kv_key] = _QueuedDelete(
-                kv_key, run_id, fired_at, committing[3] if committing is not None else None
+                kv_key,
+                run_id,
+                fired_at,
+                committing[3] if committing is not None else None,
+                told[1] if told is not None and told[0] == run_id else 0,
             )
         raise BackendUnavailableError(
             f"finalize of {workflow!r}/{key!r} (run {run_id}) did not complete within "
@@ -1507,24 +1596,36 @@ class KvDebounceBackend(DebounceBackend):
         self._queued_completions.discard(fire_id)
 
     async def _apply_queued_deletes(self) -> None:
-        """Apply deletes queued by finalizes that could not reach the store."""
+        """Apply deletes queued by finalizes that could not reach the store.
+
+        Several calls may run at once (the heartbeat's, and those of finalizes that
+        renew a lapsed lease): each entry is dropped only by the call that finds it
+        still queued, and never when a newer finalize has queued another delete for
+        the same key meanwhile."""
         for kv_key, queued in list(self._queued_deletes.items()):
+            if self._queued_deletes.get(kv_key) is not queued:
+                continue  # applied by a concurrent call, or replaced
             entry = await self._get(kv_key)
             doc = self._parse(entry)
             if doc is not None and doc.run_id == queued.run_id and self._mine(doc):
                 assert entry is not None
-                if doc.last <= queued.fired_at:
+                # A both-edges window that the owner knew with one ping had no
+                # trailing fire; if peers' pings landed, it still needs one.
+                missed_trailing = doc.mode is Mode.BOTH and queued.known_count < 2 <= doc.count
+                if doc.last <= queued.fired_at and not missed_trailing:
                     self._forget(kv_key)
                     try:
                         await self._call(self._store.delete, kv_key, last=entry.revision)
                     except RevisionConflict:
                         continue  # a ping landed: try again next heartbeat
                     logger.info("applied the queued delete of %s (run %s)", kv_key, queued.run_id)
-                # else: pings landed after the unconfirmed fire; the window stays and
-                # the owner's reconcile re-arms it, so they are not lost.
+                # else: pings landed after the unconfirmed fire (or a trailing fire
+                # was missed); the window stays and the owner's reconcile re-arms it,
+                # so they are not lost.
             if queued.fire_id is not None:
                 await self._delete_own_record(queued.fire_id)
-            del self._queued_deletes[kv_key]
+            if self._queued_deletes.get(kv_key) is queued:
+                del self._queued_deletes[kv_key]
         for fire_id in list(self._queued_completions):
             await self.complete(fire_id)
 
@@ -1636,6 +1737,7 @@ class KvDebounceBackend(DebounceBackend):
         return removed
 
     async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:
+        self._check_not_taken()
         orphans = Orphans([], [], [])
         adopting = self._can_take_over()
         now = self._wall()
@@ -1807,6 +1909,7 @@ class KvDebounceBackend(DebounceBackend):
                         except RevisionConflict:
                             logger.warning("release of %s lost a race to another write", kv_key)
                     del self._owned[kv_key]
+                    self._known_counts.pop(kv_key, None)
                 if self._lease_revision:
                     with contextlib.suppress(RevisionConflict):
                         await self._call(

@@ -81,6 +81,18 @@ _CANCEL_GRACE = 1.0
 
 #: Seconds :func:`_shutdown` waits for a socket it closed to report it closed.
 _CLOSE_WAIT = 0.25
+#: What nats-py raises when no stream answered a request (no responders, an empty or
+#: 503 reply): the stream has no leader (an election after the loss of a node) or the
+#: connection's interest has not propagated yet. Nothing was applied, so the store
+#: retries it within ``op_timeout``, every :data:`_NO_STREAM_RETRY` seconds at first,
+#: doubling up to :data:`_NO_STREAM_RETRY_MAX`.
+_NO_STREAM = (
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+)
+_NO_STREAM_RETRY = 0.05
+_NO_STREAM_RETRY_MAX = 0.5
 
 #: Seconds without a subscriber after which the server deletes a watch's ephemeral
 #: consumer (one left behind by a watch stopped while disconnected, for instance).
@@ -387,8 +399,9 @@ class NatsKvWatch:
     close it and open a new one (whose initial values are a fresh snapshot).
     """
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, loop: asyncio.AbstractEventLoop) -> None:
         self.prefix = prefix
+        self._loop = loop
         self._interrupted = trio.Event()
         self._watcher: Any = None
 
@@ -423,9 +436,9 @@ class NatsKvWatch:
         """
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries!r}")
-        items: list[KvEntry | None] | None = await trio_asyncio.aio_as_trio(self._aio_batch)(
-            max_entries
-        )
+        items: list[KvEntry | None] | None = await trio_asyncio.aio_as_trio(
+            self._aio_batch, loop=self._loop
+        )(max_entries)
         if items is None:
             raise BackendError(f"watch {self.prefix!r}: the watch was stopped")
         return items
@@ -476,6 +489,9 @@ class NatsKvStore(KvStore):
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._config = config
+        #: The store's own trio-asyncio loop. Every call names it: a Trio task may
+        #: have been spawned where another store's loop was current (the context a
+        #: task inherits holds the loop opened last), and that loop may be closed.
         self._loop = loop
         self._nc = nc
         self._kv = kv
@@ -491,16 +507,33 @@ class NatsKvStore(KvStore):
         return f"<NatsKvStore bucket={self._config.bucket!r} servers=[{servers}]>"
 
     async def _call(self, what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """``await fn(*args)`` on the asyncio side, within ``op_timeout``; errors mapped."""
+        """``await fn(*args)`` on the asyncio side, within ``op_timeout``; errors mapped.
+
+        A request that no stream answered (:data:`_NO_STREAM`: during a JetStream leader
+        election, for instance) was not applied, and is retried until ``op_timeout``.
+        """
         timeout = self._config.op_timeout
         started = time.monotonic()
+        unanswered: BaseException | None = None
         try:
             with trio.fail_after(timeout):
-                return await _cross(self._loop, fn, *args)
+                pause = _NO_STREAM_RETRY
+                while True:
+                    try:
+                        return await _cross(self._loop, fn, *args)
+                    except _NO_STREAM as exc:
+                        unanswered = exc
+                    await trio.sleep(pause)
+                    pause = min(2 * pause, _NO_STREAM_RETRY_MAX)
         except trio.TooSlowError:
             if self._state.permission_denied_at >= started:
                 message = self._state.permission_message
                 raise BackendAuthError(f"{what}: NATS denied a permission ({message})") from None
+            if unanswered is not None:
+                text = _redact(str(unanswered) or type(unanswered).__name__, self._state.secrets)
+                raise BackendUnavailableError(
+                    f"{what}: no JetStream stream answered within {timeout} s ({text})"
+                ) from None
             raise BackendUnavailableError(
                 f"{what}: NATS did not answer within {timeout} s; it may have been applied"
             ) from None
@@ -552,7 +585,7 @@ class NatsKvStore(KvStore):
         if not prefix.endswith(".") or prefix.startswith("."):
             raise ValueError(f"prefix must end with '.', got {prefix[:80]!r}")
         _check_key(prefix[:-1])
-        watch = NatsKvWatch(prefix)
+        watch = NatsKvWatch(prefix, self._loop)
         changed = self._state.connection_changed
         watch._watcher = await self._call(f"watch {prefix!r}", self._aio_watch, prefix, watch)
         self._state.watches.add(watch)
@@ -563,7 +596,7 @@ class NatsKvStore(KvStore):
         finally:
             self._state.watches.discard(watch)
             with trio.CancelScope(shield=True), trio.move_on_after(self._config.op_timeout):
-                await trio_asyncio.aio_as_trio(_stop_watcher)(watch._watcher)
+                await trio_asyncio.aio_as_trio(_stop_watcher, loop=self._loop)(watch._watcher)
 
     async def _aio_watch(self, prefix: str, watch: NatsKvWatch) -> Any:
         watcher = await self._kv.watch(
@@ -979,7 +1012,9 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
             with trio.move_on_after(config.connect_timeout) as scope:
                 state.connect_scope = scope
                 try:
-                    await trio_asyncio.aio_as_trio(_run_cancellable)(nc.connect, **options)
+                    await trio_asyncio.aio_as_trio(_run_cancellable, loop=loop)(
+                        nc.connect, **options
+                    )
                 except Exception as exc:
                     raise _map_error(exc, "connect", state) from exc
             state.connect_scope = None
@@ -1000,7 +1035,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
                 )
             try:
                 with trio.fail_after(config.op_timeout * 2):
-                    kv, info = await trio_asyncio.aio_as_trio(_run_cancellable)(
+                    kv, info = await trio_asyncio.aio_as_trio(_run_cancellable, loop=loop)(
                         _open_bucket, config, nc, state
                     )
             except trio.TooSlowError:
@@ -1032,7 +1067,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
             state.connect_scope = None
             state.closing = True
             with trio.CancelScope(shield=True), trio.move_on_after(config.op_timeout * 2):
-                await trio_asyncio.aio_as_trio(_shutdown)(nc, config.op_timeout)
+                await trio_asyncio.aio_as_trio(_shutdown, loop=loop)(nc, config.op_timeout)
     if error is not None:
         raise error
 

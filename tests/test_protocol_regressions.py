@@ -1,0 +1,82 @@
+"""Regressions found by the chaos runs on a NATS cluster, reproduced on the in-memory
+fake under MockClock."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from tests.fires import Fires
+from trio_debounce import open_coordinator
+from trio_debounce.testing import MemoryBackend, MemoryStore
+
+
+async def test_concurrent_lease_renewals_apply_a_queued_delete_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A finalize that cannot reach the store fires unconfirmed and queues the window's
+    # delete; every lease renewal applies the queue. During a cluster's quorum loss the
+    # heartbeat and the finalizes that renew a lapsed lease renewed at once, and the
+    # second to finish dropped an entry the first had dropped: a KeyError that crashed
+    # the coordinator's nursery.
+    fires = Fires()
+    store = MemoryStore()
+    backend = MemoryBackend(store, process_id="A", process_lease=30.0, op_timeout=1.0)
+    async with open_coordinator(handlers={"wf": fires.handler("A")}, backend=backend) as a:
+        await a.debounce("wf", "k", "p", delay=1.0)
+        backend.faults.partitioned = True
+        await trio.sleep(2.5)  # the fire at 1 s: finalize fails until 2 s, fires anyway
+        assert [f.payload for _, f in fires.log] == ["p"]
+        assert a.statistics().unconfirmed_fires == 1
+        assert len(backend._queued_deletes) == 1
+        backend.faults.partitioned = False
+        # Every call is answered 0.1 s after it is applied. The first renewal reads
+        # the window (0 s), deletes it (0.1 s) and drops the entry (0.2 s); the second
+        # starts at 0.15 s, finds the window gone and drops the entry again (0.25 s).
+        # (Only the part of refresh_lease() that two renewals ran concurrently.)
+        backend.faults.delay_next(0.1, n=20)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(backend._apply_queued_deletes)
+            await trio.sleep(0.15)
+            nursery.start_soon(backend._apply_queued_deletes)
+        assert not backend._queued_deletes
+        entry = await store.get("w.d2Y.aw")
+        assert entry is None or entry.value is None  # the window is deleted
+        # The coordinator is still alive and pings open a fresh window.
+        r = await a.debounce("wf", "k", "q", delay=1.0)
+        assert r.ping_count == 1
+        await trio.sleep(1.5)
+    assert [f.payload for _, f in fires.log] == ["p", "q"]
+
+
+async def test_unconfirmed_both_edges_fire_keeps_a_peers_ping(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A both-edges window: A's ping opens it (leading fire), B's ping lands (count 2, so
+    # a trailing fire is due). A's finalize cannot reach the store; A knows one ping,
+    # so its unconfirmed fire has no trailing edge. The queued delete used to remove
+    # the window once the store answered (B's ping came before the fire time), and
+    # B's stored ping never fired. Now the window stays, A's reconcile re-arms it,
+    # and the trailing edge fires with B's payload.
+    fires = Fires()
+    store = MemoryStore()
+    a_backend = MemoryBackend(store, process_id="A", process_lease=6.0, op_timeout=1.0)
+    b_backend = MemoryBackend(store, process_id="B", process_lease=6.0, op_timeout=1.0)
+    async with (
+        open_coordinator(handlers={"wf": fires.handler("A")}, backend=a_backend) as a,
+        open_coordinator(handlers={"wf": fires.handler("B")}, backend=b_backend) as b,
+    ):
+        r = await a.debounce("wf", "k", "a", delay=2.0, mode="both")
+        assert r.owner
+        r = await b.debounce("wf", "k", "b", delay=2.0, mode="both")
+        assert not r.owner
+        assert r.ping_count == 2
+        a_backend.faults.partitioned = True
+        # A's heartbeat at 2 s fails; its finalize at 2 s fails until 3 s, with its
+        # lease (renewed at 0 s) still held.
+        await trio.sleep(3.5)
+        assert a.statistics().unconfirmed_fires == 1
+        a_backend.faults.partitioned = False
+        await trio.sleep(20.0)  # the heartbeat at 4 s: the queued delete, a reconcile
+    edges = [(p, f.payload, f.ping_count, f.edge.value) for p, f in fires.log]
+    assert edges == [("A", "a", 1, "leading"), ("A", "b", 2, "trailing")]
