@@ -1357,6 +1357,11 @@ class KvDebounceBackend(DebounceBackend):
         delivery: Delivery,
     ) -> Finalization:
         error: BackendError | None = None
+        if self._taken_by is not None:
+            # Fenced (a later coordinator took our process id): never fire on a window
+            # remembered from before; the live coordinator adopts it as a dead one's.
+            self._disown(kv_key, run_id)
+            return Finalization(Finalized.ABANDONED)
         # The commit in flight, in case its answer is lost: (window, write id, time,
         # fire record id). Each attempt has its own ids: a record taken back after a
         # conflict leaves a delete marker that a second create would conflict with.
