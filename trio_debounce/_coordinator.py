@@ -103,6 +103,11 @@ def _report(on_error: ErrorCallback, fire: Fire, exc: Exception) -> None:
     on_error(fire, exc)
 
 
+def _abort_sleep(_: Any) -> trio.lowlevel.Abort:
+    """The abort function of a window task's sleep: any cancellation ends it."""
+    return trio.lowlevel.Abort.SUCCEEDED
+
+
 def _closed_error() -> trio.ClosedResourceError:
     return trio.ClosedResourceError("this coordinator's async with block has exited")
 
@@ -1748,7 +1753,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     break
                 with trio.CancelScope(deadline=deadline) as scope:
                     window.scope = scope
-                    await trio.sleep_forever()
+                    # trio.sleep_forever() without its coroutine frame and abort
+                    # closure: most of an open window's memory is its sleeping task.
+                    await trio.lowlevel.wait_task_rescheduled(_abort_sleep)
                 window.scope = None
         except trio.Cancelled:
             # The coordinator is going down: its nursery was cancelled (an abort, or the
