@@ -8,14 +8,16 @@ import math
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trio_debounce import _replay
 from trio_debounce._cli import main
 from trio_debounce._events import Event
-from trio_debounce._replay import replay
+from trio_debounce._replay import read_events, replay
 
 from .conftest import REQUIRE_SHARED_ENV, shared_file
 from .model import Model, Options
@@ -43,6 +45,11 @@ def write_lines(path: Path, events: list[Any]) -> Path:
     path.write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in events))
     return path
 
+
+#: Checkpoint intervals of the replay (see _replay._BATCH): after every event, every
+#: few events (tasks run behind the clock, and a window may be pinged again before its
+#: task starts), and the default (a short log is one batch: tasks run only at exit).
+BATCHES = [1, 3, _replay._BATCH]
 
 # The table in ../shared/README.md, computed by an independent model of the rules.
 REFERENCE = [
@@ -84,6 +91,25 @@ def test_replay_of_the_reference_log_matches_every_row(
     if options[1] == "trailing":
         # every event lands in exactly one window, and every trailing window fires once
         assert sum(f["pings"] for f in lines) == 1321
+
+
+@pytest.mark.parametrize("mode", ["trailing", "both"])
+def test_replay_output_does_not_depend_on_the_checkpoint_interval(
+    nats_py_log: Path, mode: str
+) -> None:
+    # Tasks run every _BATCH events, behind the replay's clock; the fires are the same
+    # as when they run after every event, whatever the interval.
+    def fires(batch: int) -> list[Any]:
+        lines = nats_py_log.read_text().splitlines()
+        events = read_events(lines, key_field="key", time_field="ts", sort=False)
+        with mock.patch.object(_replay, "_BATCH", batch):
+            result = replay(events, delay=600, max_delay=3600, mode=mode)
+        return [f.to_json() for f in result.fires]
+
+    every_event = fires(1)
+    assert len(every_event) > 1000
+    assert fires(7) == every_event
+    assert fires(_replay._BATCH) == every_event
 
 
 def test_jsonl_output_shape_and_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -368,9 +394,10 @@ def test_a_ping_exactly_at_a_fractional_deadline_opens_a_new_window(
     st.sampled_from(["trailing", "leading", "both"]),
     st.integers(0, 1500),
     st.one_of(st.none(), st.integers(0, 3000)),
+    st.sampled_from(BATCHES),
 )
 def test_replay_matches_the_model_on_fractional_and_negative_times(
-    raw: list[tuple[int, str]], mode: str, delay_ms: int, extra_ms: int | None
+    raw: list[tuple[int, str]], mode: str, delay_ms: int, extra_ms: int | None, batch: int
 ) -> None:
     # Times in thousandths: decimal fractions that binary floats cannot hold exactly.
     events = [Event(ts / 1000, key, {"n": i}, i + 1) for i, (ts, key) in enumerate(sorted(raw))]
@@ -384,7 +411,8 @@ def test_replay_matches_the_model_on_fractional_and_negative_times(
         (f.fired_at, f.key[1], f.first_ping_at, f.ping_count, f.edge, f.payload["n"])
         for f in model.fires
     )
-    result = replay(events, delay=delay, max_delay=max_delay, mode=mode)
+    with mock.patch.object(_replay, "_BATCH", batch):
+        result = replay(events, delay=delay, max_delay=max_delay, mode=mode)
     got = sorted(
         (f.fired_at, f.key, f.first_ping_at, f.pings, f.edge, f.payload["n"]) for f in result.fires
     )
@@ -495,6 +523,7 @@ def test_replay_order_field_must_be_a_number_on_every_line(
     st.sampled_from(["allow", "queue-latest"]),
     st.sampled_from([0.0, 1 / 1024, 3 + 1 / 1024, 8 + 1 / 1024]),
     st.booleans(),
+    st.sampled_from(BATCHES),
 )
 def test_replay_with_options_matches_the_model(
     raw: list[tuple[int, str, int]],
@@ -504,6 +533,7 @@ def test_replay_with_options_matches_the_model(
     overlap: str,
     run_time: float,
     ordered: bool,
+    batch: int,
 ) -> None:
     # Integer times; runs end off the integer grid (a run's end is an event, not a
     # deadline, so it must not tie with a ping).
@@ -525,15 +555,16 @@ def test_replay_with_options_matches_the_model(
         (f.fired_at, f.key[1], f.first_ping_at, f.ping_count, f.edge, str(ns(f.payload)))
         for f in model.fires
     )
-    result = replay(
-        events,
-        delay=delay,
-        max_count=max_count,
-        payload_policy=payload,
-        overlap=overlap,
-        run_time=run_time,
-        order_field="seq" if ordered else None,
-    )
+    with mock.patch.object(_replay, "_BATCH", batch):
+        result = replay(
+            events,
+            delay=delay,
+            max_count=max_count,
+            payload_policy=payload,
+            overlap=overlap,
+            run_time=run_time,
+            order_field="seq" if ordered else None,
+        )
     got = sorted(
         (f.fired_at, f.key, f.first_ping_at, f.pings, f.edge, str(ns(f.payload)))
         for f in result.fires

@@ -103,6 +103,11 @@ def _report(on_error: ErrorCallback, fire: Fire, exc: Exception) -> None:
     on_error(fire, exc)
 
 
+def _abort_sleep(_: Any) -> trio.lowlevel.Abort:
+    """The abort function of a window task's sleep: any cancellation ends it."""
+    return trio.lowlevel.Abort.SUCCEEDED
+
+
 def _closed_error() -> trio.ClosedResourceError:
     return trio.ClosedResourceError("this coordinator's async with block has exited")
 
@@ -171,6 +176,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._running = 0
         self._pings = 0
         self._coalesced = 0
+        # Pings taken by debounce_nowait's inlined hot path: counted in both of the
+        # above by statistics() (one increment per ping instead of two).
+        self._hot_pings = 0
         self._fires = 0
         self._cancelled = 0
         self._handler_errors = 0
@@ -331,8 +339,16 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     on_fire,
                     shared_options,
                 )
-        result = self._debounce_local(
-            workflow, key, payload, delay, max_delay, mode, run_id, on_fire
+        # debounce_nowait's inlined hot path serves the common coalescing ping.
+        result = self.debounce_nowait(
+            workflow,
+            key,
+            payload,
+            delay=delay,
+            max_delay=max_delay,
+            mode=mode,
+            run_id=run_id,
+            on_fire=on_fire,
         )
         await trio.lowlevel.cancel_shielded_checkpoint()
         return result
@@ -429,15 +445,54 @@ class Coordinator(metaclass=_NoPublicConstructor):
           LookupError: neither this ping, nor the window's earlier pings, give an
             ``on_fire`` and no handler is registered for ``workflow``.
         """
-        if self._backend is not None:
-            raise RuntimeError(
-                "debounce_nowait() cannot reach the backend (it does no I/O); with "
-                "open_coordinator(backend=...) use await coordinator.debounce()"
-            )
-        if options:
+        if options or self._backend is not None:
+            if self._backend is not None:
+                raise RuntimeError(
+                    "debounce_nowait() cannot reach the backend (it does no I/O); with "
+                    "open_coordinator(backend=...) use await coordinator.debounce()"
+                )
             return self._debounce_options(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
             )
+        # The hot path, inlined (no second frame): a ping with a float delay and no
+        # on_fire into an open pending default window of the same mode (its run_id is
+        # checked and, as for any ping into an open window, ignored). It
+        # does what _debounce_local does for such a ping, and never touches Trio's
+        # deadline heap (see _window_task); every other ping takes _debounce_local.
+        try:
+            window = self._windows.get((workflow, key))
+        except TypeError:  # unhashable: _debounce_local names the bad argument
+            window = None
+        if (
+            window is not None
+            and window.trailing
+            and window.opts is None
+            and on_fire is None
+            and (run_id is None or (type(run_id) is str and run_id))
+            and type(delay) is float
+            and 0.0 <= delay < _INF
+            and (max_delay is None or (type(max_delay) is float and delay <= max_delay < _INF))
+            and (mode is window.mode or mode == window.mode)
+            and (window.on_fire is not None or workflow in self._handlers)
+        ):
+            now = self._now()
+            due = window.deadline
+            if now < due:
+                deadline = now + delay
+                cap = window.cap
+                if deadline > cap:
+                    deadline = cap
+                if deadline < due and window.scope is not None:
+                    # The rare move to an earlier time wakes the sleeping task earlier.
+                    window.scope.deadline = deadline
+                window.deadline = deadline
+                window.payload = payload
+                count = window.count + 1
+                window.count = count
+                self._hot_pings += 1
+                return _new_tuple(
+                    DebounceResult, (_COALESCE, window.run_id, deadline, count, True, True)
+                )
         return self._debounce_local(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)
 
     def _debounce_local(
@@ -1698,7 +1753,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     break
                 with trio.CancelScope(deadline=deadline) as scope:
                     window.scope = scope
-                    await trio.sleep_forever()
+                    # trio.sleep_forever() without its coroutine frame and abort
+                    # closure: most of an open window's memory is its sleeping task.
+                    await trio.lowlevel.wait_task_rescheduled(_abort_sleep)
                 window.scope = None
         except trio.Cancelled:
             # The coordinator is going down: its nursery was cancelled (an abort, or the
@@ -1919,8 +1976,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             open_windows=len(self),
             pending_trailing_fires=self._pending,
             running_handlers=self._running,
-            pings=self._pings,
-            coalesced=self._coalesced,
+            pings=self._pings + self._hot_pings,
+            coalesced=self._coalesced + self._hot_pings,
             fires=self._fires,
             cancelled=self._cancelled,
             handler_errors=self._handler_errors,
