@@ -253,11 +253,11 @@ def write(results_path: Path, out: Path = OUT) -> Path:
         f"- {m['implementation']} {m['python']}, trio {m['trio']}, pyperf {m['pyperf']}; "
         f"{m['platform']}",
         f"- load average (1, 5, 15 min) at the start {m['loadavg_start']}, at the end "
-        f"{m.get('loadavg_end')}; started {m['started']}; the whole run took "
+        f"{m.get('loadavg_end', '(not finished)')}; started {m['started']}; the whole run took "
         f"{results['seconds']:.0f} s",
         "",
     ]
-    for key, item in results["items"].items():
+    for key, item in sorted(results["items"].items(), key=lambda kv: int(kv[0])):
         title = item["title"]
         lines += [title, "-" * len(title), "", DESCRIPTIONS.get(key, ""), ""]
         lines.append(
