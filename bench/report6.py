@@ -259,6 +259,7 @@ def write(results_path: Path, out: Path = OUT) -> Path:
         f"- load average (1, 5, 15 min) at the start {m['loadavg_start']}, at the end "
         f"{m.get('loadavg_end', '(not finished)')}; started {m['started']}; the whole run took "
         f"{results['seconds']:.0f} s",
+        *[f"- {note}" for note in results.get("notes", [])],
         "",
     ]
     for key, item in sorted(results["items"].items(), key=lambda kv: int(kv[0])):
