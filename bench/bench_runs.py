@@ -106,6 +106,7 @@ def _figure(per_call: list[float], calls: int) -> dict[str, Any]:
         "rounds": len(per_call),
         "calls": calls,
         "load": _load(),
+        "values_s": per_call,
     }
 
 
@@ -292,7 +293,15 @@ async def bulk_create(store: RunStore, runs: list[StoredRun]) -> float:
 # ----------------------------------------------------------------- 1. schedule
 
 
-async def bench_schedule(kind: str, tmp: str, rounds: int, batch: int) -> dict[str, Any]:
+async def bench_schedule(
+    kind: str,
+    tmp: str,
+    rounds: int,
+    batch: int,
+    extra: dict[str, Callable[[int], Awaitable[float]]] | None = None,
+) -> dict[str, Any]:
+    """The ``schedule`` figures of ``kind``'s store; ``extra`` variants (seconds for
+    ``batch`` calls, given the round index) run in the same rotation."""
     async with open_store(kind, tmp) as store:
         options = RunOptions(process_id=f"bench-{kind}")
         async with trio_debounce.open_coordinator(
@@ -358,6 +367,7 @@ async def bench_schedule(kind: str, tmp: str, rounds: int, batch: int) -> dict[s
                     "get+create": get_create,
                     "schedule-x10": lambda r: concurrently(schedule_task, "sx", r),
                     "create-x10": lambda r: concurrently(create_task, "cx", r),
+                    **(extra or {}),
                 },
                 rounds,
                 batch,
@@ -368,9 +378,17 @@ async def bench_schedule(kind: str, tmp: str, rounds: int, batch: int) -> dict[s
 # ----------------------------------------------------------------- 2. heartbeat
 
 
-async def _time_calls(fn: Callable[[], Awaitable[Any]], budget: float = 4.0) -> dict[str, Any]:
+#: Seconds :func:`_time_calls` spends on one figure (bench/issue6.py lowers it).
+TIME_CALLS_BUDGET = 4.0
+
+
+async def _time_calls(
+    fn: Callable[[], Awaitable[Any]], budget: float | None = None
+) -> dict[str, Any]:
     """Time ``fn`` after a warm-up call: as many calls as fit in ``budget`` seconds
-    (2 to 50)."""
+    (:data:`TIME_CALLS_BUDGET` when None; 2 to 50 calls)."""
+    if budget is None:
+        budget = TIME_CALLS_BUDGET
     t0 = time.perf_counter()
     await fn()  # warm-up
     n = max(2, min(50, int(budget / max(time.perf_counter() - t0, 1e-6))))

@@ -1,0 +1,425 @@
+"""Issue 6, items 1-4: the in-memory coordinator against its baselines.
+
+The timed micro-benchmarks (items 1 and 2's ping cost) are pyperf time functions,
+registered by ``bench/pyperf_local.py``; each takes a fixed ``loops`` and runs its own
+fresh event loop. The rest (item 2's memory, item 3's fire lateness, item 4's replays)
+are plain functions returning their figure, run in fresh loops or processes by
+``bench/issue6.py``; ``python bench/local_items.py memory|naive-replay|generate ...``
+runs one of them in a process of its own and prints JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import random
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+import trio_debounce
+
+WF = "wf"
+DELAY = 3600.0
+
+
+async def _noop(fire: trio_debounce.Fire) -> None:
+    pass
+
+
+# ----------------------------------------------------------------- item 1
+
+
+def ping_nowait(loops: int) -> float:
+    """``debounce_nowait`` into an open trailing window, ``loops`` times."""
+
+    async def main() -> float:
+        async with trio_debounce.open_coordinator(
+            handlers={WF: _noop}, on_exit="cancel"
+        ) as coordinator:
+            ping = coordinator.debounce_nowait
+            ping(WF, "k", None, delay=DELAY)
+            t0 = time.perf_counter()
+            for _ in range(loops):
+                ping(WF, "k", None, delay=DELAY)
+            return time.perf_counter() - t0
+
+    return trio.run(main)
+
+
+def ping_async(loops: int) -> float:
+    """``await debounce()`` into an open trailing window, ``loops`` times."""
+
+    async def main() -> float:
+        async with trio_debounce.open_coordinator(
+            handlers={WF: _noop}, on_exit="cancel"
+        ) as coordinator:
+            ping = coordinator.debounce
+            await ping(WF, "k", None, delay=DELAY)
+            t0 = time.perf_counter()
+            for _ in range(loops):
+                await ping(WF, "k", None, delay=DELAY)
+            return time.perf_counter() - t0
+
+    return trio.run(main)
+
+
+def checkpoint(loops: int) -> float:
+    """A bare ``await trio.lowlevel.checkpoint()``."""
+
+    async def main() -> float:
+        cp = trio.lowlevel.checkpoint
+        t0 = time.perf_counter()
+        for _ in range(loops):
+            await cp()
+        return time.perf_counter() - t0
+
+    return trio.run(main)
+
+
+def naive_trio(loops: int) -> float:
+    """Baseline (a): cancel the pending timer task's cancel scope and spawn a new task
+    per ping (a checkpoint per ping lets the new task start and the old one end)."""
+
+    async def main() -> float:
+        scope: list[trio.CancelScope] = []
+
+        async def timer() -> None:
+            with trio.CancelScope() as own:
+                scope[:] = [own]
+                await trio.sleep(DELAY)
+
+        async with trio.open_nursery() as nursery:
+            t0 = time.perf_counter()
+            for _ in range(loops):
+                if scope:
+                    scope[0].cancel()
+                nursery.start_soon(timer)
+                await trio.lowlevel.checkpoint()
+            elapsed = time.perf_counter() - t0
+            nursery.cancel_scope.cancel()
+        return elapsed
+
+    return trio.run(main)
+
+
+def asyncio_call_later(loops: int) -> float:
+    """Baseline (b): an asyncio ``call_later`` handle cancelled and re-armed per ping,
+    on a fresh loop."""
+
+    def fire() -> None:
+        pass
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        later = loop.call_later
+        handle = later(DELAY, fire)
+        t0 = time.perf_counter()
+        for _ in range(loops):
+            handle.cancel()
+            handle = later(DELAY, fire)
+        elapsed = time.perf_counter() - t0
+        handle.cancel()
+        return elapsed
+
+    return asyncio.run(main())
+
+
+def throttlebounce_debounce(loops: int) -> float:
+    """Baseline (c): ``throttlebounce.async_debounce`` (PyPI; unkeyed, asyncio), one
+    call per ping into its open trailing window, on a fresh loop."""
+    from throttlebounce import async_debounce
+
+    async def main() -> float:
+        @async_debounce(DELAY)
+        async def job(value: object) -> None:
+            pass
+
+        job(None)
+        t0 = time.perf_counter()
+        for _ in range(loops):
+            job(None)
+        elapsed = time.perf_counter() - t0
+        job.cancel()
+        return elapsed
+
+    return asyncio.run(main())
+
+
+# ----------------------------------------------------------------- item 2
+
+
+SCALE_PINGS_KEYS = 65_536  # random key draws, cycled
+
+
+def _rss() -> int:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    import resource
+
+    return pages * resource.getpagesize()
+
+
+def memory_per(kind: str, n: int) -> dict[str, float]:
+    """Bytes per open window (``kind="window"``) or per bare sleeping Trio task
+    (``"task"``: ``nursery.start_soon(trio.sleep, 3600)``), ``n`` of them, on a fresh
+    loop: the growth of traced Python memory (tracemalloc) and of the RSS."""
+    keys = [f"k{i}" for i in range(n)]
+
+    async def main() -> dict[str, float]:
+        async with (
+            trio_debounce.open_coordinator(handlers={WF: _noop}, on_exit="cancel") as coordinator,
+            trio.open_nursery() as nursery,
+        ):
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            rss0 = _rss()
+            traced0 = tracemalloc.get_traced_memory()[0]
+            if kind == "window":
+                ping = coordinator.debounce_nowait
+                for key in keys:
+                    ping(WF, key, None, delay=DELAY)
+            else:
+                for _ in keys:
+                    nursery.start_soon(trio.sleep, DELAY)
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            traced = tracemalloc.get_traced_memory()[0] - traced0
+            rss = _rss() - rss0
+            nursery.cancel_scope.cancel()
+            return {"traced": traced / n, "rss": rss / n}
+
+    tracemalloc.start()
+    try:
+        return trio.run(main)
+    finally:
+        tracemalloc.stop()
+
+
+def scale_round(sizes: list[int], loops: int) -> dict[str, Any]:
+    """One round of item 2 for the windows, on one fresh loop: bytes per window at
+    1,000 windows (tracemalloc, its own loop first), then windows opened up to each of
+    ``sizes`` in turn and, at each, the seconds per coalescing ping on random keys
+    (``loops`` pings); the RSS growth per window from 1,000 to the largest size."""
+    out: dict[str, Any] = {"traced_1000": memory_per("window", 1000)["traced"], "ping": {}}
+    keys = [f"k{i}" for i in range(max(sizes))]
+
+    async def main() -> None:
+        async with trio_debounce.open_coordinator(
+            handlers={WF: _noop}, on_exit="cancel"
+        ) as coordinator:
+            ping = coordinator.debounce_nowait
+            opened = 0
+            rss_1000 = None
+            for size in sizes:
+                for key in keys[opened:size]:
+                    ping(WF, key, None, delay=DELAY)
+                opened = size
+                await trio.testing.wait_all_tasks_blocked()
+                if size == 1000:
+                    gc.collect()
+                    rss_1000 = _rss()
+                rng = random.Random(size)
+                draws = [keys[rng.randrange(size)] for _ in range(min(loops, SCALE_PINGS_KEYS))]
+                n = len(draws)
+                t0 = time.perf_counter()
+                for i in range(loops):
+                    ping(WF, draws[i % n], None, delay=DELAY)
+                out["ping"][str(size)] = (time.perf_counter() - t0) / loops
+            if rss_1000 is not None and opened > 1000:
+                gc.collect()
+                out["rss_per_window"] = (_rss() - rss_1000) / (opened - 1000)
+
+    trio.run(main)
+    return out
+
+
+def task_round(n: int) -> dict[str, Any]:
+    """The baseline of :func:`scale_round`'s memory: bytes per bare sleeping Trio task
+    at 1,000 (tracemalloc) and the RSS growth per task from 1,000 to ``n`` tasks."""
+    out: dict[str, Any] = {"traced_1000": memory_per("task", 1000)["traced"]}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(1000):
+                nursery.start_soon(trio.sleep, DELAY)
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            rss_1000 = _rss()
+            for _ in range(n - 1000):
+                nursery.start_soon(trio.sleep, DELAY)
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            if n > 1000:
+                out["rss_per_task"] = (_rss() - rss_1000) / (n - 1000)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return out
+
+
+# ----------------------------------------------------------------- item 3
+
+
+def _due_times(n: int, spread: float, lead: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return sorted(lead + rng.uniform(0.0, spread) for _ in range(n))
+
+
+def fire_lateness(
+    kind: str, n: int, spread: float, seed: int = 3, lead: float | None = None
+) -> tuple[list[float], float]:
+    """Seconds late of each of ``n`` timers due uniformly over ``spread`` seconds on the
+    real clock, the first ``lead`` seconds (0.5 s + 0.2 s per 1,000 timers when None)
+    after the run starts: windows of the coordinator (``kind="windows"``; lateness from
+    the due time to the handler's start) or bare ``trio.sleep_until`` tasks
+    (``"sleep_until"``), set in random order. Also returns the set-up time: from the
+    start until every window's or task's task is blocked; a set-up longer than ``lead``
+    makes the lateness meaningless (the caller retries with a longer lead)."""
+    if lead is None:
+        lead = 0.5 + 2e-4 * n
+    offsets = _due_times(n, spread, lead, seed)
+    late: list[float] = []
+    all_fired = trio.Event()
+    setup = 0.0
+
+    async def handler(fire: trio_debounce.Fire) -> None:
+        late.append(trio.current_time() - fire.payload)
+        if len(late) == n:
+            all_fired.set()
+
+    async def sleeper(due: float) -> None:
+        await trio.sleep_until(due)
+        late.append(trio.current_time() - due)
+
+    async def main() -> None:
+        nonlocal setup
+        t0 = trio.current_time()
+        dues = [t0 + off for off in offsets]
+        order = list(range(n))
+        random.Random(seed + 1).shuffle(order)  # set in random order, not due order
+        if kind == "windows":
+            async with trio_debounce.open_coordinator(
+                handlers={WF: handler}, on_exit="cancel"
+            ) as coordinator:
+                for i in order:
+                    due = dues[i]
+                    # A window set after its due time (a slow machine) is due at once.
+                    delay = max(0.0, due - trio.current_time())
+                    coordinator.debounce_nowait(WF, f"k{i}", due, delay=delay)
+                await trio.testing.wait_all_tasks_blocked()
+                setup = trio.current_time() - t0
+                with trio.fail_after(lead + spread + 60):
+                    await all_fired.wait()
+        else:
+            async with trio.open_nursery() as nursery:
+                for i in order:
+                    nursery.start_soon(sleeper, dues[i])
+                await trio.testing.wait_all_tasks_blocked()
+                setup = trio.current_time() - t0
+
+    trio.run(main)
+    if len(late) != n:
+        raise RuntimeError(f"{len(late)} of {n} timers fired")
+    return late, setup
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    n = len(ordered)
+    return {
+        "p50": ordered[n // 2],
+        "p99": ordered[min(n - 1, int(0.99 * n))],
+        "max": ordered[-1],
+    }
+
+
+# ----------------------------------------------------------------- item 4
+
+REPLAY_DELAY = 1.0
+REPLAY_MAX_DELAY = 10.0
+
+
+def generate(path: Path, events: int, keys: int, seed: int = 6) -> None:
+    """A JSON-lines log of ``events`` events over ``keys`` keys (``events // keys``
+    each), deterministic: each key's events start at a uniform random time over
+    ``events / 1000`` seconds and follow at exponential intervals of mean 0.25 s
+    (bursts, which ``delay=1``, ``max_delay=10`` coalesce); sorted by time."""
+    rng = random.Random(seed)
+    per = events // keys
+    span = events / 1000.0
+    rows: list[tuple[float, int]] = []
+    for k in range(keys):
+        t = rng.uniform(0.0, span)
+        for _ in range(per):
+            rows.append((round(t, 4), k))
+            t += rng.expovariate(4.0)
+    rows.sort()
+    with open(path, "w") as out:
+        out.writelines(f'{{"ts": {t}, "key": "k{k:06d}"}}\n' for t, k in rows)
+
+
+def cli_replay_args(path: Path) -> list[str]:
+    return [
+        "-m",
+        "trio_debounce",
+        "replay",
+        str(path),
+        "--delay",
+        str(REPLAY_DELAY),
+        "--max-delay",
+        str(REPLAY_MAX_DELAY),
+        "--format",
+        "summary",
+    ]
+
+
+def naive_replay(path: Path) -> dict[str, Any]:
+    """The naive replay: the same log through a coordinator on a MockClock
+    (autojump), jumping the clock once per event with ``trio.sleep_until``."""
+    t0 = time.perf_counter()
+    lines = path.read_bytes().splitlines()
+    fires = 0
+
+    async def handler(fire: trio_debounce.Fire) -> None:
+        nonlocal fires
+        fires += 1
+
+    async def main() -> None:
+        async with trio_debounce.open_coordinator(handlers={WF: handler}) as coordinator:
+            for line in lines:
+                event = json.loads(line)
+                await trio.sleep_until(float(event["ts"]))
+                coordinator.debounce_nowait(
+                    WF, event["key"], event, delay=REPLAY_DELAY, max_delay=REPLAY_MAX_DELAY
+                )
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return {"events": len(lines), "fires": fires, "seconds": time.perf_counter() - t0}
+
+
+if __name__ == "__main__":
+    command = sys.argv[1]
+    if command in ("scale", "tasks"):
+        # A process of its own per round; os._exit skips tearing down 100,000s of tasks.
+        if command == "scale":
+            result = scale_round([int(x) for x in sys.argv[2].split(",")], int(sys.argv[3]))
+        else:
+            result = task_round(int(sys.argv[2]))
+        print(json.dumps(result), flush=True)
+        import os
+
+        os._exit(0)
+    elif command == "memory":
+        print(json.dumps(memory_per(sys.argv[2], int(sys.argv[3]))))
+    elif command == "naive-replay":
+        print(json.dumps(naive_replay(Path(sys.argv[2]))))
+    elif command == "generate":
+        generate(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        raise SystemExit(f"unknown command {command!r}")

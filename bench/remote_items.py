@@ -1,0 +1,320 @@
+"""Issue 6, items 5-7: the NATS JetStream KV backend on a real loopback nats-server.
+
+* item 5, :func:`count_requests`: NATS requests per operation and delivery mode. Every
+  message a client sends to the server goes through ``nats.aio.client.Client.publish``
+  (requests, JetStream publishes, flow-control replies); :class:`PublishCounter`
+  counts them, so the figure holds whatever the backend does inside.
+* item 6, :func:`ping_latencies` against :func:`raw_latencies`: an owner ping through
+  the backend on Trio, against raw nats-py on plain asyncio doing the KV operations an
+  owner ping does (taken from the counter: the sequence of KV subjects it touched).
+* item 7, :func:`hot_key`: tasks pinging one key; ``python bench/remote_items.py
+  hot-proc URL BUCKET TASKS PINGS START CAP`` is one of the processes of the 4-process case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import trio
+
+import trio_debounce
+from trio_debounce.nats import NatsConfig, open_nats_backend
+
+WF = "wf"
+
+
+async def _noop(fire: trio_debounce.Fire) -> None:
+    pass
+
+
+def config(url: str, bucket: str | None = None, **kw: Any) -> NatsConfig:
+    return NatsConfig(
+        servers=(url,), bucket=bucket or f"b{uuid.uuid4().hex[:12]}", op_timeout=5.0, **kw
+    )
+
+
+# ----------------------------------------------------------------- item 5
+
+
+class PublishCounter:
+    """Counts the messages every nats-py client of this process publishes, by kind:
+    the KV key's first segment (``w``, ``f``, ``p``, ...) for KV publishes and direct
+    gets, ``api`` for other JetStream API requests, ``other`` for the rest."""
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+        self.counts: Counter[str] = Counter()
+        self.log: list[tuple[str, str, int]] = []  # (op, key, payload bytes)
+
+    def classify(self, subject: str, payload: bytes) -> tuple[str, str, str]:
+        kv = f"$KV.{self.bucket}."
+        if subject.startswith(kv):
+            key = subject[len(kv) :]
+            return key.split(".", 1)[0], "put", key
+        if subject.startswith(f"$JS.API.DIRECT.GET.KV_{self.bucket}."):
+            key = subject.rsplit(kv, 1)[-1]
+            return key.split(".", 1)[0], "get", key
+        if subject.startswith("$JS.API."):
+            text = payload.decode(errors="replace")
+            if kv in text:
+                key = text.split(kv, 1)[1].split('"', 1)[0]
+                return key.split(".", 1)[0], "get", key
+            return "api", "api", subject
+        return "other", "other", subject
+
+    @contextmanager
+    def installed(self) -> Iterator[PublishCounter]:
+        from nats.aio.client import Client
+
+        original = Client.publish
+        counter = self
+
+        async def publish(self: Any, subject: str, payload: bytes = b"", *a: Any, **kw: Any) -> Any:
+            kind, op, key = counter.classify(subject, payload)
+            counter.counts[kind] += 1
+            counter.log.append((op, key, len(payload)))
+            return await original(self, subject, payload, *a, **kw)
+
+        Client.publish = publish  # type: ignore[method-assign]
+        try:
+            yield self
+        finally:
+            Client.publish = original  # type: ignore[method-assign]
+
+    def take(self) -> tuple[Counter[str], list[tuple[str, str, int]]]:
+        counts, log = self.counts, self.log
+        self.counts, self.log = Counter(), []
+        return counts, log
+
+
+def _requests(counts: Counter[str]) -> int:
+    """Requests of an operation: all but process-lease renewals (``p``)."""
+    return sum(v for k, v in counts.items() if k != "p")
+
+
+async def count_requests(url: str, delivery: str, keys: int = 10) -> dict[str, Any]:
+    """Requests per operation under ``delivery``, each the mean over ``keys`` keys:
+    ``open`` (a first ping: a new window), ``owner-ping`` (a ping from the window's
+    owner), ``other-ping`` (a ping from a second process, not the owner) and
+    ``finalize`` (from the window's due time until its fire is done, both processes'
+    requests). Also the owner ping's KV operation sequence, for item 6's baseline."""
+    cfg = config(url)
+    counter = PublishCounter(cfg.bucket)
+    fired = trio.Event()
+    done: list[str] = []
+
+    async def handler(fire: trio_debounce.Fire) -> None:
+        done.append(fire.key)
+        if len(done) == keys:
+            fired.set()
+
+    out: dict[str, Any] = {"delivery": delivery, "keys": keys}
+    with counter.installed():
+        async with (
+            open_nats_backend(cfg) as backend_a,
+            open_nats_backend(cfg) as backend_b,
+            trio_debounce.open_coordinator(
+                handlers={WF: handler},
+                backend=backend_a,
+                delivery=delivery,  # type: ignore[arg-type]
+                on_exit="cancel",
+            ) as a,
+            trio_debounce.open_coordinator(
+                handlers={WF: handler},
+                backend=backend_b,
+                delivery=delivery,  # type: ignore[arg-type]
+                on_exit="cancel",
+            ) as b,
+        ):
+            names = [f"key{i}" for i in range(keys)]
+            await a.debounce(WF, "warm", delay=3600.0)
+            await trio.sleep(0.2)
+            phases: dict[str, Any] = {}
+
+            async def phase(
+                name: str, coordinator: trio_debounce.Coordinator, delay: float
+            ) -> None:
+                counter.take()
+                for key in names:
+                    await coordinator.debounce(WF, key, {"n": 1}, delay=delay)
+                counts, log = counter.take()
+                phases[name] = (counts, log)
+
+            await phase("open", a, 3600.0)
+            await phase("owner-ping", a, 3600.0)
+            await phase("other-ping", b, 3600.0)
+            # Finalize: new windows due in 1.5 s, owned by a.
+            names = [f"fin{i}" for i in range(keys)]
+            await phase("open-finalized", a, 1.5)
+            with trio.fail_after(30):
+                await fired.wait()
+            await trio.sleep(0.5)  # completion writes after the handlers
+            phases["finalize"] = counter.take()
+            for name, (counts, _) in phases.items():
+                out[name] = {
+                    "requests": _requests(counts) / keys,
+                    "by_kind": {k: v / keys for k, v in sorted(counts.items())},
+                }
+            # The pings were sequential: the first key's share of the log is one ping's.
+            owner_log = phases["owner-ping"][1]
+            first = [e for e in owner_log if e[0] in ("get", "put")][: len(owner_log) // keys]
+            out["owner-ping-ops"] = [(op, size) for op, _, size in first]
+    return out
+
+
+# ----------------------------------------------------------------- item 6
+
+
+async def ping_latencies(url: str, pings: int, warm: int = 20) -> list[float]:
+    """Seconds of each of ``pings`` owner pings (``await debounce``) into one window,
+    through the NATS backend on a fresh Trio loop (run with ``trio.run``)."""
+    async with (
+        open_nats_backend(config(url)) as backend,
+        trio_debounce.open_coordinator(
+            handlers={WF: _noop}, backend=backend, on_exit="cancel"
+        ) as coordinator,
+    ):
+        for _ in range(warm + 1):
+            await coordinator.debounce(WF, "k", {"n": 1}, delay=3600.0)
+        out = []
+        for _ in range(pings):
+            t0 = time.perf_counter()
+            await coordinator.debounce(WF, "k", {"n": 1}, delay=3600.0)
+            out.append(time.perf_counter() - t0)
+        return out
+
+
+def raw_latencies(url: str, ops: list[tuple[str, int]], pings: int, warm: int = 20) -> list[float]:
+    """Raw nats-py on a fresh plain asyncio loop: per ping, the KV operations ``ops``
+    (``("get", _)`` a ``kv.get``, ``("put", size)`` a ``kv.update`` of ``size`` bytes
+    against the last revision seen) on one key; seconds of each ping."""
+    import nats
+
+    async def main() -> list[float]:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            bucket = f"raw{uuid.uuid4().hex[:10]}"
+            kv = await js.create_key_value(bucket=bucket, history=1)
+            rev = await kv.create("w.raw", b"x")
+            values = {size: b"x" * max(size, 1) for _, size in ops}
+
+            async def ping() -> None:
+                nonlocal rev
+                for op, size in ops:
+                    if op == "get":
+                        entry = await kv.get("w.raw")
+                        rev = entry.revision or rev
+                    else:
+                        rev = await kv.update("w.raw", values[size], last=rev)
+
+            for _ in range(warm):
+                await ping()
+            out = []
+            for _ in range(pings):
+                t0 = time.perf_counter()
+                await ping()
+                out.append(time.perf_counter() - t0)
+            await js.delete_key_value(bucket)
+            return out
+        finally:
+            await nc.close()
+
+    return asyncio.run(main())
+
+
+def p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ----------------------------------------------------------------- item 7
+
+
+async def hot_key(
+    url: str,
+    tasks: int,
+    pings: int,
+    bucket: str | None = None,
+    start_at: float | None = None,
+    cap: float = 3.0,
+) -> dict[str, Any]:
+    """``tasks`` tasks of one coordinator pinging one key (``pings`` in all, split
+    evenly), each awaiting its ``debounce()``, for at most ``cap`` seconds; acknowledged
+    (stored) pings per second of the time taken. Errors (``on_backend_error="raise"``)
+    and unstored pings are counted, not retried."""
+    per_task = max(1, pings // tasks)
+    acked = unstored = errors = 0
+    async with (
+        open_nats_backend(config(url, bucket)) as backend,
+        trio_debounce.open_coordinator(
+            handlers={WF: _noop}, backend=backend, on_exit="cancel", on_backend_error="raise"
+        ) as coordinator,
+    ):
+        await coordinator.debounce(WF, "hot", 0, delay=3600.0)
+        if start_at is not None:  # the processes of the multi-process case start together
+            await trio.sleep(max(0.0, start_at - time.time()))
+
+        async def worker(w: int) -> None:
+            nonlocal acked, unstored, errors
+            for i in range(per_task):
+                try:
+                    result = await coordinator.debounce(WF, "hot", w * per_task + i, delay=3600.0)
+                except trio_debounce.BackendError:
+                    errors += 1
+                    continue
+                if result.stored:
+                    acked += 1
+                else:
+                    unstored += 1
+
+        wall_start = time.time()
+        t0 = time.perf_counter()
+        with trio.move_on_after(cap) as capped:
+            async with trio.open_nursery() as nursery:
+                for w in range(tasks):
+                    nursery.start_soon(worker, w)
+        elapsed = time.perf_counter() - t0
+    return {
+        "wall_start": wall_start,
+        "wall_end": wall_start + elapsed,
+        "tasks": tasks,
+        "pings": per_task * tasks,
+        "acked": acked,
+        "unstored": unstored,
+        "errors": errors,
+        "seconds": elapsed,
+        "per_s": acked / elapsed,
+        "capped": capped.cancelled_caught,
+    }
+
+
+def _hot_proc(url: str, bucket: str, tasks: int, pings: int, start: float, cap: float) -> None:
+    print(json.dumps(trio.run(hot_key, url, tasks, pings, bucket, start, cap)))
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    return {"p50": statistics.median(values), "p99": p(values, 0.99), "max": max(values)}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "hot-proc":
+        _hot_proc(
+            sys.argv[2],
+            sys.argv[3],
+            int(sys.argv[4]),
+            int(sys.argv[5]),
+            float(sys.argv[6]),
+            float(sys.argv[7]),
+        )
+    else:
+        raise SystemExit(f"unknown command {sys.argv[1]!r}")
