@@ -223,22 +223,30 @@ async def test_set_reducer_validates(autojump_clock: trio.testing.MockClock) -> 
             c.set_reducer("x", lambda a, b: b, initial=[])  # type: ignore[arg-type]
 
 
-async def test_options_with_a_backend_raise_naming_the_option(
+async def test_options_with_a_backend_are_checked_as_in_process(
     autojump_clock: trio.testing.MockClock, recorder: Recorder
 ) -> None:
     async with open_coordinator(
         handlers={WF: recorder}, backend=MemoryBackend(MemoryStore(), process_id="p1")
     ) as c:
-        cases: list[tuple[dict[str, Any], str]] = [
-            ({"payload_policy": "collect"}, "overflow"),
-            ({"max_count": 2, "payload_policy": "sum"}, "payload_policy"),
-            ({"overlap": "queue-latest"}, "overlap"),
-            ({"order_key": 3, "drop_stale": True}, "drop_stale"),
-            ({"overlap": "queue-latest", "max_count": 3}, "overlap"),
+        cases: list[tuple[dict[str, Any], type[Exception], str]] = [
+            # a reducer this process lacks (every process must register the same one)
+            ({"payload_policy": "sum"}, ValueError, "payload_policy must be one of"),
+            ({"overlap": "queue-latest", "mode": "both"}, ValueError, "needs mode='trailing'"),
+            ({"drop_stale": True}, ValueError, "drop_stale=True needs an order_key"),
+            ({"order_key": 1, "drop_stale": 1}, TypeError, "drop_stale must be a bool"),
+            ({"run_timeout": 1.0}, ValueError, "run_timeout bounds"),
+            ({"overflow": "drop-oldest", "payload_policy": "first"}, ValueError, "overflow"),
+            ({"order_key": math.nan}, ValueError, "order_key must be finite"),
+            ({"max_itemz": 3}, TypeError, "unexpected keyword argument 'max_itemz'"),
         ]
-        for kwargs, name in cases:
-            with pytest.raises(NotImplementedError, match=rf"debounce\({name}=\.\.\.\) is not"):
+        for kwargs, error, message in cases:
+            with pytest.raises(error, match=message):
                 await c.debounce(WF, "k", 1, delay=1.0, **kwargs)
+        assert not c.has(WF, "k")
+        c.set_reducer("sum", lambda a, b: a + b, initial=int)
+        with pytest.raises(ValueError, match="order_key cannot be combined with the reducer"):
+            await c.debounce(WF, "k", 1, delay=1.0, payload_policy="sum", order_key=1)
         # the defaults spelled out (an equal string built at run time) are the defaults
         r = await c.debounce(WF, "k", 1, delay=1.0, payload_policy="".join("last"), overlap="allow")
         assert r.ping_count == 1
@@ -775,7 +783,7 @@ async def test_shared_order_key_and_first_keep_the_right_payload_across_processe
             await b.debounce(WF, "last", "x", delay=5.0)
         with pytest.raises(ValueError, match="payload_policy 'last' differs from the payload_"):
             await c.debounce(WF, "first", "x", delay=5.0, order_key=1)
-        with pytest.raises(NotImplementedError, match="drop_stale"):
+        with pytest.raises(ValueError, match="payload_policy 'last' differs"):
             await c.debounce(WF, "first", "x", delay=5.0, order_key=1, drop_stale=True)
     payloads = {f.key: (f.payload, f.ping_count) for _, f in fires.log}
     assert payloads == {
@@ -801,8 +809,14 @@ def test_window_documents_with_max_count_are_version_2_and_version_1_still_reads
     assert json.loads(ordered.encode())["v"] == 2
     assert WindowDoc.decode(ordered.encode()) == ordered
     collected = replace(
-        doc, payload_policy="collect", max_items=5, ranks=((0.0, 0), (2.5, 1)), payload="[1,2]"
+        doc,
+        payload_policy="collect",
+        max_items=5,
+        ranks=((0.0, 0), (2.5, 1)),
+        payload="[1,2]",
+        overflow="drop-oldest",
     )
+    assert json.loads(collected.encode())["v"] == 2
     assert WindowDoc.decode(collected.encode()) == collected
 
 
@@ -867,6 +881,161 @@ def test_shared_options_match_the_model(
     assert [(k, p, n) for k, p, n, _ in got] == [(k, p, n) for k, p, n, _ in expected]
     for (_, _, _, at), (_, _, _, want) in zip(got, expected, strict=True):
         assert at == pytest.approx(want, abs=0.05)
+
+
+def _sum(acc: int, new: int) -> int:
+    return acc + new
+
+
+def _append(acc: list[int], new: int) -> list[int]:
+    acc.append(new)  # mutates: a shared initial list would leak between windows
+    return acc
+
+
+#: Reducers every simulated process registers (JSON values: the accumulated value
+#: lives in the shared document).
+SHARED_REDUCERS: dict[str, tuple[Any, Any]] = {"sum": (_sum, int), "tail": (_append, list)}
+
+
+#: Handler times of the shared property test (see shared_timelines).
+HOLDS = (0.25 + 1 / 1024, 1.25 + 1 / 1024, 4.25 + 1 / 1024)
+
+
+@st.composite
+def shared_timelines(draw: st.DrawFn) -> dict[str, Any]:
+    """Pings at whole seconds from three processes on two keys, with one set of
+    options for the whole timeline; deadlines at half seconds, handler times and run
+    timeouts off that grid by a few 1/1024 s (sums of them too), so no two events meet:
+    a run that ends at the instant of a ping is a tie the scheduler decides, and shared
+    times pass through the wall clock and are only near, not equal."""
+    policy = draw(st.sampled_from(["last", "first", "collect", "sum", "tail"]))
+    accumulates = policy not in ("last", "first")
+    queue = draw(st.booleans())
+    mode = "trailing" if queue else draw(st.sampled_from(["trailing", "trailing", "both"]))
+    overflow = None
+    if accumulates:
+        overflows = [None, "fire-early"] + (["drop-oldest"] if policy == "collect" else [])
+        overflow = draw(st.sampled_from(overflows))
+    opts = Options(
+        max_count=draw(st.sampled_from([None, None, 1, 2, 3, 5])),
+        payload_policy=policy,
+        max_items=draw(st.sampled_from([None, 1, 2, 3])) if accumulates else None,
+        overflow=overflow,
+        overlap="queue-latest" if queue else "allow",
+        run_timeout=draw(st.sampled_from([None, 1.125 + 5 / 1024, 2.875 + 5 / 1024]))
+        if queue
+        else None,
+    )
+    ordered = policy in ("last", "first", "collect") and draw(st.booleans())
+    n = draw(st.integers(1, 20))
+    return {
+        "opts": opts,
+        "mode": mode,
+        "delay": draw(st.integers(0, 4)) + 0.5,
+        "pings": draw(
+            st.lists(
+                st.tuples(st.integers(1, 3), st.integers(0, 2), st.sampled_from("ab")),
+                min_size=n,
+                max_size=n,
+            )
+        ),
+        "orders": draw(st.lists(st.integers(0, 4), min_size=n, max_size=n)) if ordered else None,
+        "stale": draw(st.lists(st.booleans(), min_size=n, max_size=n)) if ordered else [False] * n,
+        "hold": draw(st.lists(st.sampled_from(HOLDS), min_size=n, max_size=n)),
+    }
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_timelines())
+def test_shared_windows_with_every_option_match_the_model(case: dict[str, Any]) -> None:
+    # Every result (outcome, run id, scheduled time, count) and every fire (key,
+    # payload, count, time) of three MemoryBackend processes, against the model, for
+    # max_count, every payload policy with both overflows, queue-latest with run
+    # timeouts and handler times, order keys and drop_stale.
+    opts, mode, delay = case["opts"], case["mode"], case["delay"]
+    pings, orders, stale, hold = case["pings"], case["orders"], case["stale"], case["hold"]
+    run_times = {f"r{i}": h for i, h in enumerate(hold)}
+    model = Model(reducers=dict(SHARED_REDUCERS), run_times=run_times)
+    t = 0.0
+    expected_results = []
+    for i, (dt, _, key) in enumerate(pings):
+        t += dt
+        order = None if orders is None else orders[i]
+        expected_results.append(
+            model.ping(t, (WF, key), i, delay, None, mode, f"r{i}", opts, order, stale[i])
+        )
+    model.finish(math.inf)
+    expected = sorted((f.key[1], f.edge, f.payload, f.ping_count, f.fired_at) for f in model.fires)
+
+    async def main() -> tuple[list[Any], list[tuple[str, str, Any, int, float]], int]:
+        store, log = MemoryStore(), []
+        t0 = trio.current_time()
+        running = 0
+        most = 0
+
+        async def handler(fire: Any) -> None:
+            nonlocal running, most
+            log.append(fire)
+            if fire.edge is Edge.TRAILING:
+                running += 1
+                most = max(most, running)
+                await trio.sleep(run_times[fire.run_id])
+                running -= 1
+
+        results = []
+        # Virtual time: a window that never fires fails the test instead of hanging.
+        with trio.fail_after(600):
+            async with AsyncExitStack() as stack:
+                coordinators = []
+                for name in "ABC":
+                    c = await stack.enter_async_context(
+                        open_coordinator(
+                            handlers={WF: handler},
+                            backend=MemoryBackend(
+                                store, process_id=name, process_lease=6.0, max_clock_skew=1.0
+                            ),
+                        )
+                    )
+                    for reducer, (fn, initial) in SHARED_REDUCERS.items():
+                        c.set_reducer(reducer, fn, initial=initial)
+                    coordinators.append(c)
+                for i, (dt, who, key) in enumerate(pings):
+                    await trio.sleep(dt)
+                    kwargs: dict[str, Any] = {
+                        "max_count": opts.max_count,
+                        "payload_policy": opts.payload_policy,
+                        "max_items": opts.max_items,
+                        "overflow": opts.overflow,
+                        "overlap": opts.overlap,
+                        "run_timeout": opts.run_timeout,
+                        "drop_stale": stale[i],
+                    }
+                    if orders is not None:
+                        kwargs["order_key"] = orders[i]
+                    r = await coordinators[who].debounce(
+                        WF, key, i, delay=delay, mode=mode, run_id=f"r{i}", **kwargs
+                    )
+                    at = None if r.scheduled_at is None else r.scheduled_at - t0
+                    results.append((r.outcome.value, r.active_run_id, at, r.ping_count))
+        fired = sorted((f.key, f.edge.value, f.payload, f.ping_count, f.fired_at - t0) for f in log)
+        return results, fired, most
+
+    results, got, most = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    for i, (got_result, want) in enumerate(zip(results, expected_results, strict=True)):
+        (outcome, run, at, count), (want_outcome, want_run, want_at, want_count) = got_result, want
+        assert (i, outcome, run, count) == (i, want_outcome, want_run, want_count)
+        assert (i, at is None) == (i, want_at is None)
+        if at is not None:
+            assert at == pytest.approx(want_at, abs=0.05)
+    assert [f[:4] for f in got] == [f[:4] for f in expected]
+    for fire, model_fire in zip(got, expected, strict=True):
+        assert fire[4] == pytest.approx(model_fire[4], abs=0.05)
+    if (
+        opts.overlap == "queue-latest"
+        and opts.run_timeout is None
+        and (opts.payload_policy in ("last", "first") or opts.overflow == "drop-oldest")
+    ):
+        assert most <= 2  # one run per key (two keys) at a time
 
 
 async def test_a_shared_collect_ping_that_cannot_be_stored_raises(
