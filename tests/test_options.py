@@ -29,7 +29,8 @@ from trio_debounce import (
     Outcome,
     open_coordinator,
 )
-from trio_debounce._protocol import WindowDoc
+from trio_debounce._keys import window_key
+from trio_debounce._protocol import RunMarker, WindowDoc
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
 from .conftest import Recorder
@@ -1061,3 +1062,230 @@ async def test_a_shared_collect_ping_that_cannot_be_stored_raises(
         assert b.statistics().unstored_pings == 0
         await b.debounce(WF, "k", "c", delay=5.0, **opts)
     assert [(p, f.payload) for p, f in fires.log] == [("A", ["a", "c"])]
+
+
+# ------------------------------- reducers, fire-early, queue-latest, drop_stale shared
+
+
+async def test_shared_reducer_folds_every_process_ping_into_the_document(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with _processes(store, fires, "ABC") as (a, b, c):
+        for who in (a, b, c):
+            who.set_reducer("tail", _append, initial=list)
+        await a.debounce(WF, "k", 1, delay=5.0, payload_policy="tail")
+        await b.debounce(WF, "k", 2, delay=5.0, payload_policy="tail")
+        r = await c.debounce(WF, "k", 3, delay=5.0, payload_policy="tail")
+        assert (r.outcome, r.ping_count) == (Outcome.COALESCE, 3)
+        # The accumulated value lives in the shared document (version 3), by name.
+        entry = store.raw_get(window_key(WF, "k"))
+        assert entry is not None
+        assert entry.value is not None
+        doc = json.loads(entry.value)
+        assert (doc["v"], doc["policy"], doc["payload"], doc["held"]) == (3, "tail", "[1,2,3]", 3)
+        # A process that lacks the reducer cannot ping the window: it raises, by name.
+        b.set_reducer("tail", None)
+        with pytest.raises(ValueError, match=r"payload_policy must be one of .* got 'tail'"):
+            await b.debounce(WF, "k", 4, delay=5.0, payload_policy="tail")
+        # A reducer that raises leaves the ping untaken.
+        c.set_reducer("tail", lambda acc, new: [*acc, 1 / new], initial=list)
+        with pytest.raises(ZeroDivisionError):
+            await c.debounce(WF, "k", 0, delay=5.0, payload_policy="tail")
+    assert [(p, f.payload, f.ping_count) for p, f in fires.log] == [("A", [1, 2, 3], 3)]
+
+
+async def test_shared_reducer_value_must_be_storable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with _processes(store, fires, "A") as (a,):
+        a.set_reducer("paths", lambda acc, p: acc | {p}, initial=set)
+        with pytest.raises(TypeError, match="cannot be stored as JSON"):
+            await a.debounce(WF, "k", "x", delay=5.0, payload_policy="paths")
+        assert not a.has(WF, "k")
+    assert fires.log == []
+
+
+async def test_shared_fire_early_the_overflowing_pinger_takes_the_fire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    opts: dict[str, Any] = {"payload_policy": "collect", "max_items": 2}
+    async with _processes(store, fires, "ABC") as (a, b, c):
+        for who in (a, b, c):
+            who.set_reducer("sum", _sum, initial=int)
+        t0 = trio.current_time()
+        await a.debounce(WF, "k", 1, delay=10.0, **opts)
+        await b.debounce(WF, "k", 2, delay=10.0, **opts)
+        await b.debounce(WF, "s", 1, delay=10.0, payload_policy="sum", max_items=2)
+        await c.debounce(WF, "s", 2, delay=10.0, payload_policy="sum", max_items=2)
+        await trio.sleep(1.0)
+        # Full: C's ping fires A's window at once (C takes it) and opens the next.
+        r = await c.debounce(WF, "k", 3, delay=10.0, **opts)
+        assert (r.outcome, r.owner, r.ping_count) == (Outcome.SCHEDULE_TRAILING, True, 1)
+        assert r.scheduled_at == _near(t0 + 11.0)
+        r = await a.debounce(WF, "s", 3, delay=10.0, payload_policy="sum", max_items=2)
+        assert (r.outcome, r.owner, r.ping_count) == (Outcome.SCHEDULE_TRAILING, True, 1)
+        await trio.sleep(0.5)
+        assert sorted((p, f.key, f.payload, f.ping_count) for p, f in fires.log) == [
+            ("A", "s", 3, 2),
+            ("C", "k", [1, 2], 2),
+        ]
+        assert all(f.fired_at == _near(t0 + 1.0) for _, f in fires.log)
+    assert sorted((p, f.key, f.payload) for p, f in fires.log)[-2:] == [
+        ("C", "k", [1, 2]),
+        ("C", "k", [3]),
+    ]
+    assert [(p, f.payload) for p, f in fires.of("s")] == [("A", 3), ("A", 3)]
+
+
+async def test_shared_fire_early_by_the_store_size_limit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The document's size limit bounds collect too: fire-early fires what it holds,
+    # drop-oldest drops more of the oldest; a payload too large alone raises.
+    store, fires = MemoryStore(max_value_bytes=1100), Fires()
+    big = "x" * 300
+    async with _processes(store, fires, "AB") as (a, b):
+        for i in range(3):
+            await (a, b)[i % 2].debounce(
+                WF, "early", f"{i}{big}", delay=5.0, payload_policy="collect"
+            )
+            await (a, b)[i % 2].debounce(
+                WF, "drop", f"{i}{big}", delay=5.0, payload_policy="collect", overflow="drop-oldest"
+            )
+        with pytest.raises(ValueError, match="exceeds 1100"):
+            await a.debounce(WF, "alone", "y" * 1000, delay=5.0, payload_policy="collect")
+    early = [[p[0] for p in f.payload] for _, f in fires.of("early")]
+    drop = [[p[0] for p in f.payload] for _, f in fires.of("drop")]
+    assert early == [["0", "1"], ["2"]]
+    assert drop == [["1", "2"]]
+    assert [f.ping_count for _, f in fires.of("drop")] == [3]
+
+
+async def test_shared_queue_latest_waits_for_a_run_in_another_process(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    opts: dict[str, Any] = {"overlap": "queue-latest"}
+    async with (
+        _processes(store, fires, "B") as (b,),
+        open_coordinator(
+            handlers={WF: fires.handler("A", hold=10.0)},
+            backend=MemoryBackend(store, process_id="A", process_lease=6.0),
+        ) as a,
+    ):
+        t0 = trio.current_time()
+        await a.debounce(WF, "k", "a", delay=1.0, **opts)  # A runs it, t0+1 .. t0+11
+        await trio.sleep(2.0)
+        r = await b.debounce(WF, "k", "b", delay=1.0, **opts)  # B owns the next window
+        assert (r.owner, r.scheduled_at) == (True, _near(t0 + 3.0))
+        await trio.sleep(3.0)  # t0+5: due, waiting for A's run
+        assert b.has(WF, "k")
+        status = await b.window_status(WF, "k")
+        assert status is not None
+        assert status.scheduled_at is None
+        r = await a.debounce(WF, "k", "c", delay=1.0, **opts)
+        assert (r.outcome, r.scheduled_at, r.ping_count) == (Outcome.COALESCE, None, 2)
+        r = await b.debounce(WF, "k", "d", delay=1.0, **opts)
+        assert (r.outcome, r.scheduled_at, r.ping_count) == (Outcome.COALESCE, None, 3)
+        with pytest.raises(ValueError, match="overlap 'allow' differs"):
+            await a.debounce(WF, "k", "x", delay=1.0)
+        await trio.sleep_until(t0 + 11.5)
+        # A's run returned: A took and fired the window (B notices when it looks again).
+        assert await b.window_status(WF, "k") is None
+    assert [(p, f.payload, f.ping_count) for p, f in fires.log] == [("A", "a", 1), ("A", "d", 3)]
+    assert fires.log[1][1].fired_at == _near(t0 + 11.0)
+
+
+async def test_shared_queue_latest_run_timeout_and_a_dead_runner(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    dead = MemoryBackend(store, process_id="A", process_lease=6.0, max_clock_skew=1.0)
+    async with _processes(store, fires, "B") as (b,):
+        t0 = trio.current_time()
+        with trio.CancelScope() as a_scope:
+            async with open_coordinator(
+                handlers={WF: fires.handler("A", hold=1000.0)}, backend=dead
+            ) as a:
+                await a.debounce(WF, "t", "a", delay=0.0, overlap="queue-latest", run_timeout=4.0)
+                await a.debounce(WF, "d", "a", delay=0.0, overlap="queue-latest")
+                await trio.sleep(1.0)
+                r = await b.debounce(
+                    WF, "t", "b", delay=0.5, overlap="queue-latest", run_timeout=4.0
+                )
+                assert r.scheduled_at == _near(t0 + 1.5)
+                r = await b.debounce(WF, "d", "b", delay=0.5, overlap="queue-latest")
+                assert r.scheduled_at == _near(t0 + 1.5)
+                await trio.sleep(1.0)
+                # A's runs hang; A "dies" (its lease is no longer renewed).
+                dead.faults.partitioned = True
+                a_scope.cancel()
+        await trio.sleep(20.0)
+    fired = {(p, f.key, f.payload): f.fired_at - t0 for p, f in fires.log}
+    assert fired[("B", "t", "b")] == _near(4.0)  # the run timed out at t0 + 4
+    # The run blocked until A's lease (renewed every 2 s, 6 s long) lapsed, plus skew.
+    assert 6.0 < fired[("B", "d", "b")] < 11.0
+
+
+async def test_shared_drop_stale_knows_the_last_fired_order_key_after_the_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with _processes(store, fires, "ABC") as (a, b, c):
+        await a.debounce(WF, "k", "e5", delay=1.0, order_key=5)
+        await b.debounce(WF, "k", "e7", delay=1.0, order_key=7)
+        await trio.sleep(2.0)  # fired; the tombstone keeps order key 7
+        r = await c.debounce(WF, "k", "e6", delay=1.0, order_key=6, drop_stale=True)
+        assert (r.outcome, r.active_run_id, r.scheduled_at, r.ping_count) == (
+            Outcome.STALE,
+            "",
+            None,
+            0,
+        )
+        assert c.statistics().stale_pings == 1
+        assert c.statistics().pings == 0
+        r = await c.debounce(WF, "k", "e8", delay=1.0, order_key=8, drop_stale=True)
+        assert r.outcome is Outcome.SCHEDULE_TRAILING
+        r = await a.debounce(WF, "k", "e7b", delay=1.0, order_key=7, drop_stale=True)
+        assert (r.outcome, r.ping_count) == (Outcome.STALE, 1)
+        await trio.sleep(2.0)
+        # Kept ten process leases after the key's last ping, then swept.
+        await trio.sleep(10 * 6.0 + 20.0)
+        assert store.raw_get(window_key(WF, "k")) is None
+        r = await b.debounce(WF, "k", "e1", delay=1.0, order_key=1, drop_stale=True)
+        assert r.outcome is Outcome.SCHEDULE_TRAILING
+    assert [f.payload for _, f in fires.log] == ["e7", "e8", "e1"]
+
+
+def test_version_3_documents_round_trip() -> None:
+    doc = WindowDoc("p", "e", "r", Mode.TRAILING, 1.0, None, 0.0, 0.0, 1.0, None, 1.0, 1, "w", "w")
+    reduced = replace(
+        doc, payload_policy="sum", max_items=9, overflow="fire-early", held=2, payload="3"
+    )
+    queued = replace(
+        doc,
+        queue=True,
+        run_timeout=2.5,
+        running=RunMarker("q", "e2", "r0", 5.0),
+        ordered=True,
+        order=3,
+        max_order=4,
+        fired_order=2,
+    )
+    early = replace(
+        doc, payload_policy="collect", max_items=2, overflow="fire-early", ranks=((0.0, 0),)
+    )
+    for d in (reduced, queued, early):
+        assert json.loads(d.encode())["v"] == 3
+        assert WindowDoc.decode(d.encode()) == d
+    bad = json.loads(reduced.encode())
+    bad["overflow"] = "drop-oldest"
+    with pytest.raises(ValueError, match="bad overflow"):
+        WindowDoc.decode(json.dumps(bad).encode())
+    # a version-2 reader's view: a reducer name is only valid in version 3
+    bad["v"] = 2
+    with pytest.raises(ValueError, match="bad payload policy 'sum'"):
+        WindowDoc.decode(json.dumps(bad).encode())
