@@ -1289,3 +1289,45 @@ def test_version_3_documents_round_trip() -> None:
     bad["v"] = 2
     with pytest.raises(ValueError, match="bad payload policy 'sum'"):
         WindowDoc.decode(json.dumps(bad).encode())
+
+
+async def test_shared_flush_and_cancel_while_a_run_blocks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # flush makes the window due now, so it waits for the run; cancel closes a window
+    # but keeps the run's state, so the next window still waits for it.
+    store, fires = MemoryStore(), Fires()
+    opts: dict[str, Any] = {"overlap": "queue-latest"}
+    async with (
+        _processes(store, fires, "B") as (b,),
+        open_coordinator(
+            handlers={WF: fires.handler("A", hold=10.0)},
+            backend=MemoryBackend(store, process_id="A", process_lease=6.0),
+        ) as a,
+    ):
+        t0 = trio.current_time()
+        await a.debounce(WF, "f", 1, delay=0.0, **opts)  # runs t0 .. t0+10
+        await a.debounce(WF, "c", 1, delay=0.0, **opts)  # runs t0 .. t0+10
+        await trio.sleep(1.0)
+        await b.debounce(WF, "f", 2, delay=5.0, **opts)
+        await b.debounce(WF, "c", 2, delay=5.0, **opts)
+        assert await b.flush(WF, "f")
+        await trio.sleep(1.0)
+        r = await b.debounce(WF, "f", 3, delay=5.0, **opts)
+        assert (r.outcome, r.scheduled_at, r.ping_count) == (Outcome.COALESCE, None, 2)
+        assert await b.cancel(WF, "c")
+        r = await b.debounce(WF, "c", 4, delay=0.5, **opts)
+        assert (r.outcome, r.ping_count) == (Outcome.SCHEDULE_TRAILING, 1)
+        await trio.sleep(1.0)
+        status = await a.window_status(WF, "c")
+        assert status is not None
+        assert status.scheduled_at is None  # waiting for the run
+    fired = sorted(
+        (f.key, f.payload, f.ping_count, round(f.fired_at - t0, 1)) for _, f in fires.log
+    )
+    assert fired == [
+        ("c", 1, 1, 0.0),
+        ("c", 4, 1, 10.0),
+        ("f", 1, 1, 0.0),
+        ("f", 3, 2, 10.0),
+    ]
