@@ -1331,3 +1331,33 @@ async def test_shared_flush_and_cancel_while_a_run_blocks(
         ("f", 1, 1, 0.0),
         ("f", 3, 2, 10.0),
     ]
+
+
+async def test_shared_end_of_run_that_cannot_be_recorded_is_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A's handler returns while A cannot reach the store: the run's end is queued and
+    # written by a later heartbeat; B's waiting window fires when B looks again (at
+    # A's lease-based look), not never.
+    store, fires = MemoryStore(), Fires()
+    a_backend = MemoryBackend(store, process_id="A", process_lease=6.0, max_clock_skew=1.0)
+    opts: dict[str, Any] = {"overlap": "queue-latest"}
+    async with (
+        _processes(store, fires, "B") as (b,),
+        open_coordinator(handlers={WF: fires.handler("A", hold=3.0)}, backend=a_backend) as a,
+    ):
+        t0 = trio.current_time()
+        await a.debounce(WF, "k", 1, delay=0.0, **opts)  # runs t0 .. t0+3
+        await trio.sleep(1.0)
+        await b.debounce(WF, "k", 2, delay=0.5, **opts)  # due t0+1.5, waits
+        await trio.sleep(1.5)
+        # Partitioned t0+2.5 .. t0+6: the end at t0+3 fails for its whole deadline (2 s).
+        a_backend.faults.partitioned = True
+        await trio.sleep(3.5)
+        a_backend.faults.partitioned = False
+        await trio.sleep(20.0)
+        entry = store.raw_get(window_key(WF, "k"))
+        assert entry is None or entry.value is None or b"running" not in entry.value
+    [(_, _), (who, second)] = fires.log
+    assert (who, second.payload) == ("B", 2)
+    assert 6.0 < second.fired_at - t0 < 18.0

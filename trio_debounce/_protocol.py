@@ -1227,13 +1227,14 @@ class KvDebounceBackend(DebounceBackend):
                         await self.refresh_lease()
                         continue
                     fired_at = now if force else doc.at
-                    if not force and doc.queue and doc.running is not None:
-                        # It waited for a run that timed out (at its `until`), or whose
-                        # process died (noticed now).
+                    if not force and doc.queue:
+                        # It may have waited for a run: one that timed out (at its
+                        # `until`), or whose process died or whose end was recorded late
+                        # (noticed now).
                         marker = doc.running
                         released = now
-                        if marker.until is not None and marker.until <= now:
-                            released = marker.until
+                        if marker is not None and marker.until is not None:
+                            released = min(now, marker.until)
                         fired_at = max(doc.at, released)
                     write = uuid.uuid4().hex
                     fire_id = _FIRE_PREFIX + write
