@@ -283,7 +283,7 @@ class WindowDoc:
                     raise ValueError(f"bad overflow {overflow!r}")
                 extra["overflow"] = overflow
                 if policy == "collect":
-                    ranks = tuple((float(o), int(n)) for o, n in obj["ranks"])
+                    ranks = tuple((_float(o), int(n)) for o, n in obj["ranks"])
                 else:
                     extra["held"] = int(obj["held"])
             ordered = obj.get("ordered", False) is True
@@ -367,6 +367,14 @@ def _order(value: Any) -> float:
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"bad order key {value!r}")
     return value
+
+
+def _float(value: Any) -> float:
+    """``float(value)``, with an int beyond the float range refused as ValueError."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError("a number beyond the float range") from None
 
 
 def _str(obj: dict[str, Any], name: str) -> str:
