@@ -14,7 +14,10 @@ With ``--collect`` the windows use ``payload_policy="collect"`` with
 ``overflow="drop-oldest"``: every ping adds a 100-byte payload to the list in the shared
 document, bounded by ``max_items`` 10, 100 and 1,000 (documents of about 1 KB, 10 KB
 and 100 KB once full), and a ping that cannot be written raises instead of being
-absorbed unstored.
+absorbed unstored. ``--overflow fire-early`` uses that overflow instead (a ping that
+finds the list full fires it, from the pinger's process, and opens the next window), and
+``--reducer`` folds the payloads with a named reducer (a list of them, registered in
+every process) instead of ``"collect"``.
 """
 
 from __future__ import annotations
@@ -49,13 +52,17 @@ async def measure(
     size: int,
     pings: int,
     collect: bool = False,
+    overflow: str = "drop-oldest",
+    reducer: bool = False,
 ) -> tuple[int, int, int, list[float]]:
     latencies: list[float] = []
     unstored = errors = 0
     payload = "x" * (100 if collect else size)
     options: dict[str, Any] = {}
     if collect:
-        options = {"payload_policy": "collect", "overflow": "drop-oldest", "max_items": size}
+        options = {"payload_policy": "collect", "overflow": overflow, "max_items": size}
+    if reducer:
+        options = {"payload_policy": "tail", "overflow": "fire-early", "max_items": size}
 
     async def writer(coordinator: trio_debounce.Coordinator) -> None:
         nonlocal unstored, errors
@@ -73,17 +80,22 @@ async def measure(
         coordinators = []
         for i in range(WRITERS):
             backend = await stack.enter_async_context(open_backend(f"p{i}"))
-            coordinators.append(
-                await stack.enter_async_context(
-                    trio_debounce.open_coordinator(
-                        handlers={"wf": _noop}, backend=backend, on_backend_error="raise"
-                    )
+            coordinator = await stack.enter_async_context(
+                trio_debounce.open_coordinator(
+                    handlers={"wf": _noop}, backend=backend, on_backend_error="raise"
                 )
             )
+            coordinator.set_reducer("tail", _tail, initial=list)
+            coordinators.append(coordinator)
         async with trio.open_nursery() as nursery:
             for coordinator in coordinators:
                 nursery.start_soon(writer, coordinator)
     return WRITERS * pings, unstored, errors, sorted(latencies)
+
+
+def _tail(acc: list[Any], new: Any) -> list[Any]:
+    acc.append(new)
+    return acc
 
 
 def report(label: str, size: str, total: int, unstored: int, errors: int, lat: list[float]) -> None:
@@ -101,12 +113,17 @@ def main() -> None:
     parser.add_argument("--nats", action="store_true", help="a real nats-server")
     parser.add_argument("--pings", type=int, default=30, help="pings per writer")
     parser.add_argument("--collect", action="store_true", help="collect payloads")
+    parser.add_argument("--overflow", choices=("drop-oldest", "fire-early"), default="drop-oldest")
+    parser.add_argument("--reducer", action="store_true", help="fold with a named reducer")
     args = parser.parse_args()
+    args.collect = args.collect or args.reducer
     sizes = (10, 100, 1000) if args.collect else SIZES
+    extra = (args.overflow, args.reducer)
 
     def label(size: int) -> str:
         if args.collect:
-            return f"collect max_items {size:>4} (full: ~{size * 104 // 1000} KB)"
+            what = "reducer" if args.reducer else f"collect {args.overflow}"
+            return f"{what} max_items {size:>4} (full: ~{size * 104 // 1000} KB)"
         return f"payload {size:>7} B"
 
     if not args.nats:
@@ -118,7 +135,7 @@ def main() -> None:
             def memory(name: str, store: MemoryStore = store) -> Any:
                 return _yielding(MemoryBackend(store, process_id=name))
 
-            result = trio.run(measure, memory, size, args.pings, args.collect)
+            result = trio.run(measure, memory, size, args.pings, args.collect, *extra)
             report("memory", label(size), *result)
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -137,7 +154,7 @@ def main() -> None:
                 def nats(name: str, config: NatsConfig = config) -> Any:
                     return open_nats_backend(config, process_id=name)
 
-                result = trio.run(measure, nats, size, args.pings, args.collect)
+                result = trio.run(measure, nats, size, args.pings, args.collect, *extra)
                 report("nats", label(size), *result)
         finally:
             server.stop()

@@ -43,6 +43,7 @@ from trio_debounce._keys import (
     window_key,
 )
 from trio_debounce._protocol import (
+    RunMarker,
     WindowDoc,
     _decode_lease,
     _encode_lease,
@@ -76,6 +77,27 @@ def _window_docs() -> list[bytes]:
                 "payload": "[1,2]",
                 "ranks": ((0.0, 0), (0.0, 1)),
             }
+        ).encode(),
+        # version 3: a reducer under fire-early, queue-latest with its running run, and
+        # the last fired order key
+        WindowDoc(
+            **{
+                **_fields(base),
+                "payload_policy": "sum",
+                "max_items": 4,
+                "overflow": "fire-early",
+                "held": 2,
+                "ordered": True,
+                "order": 2,
+                "max_order": 7.5,
+                "fired_order": 1,
+                "queue": True,
+                "run_timeout": 30.0,
+                "running": RunMarker("proc", "epoch", "run0", 40.0),
+            }
+        ).encode(),
+        WindowDoc(
+            **{**_fields(base), "fired": True, "running": RunMarker("p", "e", "r", None)}
         ).encode(),
     ]
 

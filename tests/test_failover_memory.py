@@ -312,6 +312,7 @@ async def test_window_status(autojump_clock: trio.testing.MockClock) -> None:
         assert status.run_id == r.active_run_id
         assert status.ping_count == 2
         assert status.last_ping_at - status.first_ping_at == pytest.approx(1.0, abs=1e-3)
+        assert status.scheduled_at is not None
         assert status.scheduled_at - status.last_ping_at == pytest.approx(5.0, abs=1e-3)
         assert status.cap_at == pytest.approx(status.first_ping_at + 20.0, abs=1e-3)
         assert status.fencing_token & ((1 << 40) - 1) == status.revision

@@ -22,6 +22,9 @@ REGRESSIONS = [
     b'{"v":1,"count":1e999,"attempt":Infinity}',
     b'{"v":1,"id":"r","wf":"w","payload":"1","at":1' + b"0" * 400 + b',"exp":null}',
     b'{"v":1,"pid":"p","epoch":1' + b"0" * 400 + b',"exp":1,"released":false}',
+    b'{"v":2,"owner":"p","epoch":"e","run":"r","mode":"trailing","delay":1,"first":0,'
+    b'"last":0,"at":1,"armed":1,"count":1,"write":"w","open":"w","payload":"[1]",'
+    b'"policy":"collect","max_items":3,"ranks":[[1' + b"0" * 400 + b",0]]}",
 ]
 
 

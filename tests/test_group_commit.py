@@ -299,3 +299,174 @@ async def test_a_peers_ping_yields_to_a_window_due_at_its_cap(
     assert (fired.outcome, fired.ping_count, fired.payload) == (Finalized.FIRE, 1, "a")
     assert (results["b"].outcome, results["b"].run_id) == (Registered.OPENED, "s")
     assert a.conflicts == 0
+
+
+# ----------------------------------------------- the window options of issue 8, merged
+
+
+async def register_any(
+    backend: MemoryBackend, payload: Any, results: dict[Any, Any], **kw: Any
+) -> None:
+    """Like ``ping``, keeping whatever the call raised."""
+    kw.setdefault("mode", Mode.TRAILING)
+    kw.setdefault("delay", 5.0)
+    try:
+        r: Any = await backend.register(
+            "wf", "k", max_delay=None, run_id=f"r{payload}", payload=payload, **kw
+        )
+    except Exception as exc:
+        r = exc
+    results[payload] = r
+
+
+async def burst_each(backend: MemoryBackend, kws: list[dict[str, Any]]) -> dict[Any, Any]:
+    """Ping i (payload i, options ``kws[i]``) 0.01 s after ping i-1: ping 0 writes
+    first, the others wait for its write (delayed by the caller) and go out together."""
+    results: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        for i, kw in enumerate(kws):
+            nursery.start_soon(partial(register_any, backend, i, results, **kw))
+            await trio.sleep(0.01)
+    return results
+
+
+def _append(acc: Any, value: Any) -> Any:
+    if value == "boom":
+        raise RuntimeError("the reducer refuses boom")
+    return [*acc, value]
+
+
+APPEND = {
+    "payload_policy": "append",
+    "reducer": (_append, list),
+    "max_items": 100,
+    "overflow": "fire-early",
+}
+
+
+async def test_merged_reducer_pings_fold_in_arrival_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    a.faults.delay_next(1.0, ops=("put",))
+    before = store.requests.copy()
+    results = await burst_each(a, [APPEND] * 10)
+    assert store.requests["put"] - before["put"] == 2  # ping 0, then pings 1..9 at once
+    assert store.requests["get"] - before["get"] == 1  # ping 0's: the batch needs none
+    merged: list[Registration] = [results[i] for i in range(1, 10)]
+    assert {(r.outcome, r.ping_count) for r in merged} == {(Registered.EXTENDED, 10)}
+    assert all(r.payload == list(range(10)) for r in merged)  # the window's value
+    doc = stored(store)
+    assert (doc.count, doc.held, a._load(doc.payload)) == (10, 10, list(range(10)))
+
+
+async def test_a_raising_reducer_fails_only_its_own_merged_ping(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    a.faults.delay_next(1.0, ops=("put",))
+    results: dict[Any, Any] = {}
+    async with trio.open_nursery() as nursery:
+        for i, payload in enumerate([0, 1, "boom", 3]):
+            nursery.start_soon(partial(register_any, a, payload, results, **APPEND))
+            await trio.sleep(0.01 * (i + 1))
+    assert isinstance(results["boom"], RuntimeError)
+    assert (results[3].outcome, results[3].ping_count) == (Registered.EXTENDED, 3)
+    assert (results[1].outcome, results[1].ping_count) == (Registered.EXTENDED, 3)
+    assert a._load(stored(store).payload) == [0, 1, 3]
+
+
+async def test_a_stale_merged_ping_is_dropped_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The key's last fired order key is 10 (kept in the tombstone): merged pings with
+    # keys 5 and 3 are stale, the others are written by one compare-and-swap.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    opts = {"drop_stale": True}
+    r = await a.register(
+        "wf", "k", mode=Mode.TRAILING, delay=1.0, max_delay=None, run_id="r",
+        payload="x", order_key=10, drop_stale=True,
+    )  # fmt: skip
+    f = await a.finalize("wf", "k", r.run_id, force=True)
+    assert f.outcome is Finalized.FIRE
+    assert stored(store).fired_order == 10
+    a.faults.delay_next(1.0, ops=("put",))
+    before = store.requests.copy()
+    keys = [11, 12, 5, 13, 3, 14]
+    results = await burst_each(a, [{**opts, "order_key": k} for k in keys])
+    outcomes = [results[i].outcome for i in range(len(keys))]
+    assert outcomes == [
+        Registered.OPENED,
+        Registered.EXTENDED,
+        Registered.STALE,
+        Registered.EXTENDED,
+        Registered.STALE,
+        Registered.EXTENDED,
+    ]
+    assert {results[i].run_id for i in (2, 4)} == {"r0"}  # the open window's
+    assert {results[i].ping_count for i in (1, 3, 5)} == {4}
+    # ping 0, then the batch; its stale pings are decided on a fresh read (1 get)
+    assert store.requests["put"] - before["put"] == 2
+    assert store.requests["get"] - before["get"] == 1
+    doc = stored(store)
+    assert (doc.count, doc.max_order, doc.fired_order) == (4, 14, 10)
+
+
+async def test_a_full_fire_early_window_overflows_after_the_merged_pings_land(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # max_items=3: pings 1 and 2 fill the window in one write with ping 0's; pings 3
+    # and 4 then find it full and answer overflowed, nothing written.
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    a.faults.delay_next(1.0, ops=("put",))
+    opts = {**APPEND, "max_items": 3, "overflow": "fire-early"}
+    results = await burst_each(a, [opts] * 5)
+    assert [results[i].outcome for i in range(3)] == [
+        Registered.OPENED,
+        Registered.EXTENDED,
+        Registered.EXTENDED,
+    ]
+    assert results[2].ping_count == 3
+    for i in (3, 4):
+        r = results[i]
+        assert (r.overflowed, r.stored, r.run_id, r.ping_count) == (True, False, "r0", 3)
+    doc = stored(store)
+    assert (doc.count, a._load(doc.payload)) == (3, [0, 1, 2])
+
+
+async def test_merged_pings_of_a_queue_latest_window_that_waits_report_waiting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    a = MemoryBackend(store, process_id="A")
+    await a.refresh_lease()
+    opts = {"overlap": "queue-latest", "delay": 0.5}
+    r = await a.register("wf", "k", max_delay=None, run_id="r", payload="x", mode=Mode.TRAILING,
+                         delay=0.0, overlap="queue-latest")  # fmt: skip
+    f = await a.finalize("wf", "k", r.run_id)
+    assert (f.outcome, f.blocks) == (Finalized.FIRE, True)  # its run blocks the key
+    a.faults.delay_next(1.0, ops=("put",))
+    results = await burst_each(a, [opts] * 4)
+    assert results[0].outcome is Registered.OPENED
+    assert not results[0].waiting
+    # the batch lands 1 s later: the window (due at 0.5 s) waits for the run
+    merged: list[Registration] = [results[i] for i in (1, 2, 3)]
+    assert {(r.outcome, r.waiting, r.ping_count) for r in merged} == {
+        (Registered.EXTENDED, True, 4)
+    }
+    doc = stored(store)
+    assert doc.running is not None
+    assert doc.count == 4
+    # when the owner looks again (the run's process's lease), not the due time
+    assert len({r.scheduled_at for r in merged}) == 1
+    assert merged[0].scheduled_at is not None
+    assert merged[0].scheduled_at > doc.at
+    assert await a.end_run("wf", "k", r.run_id) == doc.run_id  # it fires now

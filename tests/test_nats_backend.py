@@ -131,6 +131,93 @@ async def test_window_options_across_processes_on_a_real_server(nats_server: Nat
     assert counted.fired_at - t0 < 2.0  # at the third ping, not after the 5 s delay
 
 
+async def test_shared_reducer_on_a_real_server(nats_server: NatsServer) -> None:
+    # The accumulated value lives in the bucket's document, folded by each process's
+    # own reducer of the same name; a process without it cannot ping.
+    fires = Fires()
+    with trio.fail_after(20):
+        async with processes(config(nats_server), fires, "ABC") as (a, b, c):
+            for who in (a, b):
+                who.set_reducer("sum", lambda acc, new: acc + new, initial=int)
+            for who, n in ((a, 1), (b, 2), (a, 3)):
+                await who.debounce("wf", "k", n, delay=0.5, payload_policy="sum")
+            with pytest.raises(ValueError, match="got 'sum'"):
+                await c.debounce("wf", "k", 4, delay=0.5, payload_policy="sum")
+            await fires.wait_first()
+            await trio.sleep(0.5)
+    assert [(p, f.payload, f.ping_count) for p, f in fires.log] == [("A", 6, 3)]
+
+
+async def test_shared_fire_early_on_a_real_server(nats_server: NatsServer) -> None:
+    # The ping that finds the window full (C's) takes its fire by compare-and-swap and
+    # opens the next window.
+    fires = Fires()
+    opts: dict[str, Any] = {"payload_policy": "collect", "max_items": 2}
+    with trio.fail_after(20):
+        async with processes(config(nats_server), fires, "ABC") as (a, b, c):
+            t0 = trio.current_time()
+            await a.debounce("wf", "k", "a", delay=1.0, **opts)
+            await b.debounce("wf", "k", "b", delay=1.0, **opts)
+            r = await c.debounce("wf", "k", "c", delay=1.0, **opts)
+            assert (r.outcome, r.owner, r.ping_count) == (Outcome.SCHEDULE_TRAILING, True, 1)
+            await fires.wait_first()
+            assert trio.current_time() - t0 < 1.0  # at once, not after the delay
+            await trio.sleep(1.5)
+    assert [(p, f.payload, f.ping_count) for p, f in fires.log] == [
+        ("C", ["a", "b"], 2),
+        ("C", ["c"], 1),
+    ]
+
+
+async def test_shared_queue_latest_on_a_real_server(nats_server: NatsServer) -> None:
+    # A runs the first fire for 1.5 s; B's window comes due meanwhile and waits, with
+    # scheduled_at None; when A's run returns, A takes and fires it, once, with the
+    # latest payload.
+    cfg = config(nats_server)
+    fires = Fires()
+    opts: dict[str, Any] = {"overlap": "queue-latest"}
+    with trio.fail_after(20):
+        async with (
+            open_nats_backend(cfg, process_id="A") as a_backend,
+            open_nats_backend(cfg, process_id="B") as b_backend,
+            open_coordinator(handlers={"wf": fires.handler("A", hold=1.5)}, backend=a_backend) as a,
+            open_coordinator(handlers={"wf": fires.handler("B")}, backend=b_backend) as b,
+        ):
+            await a.debounce("wf", "k", 1, delay=0.1, **opts)
+            await fires.wait_first()
+            started = trio.current_time()
+            await b.debounce("wf", "k", 2, delay=0.1, **opts)
+            await trio.sleep(0.4)  # due, and waiting
+            r = await b.debounce("wf", "k", 3, delay=0.1, **opts)
+            assert (r.outcome, r.scheduled_at, r.ping_count) == (Outcome.COALESCE, None, 2)
+            status = await a.window_status("wf", "k")
+            assert status is not None
+            assert status.scheduled_at is None
+        # (the exit waits for B's waiting window)
+    assert [(p, f.payload, f.ping_count) for p, f in fires.log] == [("A", 1, 1), ("A", 3, 2)]
+    [(_, first), (_, second)] = fires.log
+    assert second.fired_at - first.fired_at >= 1.5 - 0.05  # after the run, not beside it
+    assert started - first.fired_at < 0.5
+
+
+async def test_shared_drop_stale_on_a_real_server(nats_server: NatsServer) -> None:
+    # The last fired order key outlives the window (in its tombstone), for every process.
+    fires = Fires()
+    with trio.fail_after(20):
+        async with processes(config(nats_server), fires, "ABC") as (a, b, c):
+            await a.debounce("wf", "k", "e5", delay=0.2, order_key=5)
+            await b.debounce("wf", "k", "e7", delay=0.2, order_key=7)
+            await fires.wait_first()
+            await trio.sleep(0.2)
+            r = await c.debounce("wf", "k", "e6", delay=0.2, order_key=6, drop_stale=True)
+            assert (r.outcome, r.ping_count) == (Outcome.STALE, 0)
+            r = await c.debounce("wf", "k", "e8", delay=0.2, order_key=8, drop_stale=True)
+            assert r.outcome is Outcome.SCHEDULE_TRAILING
+            await trio.sleep(0.6)
+    assert [(p, f.payload) for p, f in fires.log] == [("A", "e7"), ("C", "e8")]
+    assert c.statistics().stale_pings == 1
+
+
 async def test_owner_extend_and_non_owner_push(nats_server: NatsServer) -> None:
     fires = Fires()
     with trio.fail_after(20):

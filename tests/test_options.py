@@ -29,7 +29,8 @@ from trio_debounce import (
     Outcome,
     open_coordinator,
 )
-from trio_debounce._protocol import WindowDoc
+from trio_debounce._keys import window_key
+from trio_debounce._protocol import RunMarker, WindowDoc
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
 from .conftest import Recorder
@@ -223,22 +224,30 @@ async def test_set_reducer_validates(autojump_clock: trio.testing.MockClock) -> 
             c.set_reducer("x", lambda a, b: b, initial=[])  # type: ignore[arg-type]
 
 
-async def test_options_with_a_backend_raise_naming_the_option(
+async def test_options_with_a_backend_are_checked_as_in_process(
     autojump_clock: trio.testing.MockClock, recorder: Recorder
 ) -> None:
     async with open_coordinator(
         handlers={WF: recorder}, backend=MemoryBackend(MemoryStore(), process_id="p1")
     ) as c:
-        cases: list[tuple[dict[str, Any], str]] = [
-            ({"payload_policy": "collect"}, "overflow"),
-            ({"max_count": 2, "payload_policy": "sum"}, "payload_policy"),
-            ({"overlap": "queue-latest"}, "overlap"),
-            ({"order_key": 3, "drop_stale": True}, "drop_stale"),
-            ({"overlap": "queue-latest", "max_count": 3}, "overlap"),
+        cases: list[tuple[dict[str, Any], type[Exception], str]] = [
+            # a reducer this process lacks (every process must register the same one)
+            ({"payload_policy": "sum"}, ValueError, "payload_policy must be one of"),
+            ({"overlap": "queue-latest", "mode": "both"}, ValueError, "needs mode='trailing'"),
+            ({"drop_stale": True}, ValueError, "drop_stale=True needs an order_key"),
+            ({"order_key": 1, "drop_stale": 1}, TypeError, "drop_stale must be a bool"),
+            ({"run_timeout": 1.0}, ValueError, "run_timeout bounds"),
+            ({"overflow": "drop-oldest", "payload_policy": "first"}, ValueError, "overflow"),
+            ({"order_key": math.nan}, ValueError, "order_key must be finite"),
+            ({"max_itemz": 3}, TypeError, "unexpected keyword argument 'max_itemz'"),
         ]
-        for kwargs, name in cases:
-            with pytest.raises(NotImplementedError, match=rf"debounce\({name}=\.\.\.\) is not"):
+        for kwargs, error, message in cases:
+            with pytest.raises(error, match=message):
                 await c.debounce(WF, "k", 1, delay=1.0, **kwargs)
+        assert not c.has(WF, "k")
+        c.set_reducer("sum", lambda a, b: a + b, initial=int)
+        with pytest.raises(ValueError, match="order_key cannot be combined with the reducer"):
+            await c.debounce(WF, "k", 1, delay=1.0, payload_policy="sum", order_key=1)
         # the defaults spelled out (an equal string built at run time) are the defaults
         r = await c.debounce(WF, "k", 1, delay=1.0, payload_policy="".join("last"), overlap="allow")
         assert r.ping_count == 1
@@ -775,7 +784,7 @@ async def test_shared_order_key_and_first_keep_the_right_payload_across_processe
             await b.debounce(WF, "last", "x", delay=5.0)
         with pytest.raises(ValueError, match="payload_policy 'last' differs from the payload_"):
             await c.debounce(WF, "first", "x", delay=5.0, order_key=1)
-        with pytest.raises(NotImplementedError, match="drop_stale"):
+        with pytest.raises(ValueError, match="payload_policy 'last' differs"):
             await c.debounce(WF, "first", "x", delay=5.0, order_key=1, drop_stale=True)
     payloads = {f.key: (f.payload, f.ping_count) for _, f in fires.log}
     assert payloads == {
@@ -801,8 +810,14 @@ def test_window_documents_with_max_count_are_version_2_and_version_1_still_reads
     assert json.loads(ordered.encode())["v"] == 2
     assert WindowDoc.decode(ordered.encode()) == ordered
     collected = replace(
-        doc, payload_policy="collect", max_items=5, ranks=((0.0, 0), (2.5, 1)), payload="[1,2]"
+        doc,
+        payload_policy="collect",
+        max_items=5,
+        ranks=((0.0, 0), (2.5, 1)),
+        payload="[1,2]",
+        overflow="drop-oldest",
     )
+    assert json.loads(collected.encode())["v"] == 2
     assert WindowDoc.decode(collected.encode()) == collected
 
 
@@ -869,6 +884,161 @@ def test_shared_options_match_the_model(
         assert at == pytest.approx(want, abs=0.05)
 
 
+def _sum(acc: int, new: int) -> int:
+    return acc + new
+
+
+def _append(acc: list[int], new: int) -> list[int]:
+    acc.append(new)  # mutates: a shared initial list would leak between windows
+    return acc
+
+
+#: Reducers every simulated process registers (JSON values: the accumulated value
+#: lives in the shared document).
+SHARED_REDUCERS: dict[str, tuple[Any, Any]] = {"sum": (_sum, int), "tail": (_append, list)}
+
+
+#: Handler times of the shared property test (see shared_timelines).
+HOLDS = (0.25 + 1 / 1024, 1.25 + 1 / 1024, 4.25 + 1 / 1024)
+
+
+@st.composite
+def shared_timelines(draw: st.DrawFn) -> dict[str, Any]:
+    """Pings at whole seconds from three processes on two keys, with one set of
+    options for the whole timeline; deadlines at half seconds, handler times and run
+    timeouts off that grid by a few 1/1024 s (sums of them too), so no two events meet:
+    a run that ends at the instant of a ping is a tie the scheduler decides, and shared
+    times pass through the wall clock and are only near, not equal."""
+    policy = draw(st.sampled_from(["last", "first", "collect", "sum", "tail"]))
+    accumulates = policy not in ("last", "first")
+    queue = draw(st.booleans())
+    mode = "trailing" if queue else draw(st.sampled_from(["trailing", "trailing", "both"]))
+    overflow = None
+    if accumulates:
+        overflows = [None, "fire-early"] + (["drop-oldest"] if policy == "collect" else [])
+        overflow = draw(st.sampled_from(overflows))
+    opts = Options(
+        max_count=draw(st.sampled_from([None, None, 1, 2, 3, 5])),
+        payload_policy=policy,
+        max_items=draw(st.sampled_from([None, 1, 2, 3])) if accumulates else None,
+        overflow=overflow,
+        overlap="queue-latest" if queue else "allow",
+        run_timeout=draw(st.sampled_from([None, 1.125 + 5 / 1024, 2.875 + 5 / 1024]))
+        if queue
+        else None,
+    )
+    ordered = policy in ("last", "first", "collect") and draw(st.booleans())
+    n = draw(st.integers(1, 20))
+    return {
+        "opts": opts,
+        "mode": mode,
+        "delay": draw(st.integers(0, 4)) + 0.5,
+        "pings": draw(
+            st.lists(
+                st.tuples(st.integers(1, 3), st.integers(0, 2), st.sampled_from("ab")),
+                min_size=n,
+                max_size=n,
+            )
+        ),
+        "orders": draw(st.lists(st.integers(0, 4), min_size=n, max_size=n)) if ordered else None,
+        "stale": draw(st.lists(st.booleans(), min_size=n, max_size=n)) if ordered else [False] * n,
+        "hold": draw(st.lists(st.sampled_from(HOLDS), min_size=n, max_size=n)),
+    }
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_timelines())
+def test_shared_windows_with_every_option_match_the_model(case: dict[str, Any]) -> None:
+    # Every result (outcome, run id, scheduled time, count) and every fire (key,
+    # payload, count, time) of three MemoryBackend processes, against the model, for
+    # max_count, every payload policy with both overflows, queue-latest with run
+    # timeouts and handler times, order keys and drop_stale.
+    opts, mode, delay = case["opts"], case["mode"], case["delay"]
+    pings, orders, stale, hold = case["pings"], case["orders"], case["stale"], case["hold"]
+    run_times = {f"r{i}": h for i, h in enumerate(hold)}
+    model = Model(reducers=dict(SHARED_REDUCERS), run_times=run_times)
+    t = 0.0
+    expected_results = []
+    for i, (dt, _, key) in enumerate(pings):
+        t += dt
+        order = None if orders is None else orders[i]
+        expected_results.append(
+            model.ping(t, (WF, key), i, delay, None, mode, f"r{i}", opts, order, stale[i])
+        )
+    model.finish(math.inf)
+    expected = sorted((f.key[1], f.edge, f.payload, f.ping_count, f.fired_at) for f in model.fires)
+
+    async def main() -> tuple[list[Any], list[tuple[str, str, Any, int, float]], int]:
+        store, log = MemoryStore(), []
+        t0 = trio.current_time()
+        running = 0
+        most = 0
+
+        async def handler(fire: Any) -> None:
+            nonlocal running, most
+            log.append(fire)
+            if fire.edge is Edge.TRAILING:
+                running += 1
+                most = max(most, running)
+                await trio.sleep(run_times[fire.run_id])
+                running -= 1
+
+        results = []
+        # Virtual time: a window that never fires fails the test instead of hanging.
+        with trio.fail_after(600):
+            async with AsyncExitStack() as stack:
+                coordinators = []
+                for name in "ABC":
+                    c = await stack.enter_async_context(
+                        open_coordinator(
+                            handlers={WF: handler},
+                            backend=MemoryBackend(
+                                store, process_id=name, process_lease=6.0, max_clock_skew=1.0
+                            ),
+                        )
+                    )
+                    for reducer, (fn, initial) in SHARED_REDUCERS.items():
+                        c.set_reducer(reducer, fn, initial=initial)
+                    coordinators.append(c)
+                for i, (dt, who, key) in enumerate(pings):
+                    await trio.sleep(dt)
+                    kwargs: dict[str, Any] = {
+                        "max_count": opts.max_count,
+                        "payload_policy": opts.payload_policy,
+                        "max_items": opts.max_items,
+                        "overflow": opts.overflow,
+                        "overlap": opts.overlap,
+                        "run_timeout": opts.run_timeout,
+                        "drop_stale": stale[i],
+                    }
+                    if orders is not None:
+                        kwargs["order_key"] = orders[i]
+                    r = await coordinators[who].debounce(
+                        WF, key, i, delay=delay, mode=mode, run_id=f"r{i}", **kwargs
+                    )
+                    at = None if r.scheduled_at is None else r.scheduled_at - t0
+                    results.append((r.outcome.value, r.active_run_id, at, r.ping_count))
+        fired = sorted((f.key, f.edge.value, f.payload, f.ping_count, f.fired_at - t0) for f in log)
+        return results, fired, most
+
+    results, got, most = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    for i, (got_result, want) in enumerate(zip(results, expected_results, strict=True)):
+        (outcome, run, at, count), (want_outcome, want_run, want_at, want_count) = got_result, want
+        assert (i, outcome, run, count) == (i, want_outcome, want_run, want_count)
+        assert (i, at is None) == (i, want_at is None)
+        if at is not None:
+            assert at == pytest.approx(want_at, abs=0.05)
+    assert [f[:4] for f in got] == [f[:4] for f in expected]
+    for fire, model_fire in zip(got, expected, strict=True):
+        assert fire[4] == pytest.approx(model_fire[4], abs=0.05)
+    if (
+        opts.overlap == "queue-latest"
+        and opts.run_timeout is None
+        and (opts.payload_policy in ("last", "first") or opts.overflow == "drop-oldest")
+    ):
+        assert most <= 2  # one run per key (two keys) at a time
+
+
 async def test_a_shared_collect_ping_that_cannot_be_stored_raises(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -892,3 +1062,302 @@ async def test_a_shared_collect_ping_that_cannot_be_stored_raises(
         assert b.statistics().unstored_pings == 0
         await b.debounce(WF, "k", "c", delay=5.0, **opts)
     assert [(p, f.payload) for p, f in fires.log] == [("A", ["a", "c"])]
+
+
+# ------------------------------- reducers, fire-early, queue-latest, drop_stale shared
+
+
+async def test_shared_reducer_folds_every_process_ping_into_the_document(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with _processes(store, fires, "ABC") as (a, b, c):
+        for who in (a, b, c):
+            who.set_reducer("tail", _append, initial=list)
+        await a.debounce(WF, "k", 1, delay=5.0, payload_policy="tail")
+        await b.debounce(WF, "k", 2, delay=5.0, payload_policy="tail")
+        r = await c.debounce(WF, "k", 3, delay=5.0, payload_policy="tail")
+        assert (r.outcome, r.ping_count) == (Outcome.COALESCE, 3)
+        # The accumulated value lives in the shared document (version 3), by name.
+        entry = store.raw_get(window_key(WF, "k"))
+        assert entry is not None
+        assert entry.value is not None
+        doc = json.loads(entry.value)
+        assert (doc["v"], doc["policy"], doc["payload"], doc["held"]) == (3, "tail", "[1,2,3]", 3)
+        # A process that lacks the reducer cannot ping the window: it raises, by name.
+        b.set_reducer("tail", None)
+        with pytest.raises(ValueError, match=r"payload_policy must be one of .* got 'tail'"):
+            await b.debounce(WF, "k", 4, delay=5.0, payload_policy="tail")
+        # A reducer that raises leaves the ping untaken.
+        c.set_reducer("tail", lambda acc, new: [*acc, 1 / new], initial=list)
+        with pytest.raises(ZeroDivisionError):
+            await c.debounce(WF, "k", 0, delay=5.0, payload_policy="tail")
+    assert [(p, f.payload, f.ping_count) for p, f in fires.log] == [("A", [1, 2, 3], 3)]
+
+
+async def test_shared_reducer_value_must_be_storable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with _processes(store, fires, "A") as (a,):
+        a.set_reducer("paths", lambda acc, p: acc | {p}, initial=set)
+        with pytest.raises(TypeError, match="cannot be stored as JSON"):
+            await a.debounce(WF, "k", "x", delay=5.0, payload_policy="paths")
+        assert not a.has(WF, "k")
+    assert fires.log == []
+
+
+async def test_shared_fire_early_the_overflowing_pinger_takes_the_fire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    opts: dict[str, Any] = {"payload_policy": "collect", "max_items": 2}
+    async with _processes(store, fires, "ABC") as (a, b, c):
+        for who in (a, b, c):
+            who.set_reducer("sum", _sum, initial=int)
+        t0 = trio.current_time()
+        await a.debounce(WF, "k", 1, delay=10.0, **opts)
+        await b.debounce(WF, "k", 2, delay=10.0, **opts)
+        await b.debounce(WF, "s", 1, delay=10.0, payload_policy="sum", max_items=2)
+        await c.debounce(WF, "s", 2, delay=10.0, payload_policy="sum", max_items=2)
+        await trio.sleep(1.0)
+        # Full: C's ping fires A's window at once (C takes it) and opens the next.
+        r = await c.debounce(WF, "k", 3, delay=10.0, **opts)
+        assert (r.outcome, r.owner, r.ping_count) == (Outcome.SCHEDULE_TRAILING, True, 1)
+        assert r.scheduled_at == _near(t0 + 11.0)
+        r = await a.debounce(WF, "s", 3, delay=10.0, payload_policy="sum", max_items=2)
+        assert (r.outcome, r.owner, r.ping_count) == (Outcome.SCHEDULE_TRAILING, True, 1)
+        await trio.sleep(0.5)
+        assert sorted((p, f.key, f.payload, f.ping_count) for p, f in fires.log) == [
+            ("A", "s", 3, 2),
+            ("C", "k", [1, 2], 2),
+        ]
+        assert all(f.fired_at == _near(t0 + 1.0) for _, f in fires.log)
+    assert sorted((p, f.key, f.payload) for p, f in fires.log)[-2:] == [
+        ("C", "k", [1, 2]),
+        ("C", "k", [3]),
+    ]
+    assert [(p, f.payload) for p, f in fires.of("s")] == [("A", 3), ("A", 3)]
+
+
+async def test_shared_fire_early_by_the_store_size_limit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The document's size limit bounds collect too: fire-early fires what it holds,
+    # drop-oldest drops more of the oldest; a payload too large alone raises.
+    store, fires = MemoryStore(max_value_bytes=1100), Fires()
+    big = "x" * 300
+    async with _processes(store, fires, "AB") as (a, b):
+        for i in range(3):
+            await (a, b)[i % 2].debounce(
+                WF, "early", f"{i}{big}", delay=5.0, payload_policy="collect"
+            )
+            await (a, b)[i % 2].debounce(
+                WF, "drop", f"{i}{big}", delay=5.0, payload_policy="collect", overflow="drop-oldest"
+            )
+        with pytest.raises(ValueError, match="exceeds 1100"):
+            await a.debounce(WF, "alone", "y" * 1000, delay=5.0, payload_policy="collect")
+    early = [[p[0] for p in f.payload] for _, f in fires.of("early")]
+    drop = [[p[0] for p in f.payload] for _, f in fires.of("drop")]
+    assert early == [["0", "1"], ["2"]]
+    assert drop == [["1", "2"]]
+    assert [f.ping_count for _, f in fires.of("drop")] == [3]
+
+
+async def test_shared_queue_latest_waits_for_a_run_in_another_process(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    opts: dict[str, Any] = {"overlap": "queue-latest"}
+    async with (
+        _processes(store, fires, "B") as (b,),
+        open_coordinator(
+            handlers={WF: fires.handler("A", hold=10.0)},
+            backend=MemoryBackend(store, process_id="A", process_lease=6.0),
+        ) as a,
+    ):
+        t0 = trio.current_time()
+        await a.debounce(WF, "k", "a", delay=1.0, **opts)  # A runs it, t0+1 .. t0+11
+        await trio.sleep(2.0)
+        r = await b.debounce(WF, "k", "b", delay=1.0, **opts)  # B owns the next window
+        assert (r.owner, r.scheduled_at) == (True, _near(t0 + 3.0))
+        await trio.sleep(3.0)  # t0+5: due, waiting for A's run
+        assert b.has(WF, "k")
+        status = await b.window_status(WF, "k")
+        assert status is not None
+        assert status.scheduled_at is None
+        r = await a.debounce(WF, "k", "c", delay=1.0, **opts)
+        assert (r.outcome, r.scheduled_at, r.ping_count) == (Outcome.COALESCE, None, 2)
+        r = await b.debounce(WF, "k", "d", delay=1.0, **opts)
+        assert (r.outcome, r.scheduled_at, r.ping_count) == (Outcome.COALESCE, None, 3)
+        with pytest.raises(ValueError, match="overlap 'allow' differs"):
+            await a.debounce(WF, "k", "x", delay=1.0)
+        await trio.sleep_until(t0 + 11.5)
+        # A's run returned: A took and fired the window (B notices when it looks again).
+        assert await b.window_status(WF, "k") is None
+    assert [(p, f.payload, f.ping_count) for p, f in fires.log] == [("A", "a", 1), ("A", "d", 3)]
+    assert fires.log[1][1].fired_at == _near(t0 + 11.0)
+
+
+async def test_shared_queue_latest_run_timeout_and_a_dead_runner(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    dead = MemoryBackend(store, process_id="A", process_lease=6.0, max_clock_skew=1.0)
+    async with _processes(store, fires, "B") as (b,):
+        t0 = trio.current_time()
+        with trio.CancelScope() as a_scope:
+            async with open_coordinator(
+                handlers={WF: fires.handler("A", hold=1000.0)}, backend=dead
+            ) as a:
+                await a.debounce(WF, "t", "a", delay=0.0, overlap="queue-latest", run_timeout=4.0)
+                await a.debounce(WF, "d", "a", delay=0.0, overlap="queue-latest")
+                await trio.sleep(1.0)
+                r = await b.debounce(
+                    WF, "t", "b", delay=0.5, overlap="queue-latest", run_timeout=4.0
+                )
+                assert r.scheduled_at == _near(t0 + 1.5)
+                r = await b.debounce(WF, "d", "b", delay=0.5, overlap="queue-latest")
+                assert r.scheduled_at == _near(t0 + 1.5)
+                await trio.sleep(1.0)
+                # A's runs hang; A "dies" (its lease is no longer renewed).
+                dead.faults.partitioned = True
+                a_scope.cancel()
+        await trio.sleep(20.0)
+    fired = {(p, f.key, f.payload): f.fired_at - t0 for p, f in fires.log}
+    assert fired[("B", "t", "b")] == _near(4.0)  # the run timed out at t0 + 4
+    # The run blocked until A's lease (renewed every 2 s, 6 s long) lapsed, plus skew.
+    assert 6.0 < fired[("B", "d", "b")] < 11.0
+
+
+async def test_shared_drop_stale_knows_the_last_fired_order_key_after_the_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with _processes(store, fires, "ABC") as (a, b, c):
+        await a.debounce(WF, "k", "e5", delay=1.0, order_key=5)
+        await b.debounce(WF, "k", "e7", delay=1.0, order_key=7)
+        await trio.sleep(2.0)  # fired; the tombstone keeps order key 7
+        r = await c.debounce(WF, "k", "e6", delay=1.0, order_key=6, drop_stale=True)
+        assert (r.outcome, r.active_run_id, r.scheduled_at, r.ping_count) == (
+            Outcome.STALE,
+            "",
+            None,
+            0,
+        )
+        assert c.statistics().stale_pings == 1
+        assert c.statistics().pings == 0
+        r = await c.debounce(WF, "k", "e8", delay=1.0, order_key=8, drop_stale=True)
+        assert r.outcome is Outcome.SCHEDULE_TRAILING
+        r = await a.debounce(WF, "k", "e7b", delay=1.0, order_key=7, drop_stale=True)
+        assert (r.outcome, r.ping_count) == (Outcome.STALE, 1)
+        await trio.sleep(2.0)
+        # Kept ten process leases after the key's last ping, then swept.
+        await trio.sleep(10 * 6.0 + 20.0)
+        assert store.raw_get(window_key(WF, "k")) is None
+        r = await b.debounce(WF, "k", "e1", delay=1.0, order_key=1, drop_stale=True)
+        assert r.outcome is Outcome.SCHEDULE_TRAILING
+    assert [f.payload for _, f in fires.log] == ["e7", "e8", "e1"]
+
+
+def test_version_3_documents_round_trip() -> None:
+    doc = WindowDoc("p", "e", "r", Mode.TRAILING, 1.0, None, 0.0, 0.0, 1.0, None, 1.0, 1, "w", "w")
+    reduced = replace(
+        doc, payload_policy="sum", max_items=9, overflow="fire-early", held=2, payload="3"
+    )
+    queued = replace(
+        doc,
+        queue=True,
+        run_timeout=2.5,
+        running=RunMarker("q", "e2", "r0", 5.0),
+        ordered=True,
+        order=3,
+        max_order=4,
+        fired_order=2,
+    )
+    early = replace(
+        doc, payload_policy="collect", max_items=2, overflow="fire-early", ranks=((0.0, 0),)
+    )
+    for d in (reduced, queued, early):
+        assert json.loads(d.encode())["v"] == 3
+        assert WindowDoc.decode(d.encode()) == d
+    bad = json.loads(reduced.encode())
+    bad["overflow"] = "drop-oldest"
+    with pytest.raises(ValueError, match="bad overflow"):
+        WindowDoc.decode(json.dumps(bad).encode())
+    # a version-2 reader's view: a reducer name is only valid in version 3
+    bad["v"] = 2
+    with pytest.raises(ValueError, match="bad payload policy 'sum'"):
+        WindowDoc.decode(json.dumps(bad).encode())
+
+
+async def test_shared_flush_and_cancel_while_a_run_blocks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # flush makes the window due now, so it waits for the run; cancel closes a window
+    # but keeps the run's state, so the next window still waits for it.
+    store, fires = MemoryStore(), Fires()
+    opts: dict[str, Any] = {"overlap": "queue-latest"}
+    async with (
+        _processes(store, fires, "B") as (b,),
+        open_coordinator(
+            handlers={WF: fires.handler("A", hold=10.0)},
+            backend=MemoryBackend(store, process_id="A", process_lease=6.0),
+        ) as a,
+    ):
+        t0 = trio.current_time()
+        await a.debounce(WF, "f", 1, delay=0.0, **opts)  # runs t0 .. t0+10
+        await a.debounce(WF, "c", 1, delay=0.0, **opts)  # runs t0 .. t0+10
+        await trio.sleep(1.0)
+        await b.debounce(WF, "f", 2, delay=5.0, **opts)
+        await b.debounce(WF, "c", 2, delay=5.0, **opts)
+        assert await b.flush(WF, "f")
+        await trio.sleep(1.0)
+        r = await b.debounce(WF, "f", 3, delay=5.0, **opts)
+        assert (r.outcome, r.scheduled_at, r.ping_count) == (Outcome.COALESCE, None, 2)
+        assert await b.cancel(WF, "c")
+        r = await b.debounce(WF, "c", 4, delay=0.5, **opts)
+        assert (r.outcome, r.ping_count) == (Outcome.SCHEDULE_TRAILING, 1)
+        await trio.sleep(1.0)
+        status = await a.window_status(WF, "c")
+        assert status is not None
+        assert status.scheduled_at is None  # waiting for the run
+    fired = sorted(
+        (f.key, f.payload, f.ping_count, round(f.fired_at - t0, 1)) for _, f in fires.log
+    )
+    assert fired == [
+        ("c", 1, 1, 0.0),
+        ("c", 4, 1, 10.0),
+        ("f", 1, 1, 0.0),
+        ("f", 3, 2, 10.0),
+    ]
+
+
+async def test_shared_end_of_run_that_cannot_be_recorded_is_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A's handler returns while A cannot reach the store: the run's end is queued and
+    # written by a later heartbeat; B's waiting window fires when B looks again (at
+    # A's lease-based look), not never.
+    store, fires = MemoryStore(), Fires()
+    a_backend = MemoryBackend(store, process_id="A", process_lease=6.0, max_clock_skew=1.0)
+    opts: dict[str, Any] = {"overlap": "queue-latest"}
+    async with (
+        _processes(store, fires, "B") as (b,),
+        open_coordinator(handlers={WF: fires.handler("A", hold=3.0)}, backend=a_backend) as a,
+    ):
+        t0 = trio.current_time()
+        await a.debounce(WF, "k", 1, delay=0.0, **opts)  # runs t0 .. t0+3
+        await trio.sleep(1.0)
+        await b.debounce(WF, "k", 2, delay=0.5, **opts)  # due t0+1.5, waits
+        await trio.sleep(1.5)
+        # Partitioned t0+2.5 .. t0+6: the end at t0+3 fails for its whole deadline (2 s).
+        a_backend.faults.partitioned = True
+        await trio.sleep(3.5)
+        a_backend.faults.partitioned = False
+        await trio.sleep(20.0)
+        entry = store.raw_get(window_key(WF, "k"))
+        assert entry is None or entry.value is None or b"running" not in entry.value
+    [(_, _), (who, second)] = fires.log
+    assert (who, second.payload) == ("B", 2)
+    assert 6.0 < second.fired_at - t0 < 18.0

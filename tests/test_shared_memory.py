@@ -535,6 +535,49 @@ async def test_requests_per_operation(autojump_clock: trio.testing.MockClock) ->
     assert await cost(a.finalize("wf", "k", "r")) == {"get": 1, "put": 1}
 
 
+async def test_requests_per_operation_of_fires_that_keep_a_tombstone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # queue-latest and drop_stale fires leave a tombstone instead of a delete, written
+    # against the owner's remembered revision as the delete is (docs/protocol.rst,
+    # "Requests per operation"); the end of the run writes against the tombstone.
+    store = MemoryStore()
+    a = backend(store, "A")
+    await a.refresh_lease()
+
+    async def cost(call: Any) -> dict[str, int]:
+        before = store.requests.copy()
+        await call
+        return dict(store.requests - before)
+
+    kw: dict[str, Any] = {"mode": Mode.TRAILING, "delay": 5.0, "max_delay": None, "run_id": "r"}
+    q = {**kw, "overlap": "queue-latest"}
+    assert await cost(a.register("wf", "q", **q)) == {"get": 1, "put": 1}
+    assert await cost(a.register("wf", "q", **q)) == {"put": 1}
+    await trio.sleep(5.0)
+    await a.refresh_lease()
+    before = store.requests.copy()
+    fired = await a.finalize("wf", "q", "r")
+    assert dict(store.requests - before) == {"put": 2}  # the record, the tombstone
+    assert (fired.outcome, fired.blocks) == (Finalized.FIRE, True)
+    # the run ends: its running state is cleared from the tombstone it wrote, unread
+    assert await cost(a.end_run("wf", "q", "r")) == {"delete": 1}
+    # at-most-once, drop_stale: one compare-and-swap of the tombstone that keeps the
+    # fired order key; the next window opens over it, unread
+    o = {**kw, "order_key": 3, "drop_stale": True}
+    assert await cost(a.register("wf", "o", **o)) == {"get": 1, "put": 1}
+    await trio.sleep(5.0)
+    await a.refresh_lease()
+    before = store.requests.copy()
+    fired = await a.finalize("wf", "o", "r", delivery="at-most-once")
+    assert dict(store.requests - before) == {"put": 1}
+    assert fired.outcome is Finalized.FIRE
+    assert await cost(a.register("wf", "o", **{**o, "order_key": 4})) == {"put": 1}
+    # a stale ping writes nothing, decided on a fresh read
+    r = await a.register("wf", "o", **{**o, "order_key": 2})
+    assert r.outcome is Registered.STALE
+
+
 @pytest.mark.parametrize(
     "garbage", [b"", b"not json", b'{"v": 99}', b'{"v": 1, "owner": 3}', b"[1, 2]"]
 )

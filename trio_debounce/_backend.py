@@ -12,6 +12,7 @@ import enum
 from collections.abc import Collection
 from typing import Any, Literal, NamedTuple
 
+from ._options import InitialFactory, Reducer
 from ._types import Mode
 
 #: The values of ``open_coordinator(delivery=...)``.
@@ -31,12 +32,16 @@ class Registered(str, enum.Enum):
       This process already owned the window; the ping extended it.
     ``Registered.COALESCED`` (``"coalesced"``)
       Another live process owns the window; the ping was absorbed by it.
+    ``Registered.STALE`` (``"stale"``)
+      A ``drop_stale`` ping whose order key is not above the last one fired for its
+      key: dropped, nothing written. ``run_id`` is the open window's (``""`` if none).
     """
 
     OPENED = "opened"
     TOOK_OVER = "took-over"
     EXTENDED = "extended"
     COALESCED = "coalesced"
+    STALE = "stale"
 
     def __str__(self) -> str:
         return self.value
@@ -90,6 +95,15 @@ class Registration(NamedTuple):
         through the serializer); the leading fire of an ``opened`` window carries it.
       fencing_token (int): the token of the write that stored this ping (the leading
         fire of an ``opened`` window carries it).
+      overflowed (bool): nothing was written because the window holds ``max_items``
+        payloads (or as much as the store's size limit takes) under
+        ``overflow="fire-early"``: the caller fires it at once with what it holds
+        (:meth:`DebounceBackend.finalize` with ``take=True, force=True``, for the
+        ``run_id`` given here) and registers the ping again, which opens the next
+        window. ``stored`` is False.
+      waiting (bool): the window is due but waits for its key's ``queue-latest`` run
+        to end; ``scheduled_at`` is then when the owner looks again (the run's
+        ``run_timeout`` or its process's lease), not a fire time.
     """
 
     outcome: Registered
@@ -102,11 +116,13 @@ class Registration(NamedTuple):
     take_at: float | None = None
     payload: Any = None
     fencing_token: int = 0
+    overflowed: bool = False
+    waiting: bool = False
 
     @property
     def owner(self) -> bool:
         """True if this process owns the window after the ping."""
-        return self.outcome is not Registered.COALESCED
+        return self.outcome in (Registered.OPENED, Registered.TOOK_OVER, Registered.EXTENDED)
 
 
 class Finalization(NamedTuple):
@@ -128,6 +144,10 @@ class Finalization(NamedTuple):
         :attr:`trio_debounce.Fire.fencing_token`).
       fire_id (str | None): for ``fire`` under at-least-once delivery: the fire record
         to pass to :meth:`DebounceBackend.complete` once the handler has returned.
+      blocks (bool): for ``fire`` of an ``overlap="queue-latest"`` window: the fire's
+        run blocks its key's next fire until the caller passes the run to
+        :meth:`DebounceBackend.end_run` once the handler has returned (or until its
+        ``run_timeout``, or until this process's lease lapses).
     """
 
     outcome: Finalized
@@ -139,6 +159,7 @@ class Finalization(NamedTuple):
     payload: Any = None
     fencing_token: int = 0
     fire_id: str | None = None
+    blocks: bool = False
 
 
 class OwnedWindow(NamedTuple):
@@ -221,7 +242,8 @@ class WindowStatus(NamedTuple):
       owner_live (bool): whether the owner's lease was live when read.
       first_ping_at (float): its first ping.
       last_ping_at (float): its latest ping.
-      scheduled_at (float): when it is due.
+      scheduled_at (float | None): when it is due; None while it is due but waits for
+        its key's ``queue-latest`` run to end.
       cap_at (float | None): ``first_ping_at + max_delay``, or None.
       ping_count (int): pings across all processes.
       revision (int): the document's revision in the store.
@@ -234,7 +256,7 @@ class WindowStatus(NamedTuple):
     owner_live: bool
     first_ping_at: float
     last_ping_at: float
-    scheduled_at: float
+    scheduled_at: float | None
     cap_at: float | None
     ping_count: int
     revision: int
@@ -296,6 +318,11 @@ class DebounceBackend(abc.ABC):
         payload_policy: str = "last",
         order_key: float | None = None,
         max_items: int | None = None,
+        overflow: str | None = None,
+        reducer: tuple[Reducer, InitialFactory | None] | None = None,
+        overlap: str = "allow",
+        run_timeout: float | None = None,
+        drop_stale: bool = False,
     ) -> Registration:
         """Register one ping of ``(workflow, key)``, with its payload.
 
@@ -311,7 +338,17 @@ class DebounceBackend(abc.ABC):
         payloads (by order key, then arrival), at most ``max_items`` of them (the lowest
         dropped beyond), and a ping that cannot be written before the deadline raises
         rather than being absorbed unstored. The returned ``payload`` is then the
-        record's, not the ping's.
+        record's, not the ping's. A named reducer (``payload_policy`` its name,
+        ``reducer`` its ``(fn, initial)`` as registered in this process) keeps the
+        accumulated value in the record, folded by each ping's compare-and-swap (``fn``
+        may run more than once per ping, on a fresh copy each time). ``overflow``
+        (``"fire-early"`` or ``"drop-oldest"``, with ``"collect"`` or a reducer): a ping
+        into a window that holds ``max_items`` under ``"fire-early"`` writes nothing
+        and returns ``overflowed``. ``overlap="queue-latest"`` (with ``run_timeout``)
+        makes a window that comes due while its key's run executes wait (``waiting``).
+        ``drop_stale``: a ping whose order key is not above the last fired one for the
+        key is dropped (outcome ``stale``). The coordinator passes each of these only
+        when it is not the default.
 
         Atomic: the ping is applied to the window's record by one compare-and-swap
         (retried on conflict, with jittered backoff, until the operation deadline), or
@@ -342,6 +379,7 @@ class DebounceBackend(abc.ABC):
         take: bool = False,
         force: bool = False,
         delivery: Delivery = "at-least-once",
+        early: bool = False,
     ) -> Finalization:
         """Decide a window that is due on this process's clock.
 
@@ -360,6 +398,11 @@ class DebounceBackend(abc.ABC):
             its handler runs again elsewhere; ``"at-most-once"`` commits the fire by one
             compare-and-swap that marks the window fired, and fires only when that is
             proven.
+          early: fire even while the key's ``queue-latest`` run blocks (a window that
+            overflowed under ``"fire-early"``). Without it, a ``queue-latest`` window
+            that is due (or forced) while its key's run blocks is not fired: the result
+            is ``reschedule`` to when to look again (its record is made due now if
+            forced, so it waits).
 
         If the store cannot be reached, the call raises
         :class:`~trio_debounce.BackendUnavailableError`. Under at-least-once, an owner's
@@ -368,6 +411,18 @@ class DebounceBackend(abc.ABC):
         anyway; under at-most-once the window is left in the store, unfired, for a
         later reconcile (unless the lost commit had landed).
         """
+
+    async def end_run(self, workflow: str, key: str, run_id: str) -> str | None:
+        """The handler of the ``queue-latest`` fire ``run_id`` (a :class:`Finalization`
+        with ``blocks``) returned: the run stops blocking its key.
+
+        A compare-and-swap on the key's record, if it still names this run. Returns
+        the run id of a window of the key that is due and waiting for the run: the
+        caller finalizes it with ``take=True, force=True`` and fires it now; None
+        otherwise. Idempotent. The default does nothing (a backend without
+        ``queue-latest``).
+        """
+        return None
 
     @abc.abstractmethod
     async def complete(self, fire_id: str) -> None:

@@ -72,6 +72,9 @@ _SWEEP_EVERY = 3
 #: Reconcile owned windows (each process lists every window) once every this many
 #: heartbeats, and at once after an outage or a failed register.
 _RECONCILE_EVERY = 6
+#: A ping that finds its shared window full (overflow="fire-early") fires it and pings
+#: again; peers filling the next windows as fast make it give up after this many.
+_OVERFLOW_ROUNDS = 8
 
 _INF = math.inf
 _TRAILING = Mode.TRAILING
@@ -307,22 +310,15 @@ class Coordinator(metaclass=_NoPublicConstructor):
         Raises:
           trio_debounce.BackendUnavailableError: the backend failed and
             ``on_backend_error="raise"``.
-          ValueError: also when ``mode`` differs from the shared window's mode.
-          NotImplementedError: a window option (``max_count``, ``payload_policy``...)
-            other than its default, with a backend: shared windows do not take them yet.
+          ValueError: also when ``mode`` or an option differs from the shared window's.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        if options:
-            if self._backend is None:
-                result = self._debounce_options(
-                    workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
-                )
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                return result
-            # Raises for the options shared windows do not take yet.
-            shared_options = self._shared_options(options)
-        else:
-            shared_options = None
+        if options and self._backend is None:
+            result = self._debounce_options(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
+            )
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return result
         if self._backend is not None:
             # Shielded: the ping is taken or refused as a whole, within the backend's
             # operation deadline, never half-applied by a cancellation.
@@ -337,7 +333,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     mode,
                     run_id,
                     on_fire,
-                    shared_options,
+                    options or None,
                 )
         # debounce_nowait's inlined hot path serves the common coalescing ping.
         result = self.debounce_nowait(
@@ -576,41 +572,29 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
     # ------------------------------------------------------- windows with options
 
-    def _shared_options(self, options: Mapping[str, object]) -> dict[str, Any] | None:
-        """The options a shared ping passes to the backend's register (None: only
-        defaults); NotImplementedError for the options shared windows do not take."""
+    def _shared_options(self, options: Mapping[str, Any], mode: Mode) -> dict[str, Any]:
+        """The options a shared ping passes to the backend's register, validated as
+        in-process (only those that differ from their defaults, so a backend that
+        predates them keeps working for windows without them)."""
         _options.check_names(options)
-        shared = ("max_count", "payload_policy", "order_key", "max_items", "overflow")
-        rest = {name: value for name, value in options.items() if name not in shared}
-        name = _options.first_non_default(rest)
-        policy = options.get("payload_policy", _options.LAST)
-        if name is None and policy not in (_options.LAST, _options.FIRST, _options.COLLECT):
-            name = "payload_policy"
-        if (
-            name is None
-            and policy == _options.COLLECT
-            and options.get("overflow") != _options.DROP_OLDEST
-        ):
-            name = "overflow"
-        if name is not None:
-            raise NotImplementedError(
-                f"debounce({name}=...) is not supported with a backend yet: shared windows "
-                "take max_count, payload_policy 'last', 'first' or 'collect' (with "
-                "overflow='drop-oldest') and order_key, and the defaults of the other "
-                "options (no reducers, overlap='allow', no drop_stale); open the "
-                "coordinator without a backend for in-process windows with them"
-            )
         order = options.get("order_key")
+        if order is not None:
+            order = _options.order_key(order)
+        drop_stale = options.get("drop_stale", False)
+        if not isinstance(drop_stale, bool):
+            raise TypeError(f"drop_stale must be a bool, not {drop_stale!r}")
+        if drop_stale and order is None:
+            raise ValueError("drop_stale=True needs an order_key on the ping")
         opts = _options.window_options(
-            Mode.TRAILING,
+            mode,
             options.get("max_count"),
-            policy,
+            options.get("payload_policy", _options.LAST),
             options.get("max_items"),
             options.get("overflow"),
-            _options.ALLOW,
-            None,
+            options.get("overlap", _options.ALLOW),
+            options.get("run_timeout"),
             order is not None,
-            {},
+            self._reducers,
         )
         extra: dict[str, Any] = {}
         if opts.max_count is not None:
@@ -619,9 +603,20 @@ class Coordinator(metaclass=_NoPublicConstructor):
             extra["payload_policy"] = opts.payload_policy
         if opts.max_items is not None:
             extra["max_items"] = opts.max_items
+        if opts.overflow is not None:
+            extra["overflow"] = opts.overflow
+        if opts.reducer:
+            # Referred to by name across processes: each process folds with its own.
+            extra["reducer"] = self._reducers[opts.payload_policy]
+        if opts.queue:
+            extra["overlap"] = opts.overlap
+        if opts.run_timeout is not None:
+            extra["run_timeout"] = opts.run_timeout
         if order is not None:
-            extra["order_key"] = _options.order_key(order)
-        return extra or None
+            extra["order_key"] = order
+        if drop_stale:
+            extra["drop_stale"] = True
+        return extra
 
     def _debounce_options(
         self,
@@ -992,10 +987,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
         mode: Mode | str,
         run_id: str | None,
         on_fire: Handler | None,
-        options: dict[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> DebounceResult:
-        """A ping of a shared window; ``options``: from _shared_options, passed to
-        the backend's register only when there are any."""
+        """A ping of a shared window; ``options``: the ping's window options as given
+        (see _shared_options)."""
         if self._closed:
             raise _closed_error()
         delay = _validate.duration("delay", delay)
@@ -1010,6 +1005,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         _validate.name("workflow", workflow)
         _validate.name("key", key)
         mode = _validate.mode(mode)
+        extra = {} if options is None else self._shared_options(options, mode)
         ident = (workflow, key)
         local = self._windows.get(ident)
         if local is not None and self._now() < local.deadline:
@@ -1037,8 +1033,32 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 max_delay=max_delay,
                 run_id=run_id,
                 payload=payload,
-                **(options or {}),
+                **extra,
             )
+            for _ in range(_OVERFLOW_ROUNDS):
+                if not registration.overflowed:
+                    break
+                # overflow="fire-early": the window fires at once with what it holds
+                # (this process takes the fire by compare-and-swap), then this ping
+                # opens the next window (or joins the one a peer opened meanwhile).
+                await self._take_fire(backend, ident, registration.run_id, early=True)
+                # Not stale: judged by the register that found the window full.
+                extra.pop("drop_stale", None)
+                registration = await backend.register(
+                    workflow,
+                    key,
+                    mode=mode,
+                    delay=delay,
+                    max_delay=max_delay,
+                    run_id=run_id,
+                    payload=payload,
+                    **extra,
+                )
+            else:
+                raise BackendUnavailableError(
+                    f"the ping of {workflow!r}/{key!r} found a full window "
+                    f"{_OVERFLOW_ROUNDS} times in a row; it was not stored"
+                )
         except BackendError as exc:
             if isinstance(exc, (ValueError, BackendAuthError, BackendConfigError)):
                 # Bad input (a document too large) or misconfiguration: never failed open.
@@ -1068,8 +1088,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return result
         finally:
             self._registering.discard(run_id)
-        collect = options is not None and options.get("payload_policy") == _options.COLLECT
-        return self._apply_registration(ident, registration, on_fire, collect)
+        policy = extra.get("payload_policy", _options.LAST)
+        return self._apply_registration(ident, registration, on_fire, policy, payload)
 
     def _fail_open_ping(
         self,
@@ -1081,18 +1101,15 @@ class Coordinator(metaclass=_NoPublicConstructor):
         mode: Mode,
         run_id: str | None,
         on_fire: Handler | None,
-        options: dict[str, Any] | None,
+        options: Mapping[str, Any] | None,
     ) -> DebounceResult:
         """A ping into a local window, because the backend failed (or had failed)."""
         if options is None:
             return self._debounce_local(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire
             )
-        local = dict(options)
-        if local.get("payload_policy") == _options.COLLECT:
-            local["overflow"] = _options.DROP_OLDEST  # as the shared window has it
         return self._debounce_options(
-            workflow, key, payload, delay, max_delay, mode, run_id, on_fire, local
+            workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
         )
 
     def _to_trio(self, wall_at: float) -> float:
@@ -1149,11 +1166,18 @@ class Coordinator(metaclass=_NoPublicConstructor):
         ident: tuple[str, str],
         registration: Registration,
         on_fire: Handler | None,
-        collect: bool = False,
+        policy: str = _options.LAST,
+        own_payload: Any = None,
     ) -> DebounceResult:
         run_id, mode, count = registration.run_id, registration.mode, registration.ping_count
         scheduled = self._to_trio(registration.scheduled_at)
-        pending_at = scheduled if _trailing_pending(mode, count) else None
+        waiting = registration.waiting
+        pending_at = scheduled if _trailing_pending(mode, count) and not waiting else None
+        if registration.outcome is Registered.STALE:
+            self._stale += 1
+            if not run_id:
+                pending_at = None  # no window open
+            return _new_tuple(DebounceResult, (_STALE, run_id, pending_at, count, False, True))
         self._pings += 1
         if self._closed:
             # The block ended while the ping was in flight: release() gives the window
@@ -1176,15 +1200,17 @@ class Coordinator(metaclass=_NoPublicConstructor):
             if registration.outcome is Registered.OPENED:
                 if mode is _TRAILING:
                     return _new_tuple(
-                        DebounceResult, (_SCHEDULE_TRAILING, run_id, scheduled, count, True, True)
+                        DebounceResult, (_SCHEDULE_TRAILING, run_id, pending_at, count, True, True)
                     )
                 workflow, key = ident
                 handler = on_fire if on_fire is not None else self._handlers.get(workflow)
                 now = self._now()
                 leading_payload = registration.payload
-                if collect:
+                if policy == _options.COLLECT:
                     # A leading fire carries its ping's own payload, the list's first.
                     leading_payload = leading_payload[0]
+                elif policy != _options.LAST and policy != _options.FIRST:
+                    leading_payload = own_payload  # not the reducer's value
                 fire = Fire(
                     workflow,
                     key,
@@ -1335,6 +1361,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     shared.finalizing = False
                 if result.outcome is Finalized.RESCHEDULE:
                     assert result.scheduled_at is not None
+                    if shared.state == FLUSHED:
+                        # A flushed "queue-latest" window waits for its key's run.
+                        shared.state = OPEN
                     if self._wake_exit_on_pending:
                         self._idle_lot.unpark_all()  # a hand-off exit may take it now
                     shared.deadline = self._to_trio(result.scheduled_at)
@@ -1356,6 +1385,78 @@ class Coordinator(metaclass=_NoPublicConstructor):
             raise
         await self._fire_shared(shared, result)
 
+    async def _take_fire(
+        self, backend: DebounceBackend, ident: tuple[str, str], run_id: str, *, early: bool
+    ) -> None:
+        """Take the fire of the shared window ``run_id`` now, from whoever owns it (a
+        compare-and-swap): an overflowing window under ``overflow="fire-early"``
+        (``early``: even while its key's run blocks), or a window that waited for a
+        ``queue-latest`` run that ended here. Its handler runs as a task.
+
+        Raises:
+          BackendError: with ``early``, if the store failed (the ping is not stored).
+        """
+        workflow, key = ident
+        try:
+            result = await backend.finalize(
+                workflow,
+                key,
+                run_id,
+                take=True,
+                force=True,
+                delivery=self._delivery,
+                early=early,
+            )
+        except BackendError as exc:
+            self._backend_errors += 1
+            if early:
+                raise
+            logger.warning(
+                "could not take the fire of %r/%r (run %s) whose run ended here: %s; its "
+                "owner fires it when it looks again",
+                workflow,
+                key,
+                run_id,
+                exc,
+            )
+            return
+        if result.outcome is not Finalized.FIRE:
+            return
+        old = self._shared.get(ident)
+        on_fire = None
+        if old is not None and old.run_id == run_id:
+            on_fire = old.on_fire
+            if not old.finalizing:
+                self._close_shared(old)
+        assert result.first_ping_at is not None
+        shared = SharedWindow(
+            ident,
+            run_id,
+            result.mode or _TRAILING,
+            self._now(),
+            self._to_trio(result.first_ping_at),
+            result.ping_count,
+            result.payload,
+            on_fire,
+            taker=True,
+        )
+        self._set_trailing(shared, True)
+        self._nursery.start_soon(self._fire_shared, shared, result)
+
+    async def _end_shared_run(self, ident: tuple[str, str], run_id: str) -> None:
+        """A ``queue-latest`` run of a shared window returned: record it, and fire the
+        window that waited for it, if any."""
+        backend = self._backend
+        assert backend is not None
+        try:
+            waiting = await backend.end_run(*ident, run_id)
+        except BackendError as exc:
+            self._backend_errors += 1
+            logger.warning("could not record the end of run %s of %r/%r: %s", run_id, *ident, exc)
+            return
+        if waiting is not None:
+            await self._take_fire(backend, ident, waiting, early=False)
+
     async def _fire_shared(self, shared: SharedWindow, result: Finalization) -> None:
         """Run the trailing fire of a shared window that the backend finalized for us
         (it deleted the window, exactly once), if its mode and count call for one."""
@@ -1371,10 +1472,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
         shared.trailing = False  # moved from pending to running below, in one step
         self._detach_shared(shared)
         if not pending:
+            # The record goes before the window stops counting as pending, so an exit
+            # cannot release the lease first (a peer would adopt the record and fire).
+            await self._complete(result.fire_id)
             if was_pending:
                 self._pending -= 1
                 self._check_idle()
-            await self._complete(result.fire_id)
             return
         if not was_pending:
             self._pending += 1
@@ -1394,7 +1497,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._pending -= 1
         self._running += 1
         self._fires += 1
-        await self._call_handler(handler, fire, result.fire_id)
+        await self._call_handler(handler, fire, result.fire_id, shared_run=result.blocks)
 
     async def _complete(self, fire_id: str | None) -> None:
         """The handler of an at-least-once fire returned: delete its fire record."""
@@ -1852,6 +1955,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
         fire: Fire,
         fire_id: str | None = None,
         run: KeyRun | None = None,
+        *,
+        shared_run: bool = False,
     ) -> None:
         # KI-protected, so Ctrl-C cannot land between the counters and the try; the
         # handler and on_error run unprotected (see _invoke.invoke and _report).
@@ -1894,6 +1999,11 @@ class Coordinator(metaclass=_NoPublicConstructor):
             if run is not None:
                 # A "queue-latest" run: the window waiting for it fires now.
                 self._run_ended((fire.workflow, fire.key), run)
+            if shared_run and finished:
+                # The same across processes, through the key's shared record. (A
+                # cancelled run keeps blocking until its run_timeout or our lease.)
+                with trio.CancelScope(shield=True):  # bounded by the op deadline
+                    await self._end_shared_run((fire.workflow, fire.key), fire.run_id)
             self._running -= 1
             self._check_idle()
 

@@ -53,6 +53,7 @@ from ._errors import (
 )
 from ._keys import WINDOW_PREFIX, parse_window_key, process_key, window_key
 from ._kv import KvEntry, KvStore
+from ._options import InitialFactory, Reducer
 from ._payload import JsonSerializer, PayloadSerializer
 from ._types import Mode
 
@@ -63,18 +64,40 @@ SCHEMA_VERSION = 1
 #: ``payload_policy="first"``, order keys); documents without them stay version 1, so
 #: processes that predate them keep reading those. Readers accept both.
 WINDOW_SCHEMA_OPTIONS = 2
+#: The version of a window document that needs the later options: a named reducer,
+#: ``overflow="fire-early"``, ``overlap="queue-latest"`` (and the running state of its
+#: runs), or the last fired order key that ``drop_stale`` reads. A version-2 reader
+#: would misread those, so they are written as version 3; readers take 1, 2 and 3.
+WINDOW_SCHEMA_RUNS = 3
+_BUILTIN_POLICIES = ("last", "first", "collect")
 SWEEPER_KEY = "s.sweeper"
 _LEASE_PREFIX = "p."
 _WINDOW_PREFIX = WINDOW_PREFIX + "."
 _FIRE_PREFIX = "f."
+#: A tombstone that keeps a key's last fired order key (for ``drop_stale``) is swept
+#: this many process leases after the key's last ping.
+_ORDER_LEASES = 10
 #: Fencing tokens are ``(bucket creation time in ms) << _TOKEN_SHIFT | revision``.
 _TOKEN_SHIFT = 40
 
 
 @dataclass(frozen=True, slots=True)
+class RunMarker:
+    """A ``queue-latest`` run in progress, kept in its key's document: it blocks the
+    key's next fire until its process ends it (:meth:`KvDebounceBackend.end_run`), until
+    ``until`` (wall clock: the fire time plus ``run_timeout``), or until the lease of
+    ``process`` (in its opening ``epoch``) lapses."""
+
+    process: str
+    epoch: str
+    run_id: str
+    until: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class WindowDoc:
-    """The shared document of one window (schema version 1, or 2 with ``max_count``);
-    times are wall clock."""
+    """The shared document of one window (schema version 1, 2 or 3, by the options it
+    uses); times are wall clock."""
 
     owner: str
     epoch: str
@@ -109,10 +132,58 @@ class WindowDoc:
     #: then the order key of the stored ``payload``.
     ordered: bool = False
     order: float | None = None
+    #: ``"fire-early"`` or ``"drop-oldest"`` with ``"collect"`` or a reducer (a
+    #: version-2 ``"collect"`` document means ``"drop-oldest"``).
+    overflow: str | None = None
+    #: Payloads a reducer has folded in (version 3); ``"collect"`` counts its ``ranks``.
+    held: int = 0
+    #: ``overlap="queue-latest"`` (version 3), and its ``run_timeout`` in seconds.
+    queue: bool = False
+    run_timeout: float | None = None
+    #: The key's ``queue-latest`` run in progress, carried from window to window.
+    running: RunMarker | None = None
+    #: The highest order key of the window's pings (with ``ordered``).
+    max_order: float | None = None
+    #: The highest order key fired for the key, carried from window to window (and
+    #: kept in the tombstone after the last one) for ``drop_stale``.
+    fired_order: float | None = None
 
     @property
     def has_options(self) -> bool:
         return self.max_count is not None or self.payload_policy != "last" or self.ordered
+
+    @property
+    def needs_v3(self) -> bool:
+        return (
+            self.payload_policy not in _BUILTIN_POLICIES
+            or self.overflow == "fire-early"
+            or self.queue
+            or self.running is not None
+            or self.fired_order is not None
+        )
+
+    @property
+    def accumulates(self) -> bool:
+        return self.payload_policy not in ("last", "first")
+
+    @property
+    def items(self) -> int:
+        """Payloads held, for ``max_items`` (``"collect"`` or a reducer)."""
+        return len(self.ranks) if self.payload_policy == "collect" else self.held
+
+    @property
+    def keeps_tombstone(self) -> bool:
+        """Does a commit (or cancel) of this window leave a tombstone rather than
+        delete it? Yes when the key's state must outlive the window: the running
+        state of a ``queue-latest`` run, or the last fired order key."""
+        return self.running is not None or self.fired_order is not None
+
+    def closed(self) -> WindowDoc | None:
+        """What closing this window without a fire (cancel, release) writes: its
+        tombstone if it keeps one, else None (a delete)."""
+        if not self.keeps_tombstone:
+            return None
+        return replace(self, fired=True, write=uuid.uuid4().hex)
 
     def encode(self) -> bytes:
         extra: dict[str, Any] = {}
@@ -120,15 +191,42 @@ class WindowDoc:
             extra["max_count"] = self.max_count
         if self.payload_policy != "last":
             extra["policy"] = self.payload_policy
-        if self.payload_policy == "collect":
+        v3 = self.needs_v3
+        if self.accumulates:
             extra["max_items"] = self.max_items
+            if v3:
+                extra["overflow"] = self.overflow
+        if self.payload_policy == "collect":
             extra["ranks"] = [list(rank) for rank in self.ranks]
+        elif self.accumulates:
+            extra["held"] = self.held
         if self.ordered:
             extra["ordered"] = True
             extra["order"] = self.order
+            if self.max_order is not None:
+                extra["max_order"] = self.max_order
+        if self.queue:
+            extra["queue"] = True
+            extra["run_timeout"] = self.run_timeout
+        if self.running is not None:
+            marker = self.running
+            extra["running"] = {
+                "process": marker.process,
+                "epoch": marker.epoch,
+                "run": marker.run_id,
+                "until": marker.until,
+            }
+        if self.fired_order is not None:
+            extra["fired_order"] = self.fired_order
+        if v3:
+            version = WINDOW_SCHEMA_RUNS
+        elif self.has_options:
+            version = WINDOW_SCHEMA_OPTIONS
+        else:
+            version = SCHEMA_VERSION
         return json.dumps(
             {
-                "v": WINDOW_SCHEMA_OPTIONS if self.has_options else SCHEMA_VERSION,
+                "v": version,
                 "owner": self.owner,
                 "epoch": self.epoch,
                 "run": self.run_id,
@@ -153,35 +251,65 @@ class WindowDoc:
 
     @classmethod
     def decode(cls, raw: bytes) -> WindowDoc:
-        """Parse a document; raises ValueError for anything but a valid version 1 or 2."""
+        """Parse a document; raises ValueError for anything but a valid version 1, 2 or 3."""
         obj = _loads(raw)
-        if not isinstance(obj, dict) or obj.get("v") not in (SCHEMA_VERSION, WINDOW_SCHEMA_OPTIONS):
-            raise ValueError("not a version 1 or 2 window document")
+        versions = (SCHEMA_VERSION, WINDOW_SCHEMA_OPTIONS, WINDOW_SCHEMA_RUNS)
+        if not isinstance(obj, dict) or obj.get("v") not in versions:
+            raise ValueError("not a version 1, 2 or 3 window document")
         max_count = None
         policy = "last"
         ordered = False
         order = None
         max_items = None
         ranks: tuple[tuple[float, int], ...] = ()
-        if obj["v"] == WINDOW_SCHEMA_OPTIONS:
+        extra: dict[str, Any] = {}
+        if obj["v"] >= WINDOW_SCHEMA_OPTIONS:
+            v3 = obj["v"] == WINDOW_SCHEMA_RUNS
             max_count = obj.get("max_count")
             if max_count is not None and (
                 isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1
             ):
                 raise ValueError(f"bad max_count {max_count!r}")
             policy = obj.get("policy", "last")
-            if policy not in ("last", "first", "collect"):
+            if not isinstance(policy, str) or not (policy in _BUILTIN_POLICIES or (v3 and policy)):
                 raise ValueError(f"bad payload policy {policy!r}")
-            if policy == "collect":
+            if policy not in ("last", "first"):
                 max_items = obj["max_items"]
                 if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
                     raise ValueError(f"bad max_items {max_items!r}")
-                ranks = tuple((float(o), int(n)) for o, n in obj["ranks"])
+                overflow = obj.get("overflow", "drop-oldest") if v3 else "drop-oldest"
+                if overflow not in ("fire-early", "drop-oldest") or (
+                    overflow == "drop-oldest" and policy != "collect"
+                ):
+                    raise ValueError(f"bad overflow {overflow!r}")
+                extra["overflow"] = overflow
+                if policy == "collect":
+                    ranks = tuple((_float(o), int(n)) for o, n in obj["ranks"])
+                else:
+                    extra["held"] = int(obj["held"])
             ordered = obj.get("ordered", False) is True
             if ordered:
-                order = obj["order"]
-                if isinstance(order, bool) or not isinstance(order, (int, float)):
-                    raise ValueError(f"bad order key {order!r}")
+                order = _order(obj.get("order"))
+                if obj.get("max_order") is not None:
+                    extra["max_order"] = _order(obj["max_order"])
+            if v3:
+                if obj.get("queue", False) is True:
+                    extra["queue"] = True
+                    timeout = obj.get("run_timeout")
+                    extra["run_timeout"] = None if timeout is None else _num(obj, "run_timeout")
+                running = obj.get("running")
+                if running is not None:
+                    if not isinstance(running, dict):
+                        raise ValueError("running is not an object")
+                    until = running.get("until")
+                    extra["running"] = RunMarker(
+                        _str(running, "process"),
+                        _str(running, "epoch"),
+                        _str(running, "run"),
+                        None if until is None else _num(running, "until"),
+                    )
+                if obj.get("fired_order") is not None:
+                    extra["fired_order"] = _order(obj["fired_order"])
         doc = cls(
             owner=_str(obj, "owner"),
             epoch=_str(obj, "epoch"),
@@ -205,6 +333,7 @@ class WindowDoc:
             order=order,
             max_items=max_items,
             ranks=ranks,
+            **extra,
         )
         if doc.count < 1:
             raise ValueError("count < 1")
@@ -230,6 +359,23 @@ def _loads(raw: bytes) -> Any:
         return json.loads(raw, parse_constant=_reject, parse_float=_finite_float)
     except RecursionError:
         raise ValueError("a document nested too deeply") from None
+
+
+def _order(value: Any) -> float:
+    """An order key as stored (an int or a finite float, kept as it is)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"bad order key {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"bad order key {value!r}")
+    return value
+
+
+def _float(value: Any) -> float:
+    """``float(value)``, with an int beyond the float range refused as ValueError."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError("a number beyond the float range") from None
 
 
 def _str(obj: dict[str, Any], name: str) -> str:
@@ -267,6 +413,20 @@ def _num(obj: dict[str, Any], name: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{name} is not finite")
     return value
+
+
+def _stale(order_key: float | None, fired_order: float | None) -> bool:
+    """Is a ping with ``order_key`` stale: not above the key's last fired order key?"""
+    return order_key is not None and fired_order is not None and order_key <= fired_order
+
+
+class WindowFull(Exception):
+    """Raised by a ping into a window that holds ``max_items`` under
+    ``overflow="fire-early"``: the window fires first (see :class:`Registration`)."""
+
+    def __init__(self, doc: WindowDoc) -> None:
+        super().__init__(f"window {doc.run_id} is full")
+        self.doc = doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +552,12 @@ class _Ping:
     max_items: int | None
     #: Trio time by which the call must be answered (its arrival + op_timeout).
     deadline: float
+    overflow: str | None = None
+    reducer: tuple[Reducer, InitialFactory | None] | None = None
+    #: ``overlap="queue-latest"``.
+    queue: bool = False
+    run_timeout: float | None = None
+    drop_stale: bool = False
     #: Written in a batch of its own (its document was too large in a merged one).
     alone: bool = False
     result: Registration | BaseException | None = None
@@ -496,6 +662,11 @@ class KvDebounceBackend(DebounceBackend):
         self._fire_records: dict[str, int] = {}
         #: Fire records whose delete could not reach the store: retried by heartbeats.
         self._queued_completions: set[str] = set()
+        #: queue-latest runs of this process whose handlers returned, while their end
+        #: is not yet recorded in the store (they block nothing here), and the end
+        #: records that could not reach the store, by KV key.
+        self._ended_runs: set[str] = set()
+        self._queued_end_runs: dict[str, str] = {}
         self._lease_expires = -math.inf
         #: The lease of the coordinator that took our process id (we are fenced).
         self._taken_by: _Lease | None = None
@@ -782,12 +953,46 @@ class KvDebounceBackend(DebounceBackend):
         payload_policy: str = "last",
         order_key: float | None = None,
         max_items: int | None = None,
+        overflow: str | None = None,
+        reducer: tuple[Reducer, InitialFactory | None] | None = None,
+        queue: bool = False,
+        run_timeout: float | None = None,
+        drop_stale: bool = False,
+        blocked_until: float | None = None,
     ) -> tuple[Registered, WindowDoc, float | None]:
+        """Apply one ping to a window's document, as read (no I/O).
+
+        Returns the outcome, the document to write (for ``stale``, the document as
+        read: nothing is written) and, for a ``coalesced`` ping that moved the fire
+        earlier than the owner armed, when to take it. ``blocked_until``: when the
+        key's ``queue-latest`` run (``doc.running``) stops blocking for sure, or None
+        if it does not block now (the caller reads its process's lease).
+
+        Raises:
+          ValueError: the ping's options differ from the open window's.
+          WindowFull: the window holds ``max_items`` (or as much as the store takes)
+            under ``overflow="fire-early"``: nothing to write; it fires first.
+          Exception: whatever the reducer or the serializer raise.
+        """
         if doc is None or doc.fired:
+            running = None if doc is None or blocked_until is None else doc.running
+            fired_order = None if doc is None else doc.fired_order
+            if drop_stale and _stale(order_key, fired_order):
+                assert doc is not None
+                return Registered.STALE, doc, None
             ranks: tuple[tuple[float, int], ...] = ()
+            held = 0
             if payload_policy == "collect":
                 ranks = ((0.0 if order_key is None else order_key, 0),)
                 payload = self._serializer.dumps([self._serializer.loads(payload)])
+            elif reducer is not None:
+                fn, initial = reducer
+                value = self._serializer.loads(payload)
+                payload = self._serializer.dumps(value if initial is None else fn(initial(), value))
+                held = 1
+            if mode is not Mode.TRAILING and order_key is not None:
+                # The leading fire happens with this write: its order key is fired.
+                fired_order = order_key if fired_order is None else max(fired_order, order_key)
             cap = None if max_delay is None else now + max_delay
             at = now + delay if cap is None else min(now + delay, cap)
             if max_count == 1:
@@ -814,6 +1019,13 @@ class KvDebounceBackend(DebounceBackend):
                 order=order_key,
                 max_items=max_items,
                 ranks=ranks,
+                overflow=overflow,
+                held=held,
+                queue=queue,
+                run_timeout=run_timeout,
+                running=running,
+                max_order=order_key,
+                fired_order=fired_order,
             )
             return Registered.OPENED, new, None
         if doc.mode is not mode:
@@ -837,79 +1049,96 @@ class KvDebounceBackend(DebounceBackend):
                 + ("with an order_key: every ping of it needs one" if doc.ordered else
                    "without an order_key: its pings cannot carry one")
             )  # fmt: skip
-        if doc.max_items != max_items:
-            raise ValueError(
-                f"max_items {max_items!r} differs from the max_items {doc.max_items!r} of the "
-                f"open window (run {doc.run_id})"
-            )
+        overlaps = ("allow", "queue-latest")
+        for name, mine, theirs in (
+            ("max_items", max_items, doc.max_items),
+            ("overflow", overflow, doc.overflow),
+            ("overlap", overlaps[queue], overlaps[doc.queue]),
+            ("run_timeout", run_timeout, doc.run_timeout),
+        ):
+            if mine != theirs:
+                raise ValueError(
+                    f"{name} {mine!r} differs from the {name} {theirs!r} of the open window "
+                    f"(run {doc.run_id})"
+                )
+        if drop_stale and _stale(order_key, doc.fired_order):
+            return Registered.STALE, doc, None
+        if doc.overflow == "fire-early" and doc.items >= (doc.max_items or 0):
+            raise WindowFull(doc)
+        # Waiting: due while the key's run blocks; pings join it and leave its time alone.
+        waiting = doc.queue and blocked_until is not None and doc.at <= now
         # The stored payload: "last" keeps the highest order key (ties: the later
         # arrival), "first" the lowest (ties: the earlier); no key, arrival order.
-        # "collect" inserts it by (order key, arrival) and drops the lowest beyond
-        # max_items (overflow="drop-oldest", the only one shared windows take).
+        # "collect" inserts it by (order key, arrival), and under "drop-oldest" drops
+        # the lowest beyond max_items; a reducer folds it into the accumulated value.
         order = doc.order
         ranks = doc.ranks
+        held = doc.held
+        items: list[tuple[tuple[float, int], Any]] = []
         if payload_policy == "collect":
             items = list(zip(ranks, self._load(doc.payload) or [], strict=True))
             rank = (0.0 if order_key is None else order_key, doc.count)
             items.append((rank, self._load(payload)))
             items.sort(key=lambda item: item[0])
-            if max_items is not None and len(items) > max_items:
+            if doc.overflow == "drop-oldest" and max_items is not None and len(items) > max_items:
                 del items[0]
             ranks = tuple(rank for rank, _ in items)
             payload = self._serializer.dumps([value for _, value in items])
+        elif reducer is not None:
+            folded = reducer[0](self._load(doc.payload), self._serializer.loads(payload))
+            payload = self._serializer.dumps(folded)
+            held += 1
         elif payload_policy == "first":
             keep = order_key is None or doc.order is None or order_key >= doc.order
         else:
             keep = order_key is not None and doc.order is not None and order_key < doc.order
-        if payload_policy == "collect":
+        if doc.accumulates:
             pass
         elif keep:
             payload = doc.payload if doc.payload is not None else payload
         else:
             order = order_key
-        at = now + delay if doc.cap is None else min(now + delay, doc.cap)
-        if doc.max_count is not None and doc.count + 1 >= doc.max_count:
-            # Due at once. A peer's ping makes the fire earlier than the owner armed,
-            # so the pinger takes it by compare-and-swap (the owner's timer cannot know).
-            at = now
+        max_order = doc.max_order
+        if order_key is not None and (max_order is None or order_key > max_order):
+            max_order = order_key
+        if waiting:
+            at = doc.at
+        else:
+            at = now + delay if doc.cap is None else min(now + delay, doc.cap)
+            if doc.max_count is not None and doc.count + 1 >= doc.max_count:
+                # Due at once. A peer's ping makes the fire earlier than the owner armed,
+                # so the pinger takes it by compare-and-swap (the owner's timer cannot know).
+                at = now
+        changes: dict[str, Any] = {
+            "last": now,
+            "at": at,
+            "count": doc.count + 1,
+            "write": write,
+            "payload": payload,
+            "order": order,
+            "ranks": ranks,
+            "held": held,
+            "max_order": max_order,
+            "running": doc.running if blocked_until is not None else None,
+        }
+        if doc.accumulates:
+            # Bounded by the store's size limit too: "fire-early" fires what the window
+            # holds, "drop-oldest" drops more of the lowest items.
+            limit = self._store.max_value_bytes
+            while len(replace(doc, **changes).encode()) > limit:
+                if doc.overflow == "fire-early":
+                    raise WindowFull(doc)
+                if len(items) <= 1:
+                    break  # this payload alone is too large: the write refuses it
+                del items[0]
+                changes["ranks"] = tuple(rank for rank, _ in items)
+                changes["payload"] = self._serializer.dumps([value for _, value in items])
         if self._mine(doc):
-            new = replace(
-                doc,
-                last=now,
-                at=at,
-                armed=at,
-                count=doc.count + 1,
-                write=write,
-                payload=payload,
-                order=order,
-                ranks=ranks,
-            )
-            return Registered.EXTENDED, new, None
+            return Registered.EXTENDED, replace(doc, armed=at, **changes), None
         if owner_live or not self._can_take_over():
-            new = replace(
-                doc,
-                last=now,
-                at=at,
-                count=doc.count + 1,
-                write=write,
-                payload=payload,
-                order=order,
-                ranks=ranks,
-            )
-            return Registered.COALESCED, new, (at if at < doc.armed else None)
-        new = replace(
-            doc,
-            owner=self._process_id,
-            epoch=self._epoch,
-            last=now,
-            at=at,
-            armed=at,
-            count=doc.count + 1,
-            write=write,
-            payload=payload,
-            order=order,
-            ranks=ranks,
-        )
+            take_at = at if at < doc.armed and not waiting else None
+            return Registered.COALESCED, replace(doc, **changes), take_at
+        new = replace(doc, owner=self._process_id, epoch=self._epoch, armed=at, **changes)
         return Registered.TOOK_OVER, new, None
 
     async def register(
@@ -926,6 +1155,11 @@ class KvDebounceBackend(DebounceBackend):
         payload_policy: str = "last",
         order_key: float | None = None,
         max_items: int | None = None,
+        overflow: str | None = None,
+        reducer: tuple[Reducer, InitialFactory | None] | None = None,
+        overlap: str = "allow",
+        run_timeout: float | None = None,
+        drop_stale: bool = False,
     ) -> Registration:
         self._check_not_taken()
         kv_key = window_key(workflow, key)
@@ -953,6 +1187,11 @@ class KvDebounceBackend(DebounceBackend):
             order_key,
             max_items,
             deadline,
+            overflow,
+            reducer,
+            overlap == "queue-latest",
+            run_timeout,
+            drop_stale,
         )
         # Group commit: the pings of a key that arrive while a write of it is in flight
         # wait for it, then go out together, in arrival order, in the next write (led
@@ -1002,8 +1241,9 @@ class KvDebounceBackend(DebounceBackend):
         last_live = False
         error: BackendError | None = None
         rest: list[_Ping] = []
-        #: The pings of the write whose answer was lost, their outcomes, its take time.
-        sent: tuple[list[tuple[_Ping, Registered]], float | None] | None = None
+        #: The pings of the write whose answer was lost, their outcomes, its take time,
+        #: and until when the window it wrote waits for its key's queue-latest run.
+        sent: tuple[list[tuple[_Ping, Registered]], float | None, float | None] | None = None
         base = -1  # the revision that write expected
         in_flight = ambiguous = resolving = False
         while True:
@@ -1024,7 +1264,9 @@ class KvDebounceBackend(DebounceBackend):
                                 ):
                                     # The write had landed (the window it opened, even
                                     # if peers have written since; or its revision).
-                                    self._settle_batch(kv_key, sent[0], doc, sent[1], revision)
+                                    self._settle_batch(
+                                        kv_key, sent[0], doc, sent[1], revision, sent[2]
+                                    )
                                     return rest
                                 if resolving and revision == base:
                                     break  # it did not land, and the deadline has passed
@@ -1035,11 +1277,16 @@ class KvDebounceBackend(DebounceBackend):
                             doc is not None and not doc.fired and await self._owner_live(doc, now)
                         )
                         last_doc, last_live = doc, live
+                        # Until when the key's queue-latest run blocks its next fire.
+                        blocked = None
+                        if doc is not None and doc.running is not None:
+                            blocked = await self._blocked_until(doc.running, now)
                         if (
                             live
                             and doc is not None
                             and not self._mine(doc)
                             and _due_for_good(doc, now)
+                            and not (doc.queue and blocked is not None)  # its owner waits too
                             and trio.current_time() < deadline - self._op_timeout / 2
                         ):
                             # The window is due and these pings cannot move its time:
@@ -1050,15 +1297,21 @@ class KvDebounceBackend(DebounceBackend):
                             await self._backoff(attempt)
                             attempt += 1
                             continue
-                        applied = self._apply_batch(doc, live, now, batch, write, known is not None)
+                        applied = self._apply_batch(
+                            doc, live, now, batch, write, known is not None, blocked
+                        )
                         if applied is None:
-                            self._forget(kv_key)  # refused on a remembered document: re-read
+                            # Refused, stale or full on a remembered document: re-read.
+                            self._forget(kv_key)
                             continue
                         pings, new, take_at, rest = applied
                         if not pings:
-                            return rest  # every ping was refused
+                            return rest  # every ping was refused, dropped or overflowed
                         assert new is not None
-                        sent, base = (pings, take_at), revision
+                        waits = None
+                        if blocked is not None and new.queue and new.at <= now:
+                            waits = blocked  # the owner looks again then
+                        sent, base = (pings, take_at, waits), revision
                         in_flight = True
                         new_revision = await self._call(
                             self._store.put, kv_key, new.encode(), last=revision
@@ -1092,7 +1345,7 @@ class KvDebounceBackend(DebounceBackend):
                         return rest
                     else:
                         self._remember(kv_key, new_revision, new)
-                        self._settle_batch(kv_key, pings, new, take_at, new_revision)
+                        self._settle_batch(kv_key, pings, new, take_at, new_revision, waits)
                         return rest
                     await self._backoff(attempt)
                     attempt += 1
@@ -1113,7 +1366,7 @@ class KvDebounceBackend(DebounceBackend):
             and last_live
             and not self._mine(last_doc)
             and last_doc.mode is not Mode.LEADING
-            and last_doc.payload_policy != "collect"
+            and not last_doc.accumulates
             and error is None
         ):
             # Contention until the deadline, but a live owner has a fire pending that
@@ -1197,15 +1450,21 @@ class KvDebounceBackend(DebounceBackend):
         batch: list[_Ping],
         write: str,
         remembered: bool,
+        blocked: float | None = None,
     ) -> tuple[list[tuple[_Ping, Registered]], WindowDoc | None, float | None, list[_Ping]] | None:
         """Apply the unsettled pings of ``batch`` to ``doc`` in order (``_apply_ping``
-        each, as if written one after the other).
+        each, as if written one after the other; ``blocked`` as it takes it).
 
         Returns the pings applied with their outcomes, the document to write, the take
         time, and the pings left for the next write: a ping that opens a leading or
         both-edges window goes alone (its leading fire carries its own payload), and so
-        does one marked ``alone``. A ping refused (ValueError) is settled with the
-        error, unless ``doc`` was ``remembered`` (it may be stale): then None.
+        does one marked ``alone``. A ping that writes nothing is settled on its own,
+        the others go on: refused (ValueError, or whatever its reducer or the
+        serializer raise) with the error; ``drop_stale`` and stale with its ``stale``
+        registration; into a full ``fire-early`` window with an ``overflowed`` one (or,
+        after pings of this write, left for the next write, so that the window it fires
+        holds them). Each of these decisions is made on a fresh read: on a
+        ``remembered`` document (it may be stale) the result is None instead.
         """
         applied: list[tuple[_Ping, Registered]] = []
         take_at: float | None = None
@@ -1228,11 +1487,42 @@ class KvDebounceBackend(DebounceBackend):
                     ping.payload_policy,
                     ping.order_key,
                     ping.max_items,
+                    ping.overflow,
+                    ping.reducer,
+                    ping.queue,
+                    ping.run_timeout,
+                    ping.drop_stale,
+                    blocked,
                 )
-            except ValueError as exc:
+            except WindowFull as full:
+                if remembered:
+                    return None
+                if applied:
+                    return applied, doc, take_at, pending[index:]
+                # Nothing written: the caller fires the full window, then pings again.
+                _settle(
+                    ping,
+                    Registration(
+                        Registered.COALESCED,
+                        full.doc.run_id,
+                        full.doc.mode,
+                        full.doc.at,
+                        full.doc.first,
+                        full.doc.count,
+                        stored=False,
+                        overflowed=True,
+                    ),
+                )
+                continue
+            except Exception as exc:  # options that differ, a reducer that raises
                 if remembered:
                     return None
                 _settle(ping, exc)
+                continue
+            if outcome is Registered.STALE:
+                if remembered:
+                    return None
+                _settle(ping, self._stale_registration(new, blocked, now))
                 continue
             applied.append((ping, outcome))
             doc, take_at = new, take
@@ -1241,6 +1531,44 @@ class KvDebounceBackend(DebounceBackend):
             if ping.alone or (outcome is Registered.OPENED and ping.mode is not Mode.TRAILING):
                 return applied, doc, take_at, pending[index + 1 :]
         return applied, doc, take_at, []
+
+    def _stale_registration(
+        self, doc: WindowDoc, blocked: float | None, now: float
+    ) -> Registration:
+        """The result of a ``drop_stale`` ping that was dropped (nothing written)."""
+        if doc.fired:
+            return Registration(Registered.STALE, "", doc.mode, doc.at, doc.first, 0)
+        waiting = blocked is not None and doc.queue and doc.at <= now
+        return Registration(
+            Registered.STALE,
+            doc.run_id,
+            doc.mode,
+            blocked if waiting and blocked is not None else doc.at,
+            doc.first,
+            doc.count,
+            waiting=waiting,
+        )
+
+    async def _blocked_until(self, marker: RunMarker, now: float) -> float | None:
+        """Until when (wall clock) the ``queue-latest`` run ``marker`` surely blocks its
+        key's next fire: its ``until``, or its process's lease expiry (plus the skew)
+        if that comes first, when it is looked at again; None if it blocks no more
+        (timed out, or its process is dead)."""
+        if marker.until is not None and now >= marker.until:
+            return None
+        mine = marker.process == self._process_id and marker.epoch == self._epoch
+        if mine and marker.run_id in self._ended_runs:
+            return None
+        if not await self._live(marker.process, marker.epoch, now):
+            return None
+        if marker.process == self._process_id and marker.epoch == self._epoch:
+            expires = self._lease_expires
+        else:
+            lease = self._leases.get(marker.process)
+            expires = now if lease is None else lease.expires
+        # A live runner renews its lease every heartbeat: look no sooner than that.
+        look = max(expires + self._skew, now + self.heartbeat_interval)
+        return look if marker.until is None else min(marker.until, look)
 
     def _disown(self, kv_key: str, run_id: str) -> None:
         """Forget that this process owns window ``kv_key`` under ``run_id`` (and only
@@ -1264,11 +1592,14 @@ class KvDebounceBackend(DebounceBackend):
         doc: WindowDoc,
         take_at: float | None,
         revision: int,
+        waits: float | None = None,
     ) -> None:
         """Answer the pings of a write that landed; tracks what this process owns.
 
         Every ping of the write reports the window as that write left it (count, due
-        time, payload), whatever order their tasks wake in; each its own outcome.
+        time, payload), whatever order their tasks wake in; each its own outcome. A
+        window that ``waits`` for its key's ``queue-latest`` run reports ``waiting``,
+        and that time as ``scheduled_at`` (when the owner looks again).
         """
         if doc.payload_policy != "last" or doc.ordered:
             payload = self._load(doc.payload)  # the window's payload, not a ping's
@@ -1289,13 +1620,14 @@ class KvDebounceBackend(DebounceBackend):
                     outcome,
                     doc.run_id,
                     doc.mode,
-                    doc.at,
+                    doc.at if waits is None else waits,
                     doc.first,
                     doc.count,
                     True,
                     take_at if outcome is Registered.COALESCED else None,
                     payload,
                     token,
+                    waiting=waits is not None,
                 ),
             )
 
@@ -1322,14 +1654,18 @@ class KvDebounceBackend(DebounceBackend):
 
     # ---------------------------------------------------------------- finalize
 
-    def _commits(self, doc: WindowDoc | None, run_id: str, take: bool, force: bool) -> bool:
-        """Would a finalize of ``run_id`` commit a fire on ``doc`` as it is?"""
+    def _commits(
+        self, doc: WindowDoc | None, run_id: str, take: bool, force: bool, early: bool
+    ) -> bool:
+        """Would a finalize of ``run_id`` commit a fire on ``doc`` as it is? (Not sure
+        while the key's ``queue-latest`` run may block it: that is read afresh.)"""
         return (
             doc is not None
             and not doc.fired
             and doc.run_id == run_id
             and (take or self._mine(doc))
             and (force or doc.at <= self._wall())
+            and (early or not doc.queue or doc.running is None)
         )
 
     async def finalize(
@@ -1341,10 +1677,11 @@ class KvDebounceBackend(DebounceBackend):
         take: bool = False,
         force: bool = False,
         delivery: Delivery = "at-least-once",
+        early: bool = False,
     ) -> Finalization:
         kv_key = window_key(workflow, key)
         async with self._turn(kv_key):
-            return await self._finalize(workflow, key, kv_key, run_id, take, force, delivery)
+            return await self._finalize(workflow, key, kv_key, run_id, take, force, delivery, early)
 
     async def _finalize(
         self,
@@ -1355,6 +1692,7 @@ class KvDebounceBackend(DebounceBackend):
         take: bool,
         force: bool,
         delivery: Delivery,
+        early: bool,
     ) -> Finalization:
         error: BackendError | None = None
         if self._taken_by is not None:
@@ -1377,7 +1715,7 @@ class KvDebounceBackend(DebounceBackend):
                     known = None if committing is not None else self._cached(kv_key)
                     if known is not None:
                         revision, doc = known
-                        if not self._commits(doc, run_id, take, force):
+                        if not self._commits(doc, run_id, take, force, early):
                             known = None
                     if known is None:
                         entry, revision, doc = await self._read(kv_key)
@@ -1393,6 +1731,23 @@ class KvDebounceBackend(DebounceBackend):
                         self._disown(kv_key, run_id)
                         return Finalization(Finalized.ABANDONED)
                     now = self._wall()
+                    if doc.queue and doc.running is not None and not early:
+                        blocked = await self._blocked_until(doc.running, now)
+                        if blocked is not None and (force or doc.at <= now):
+                            # Due (or flushed) while its key's run blocks: it waits,
+                            # and is looked at again when the run may have stopped.
+                            if doc.at > now:
+                                due = replace(doc, at=now, armed=now)
+                                self._remember(
+                                    kv_key,
+                                    await self._call(
+                                        self._store.put, kv_key, due.encode(), last=revision
+                                    ),
+                                    due,
+                                )
+                            return Finalization(
+                                Finalized.RESCHEDULE, blocked, doc.count, doc.first, doc.mode
+                            )
                     if not force and doc.at > now:
                         if take:
                             if doc.at >= doc.armed:
@@ -1424,11 +1779,22 @@ class KvDebounceBackend(DebounceBackend):
                         self._forget(kv_key)
                         continue
                     fired_at = now if force else doc.at
+                    if not force and doc.queue:
+                        # It may have waited for a run: one that timed out (at its
+                        # `until`), or whose process died or whose end was recorded late
+                        # (noticed now).
+                        marker = doc.running
+                        released = now
+                        if marker is not None and marker.until is not None:
+                            released = min(now, marker.until)
+                        fired_at = max(doc.at, released)
                     write = uuid.uuid4().hex
                     fire_id = _FIRE_PREFIX + write
                     committing = (doc, write, fired_at, fire_id)
+                    tombstone = self._tombstone(doc, write, fired_at)
                     if delivery == "at-most-once":
-                        tombstone = replace(doc, fired=True, write=write)
+                        if tombstone is None:
+                            tombstone = replace(doc, fired=True, write=write)
                         revision = await self._call(
                             self._store.put, kv_key, tombstone.encode(), last=revision
                         )
@@ -1440,12 +1806,12 @@ class KvDebounceBackend(DebounceBackend):
                     )
                     self._fire_records[fire_id] = record_revision
                     try:
-                        marker = await self._call(self._store.delete, kv_key, last=revision)
+                        closed = await self._commit_window(kv_key, tombstone, revision)
                     except RevisionConflict:
                         # A ping landed after our read: take the record back, re-read.
                         await self._drop_record(fire_id)
                         raise
-                    self._remember(kv_key, marker, None)
+                    self._remember(kv_key, closed, tombstone)
                     # The token of the commit: the record's revision, later than every
                     # write of the window (its leading fire's included).
                     return self._fire(kv_key, doc, fired_at, self._token(record_revision), fire_id)
@@ -1516,12 +1882,41 @@ class KvDebounceBackend(DebounceBackend):
                 return None
             assert entry is not None
             self._forget(kv_key)
+            tombstone = self._tombstone(window, write, fired_at)
             try:  # the record landed, the window delete did not: finish it
-                await self._call(self._store.delete, kv_key, last=entry.revision)
+                closed = await self._commit_window(kv_key, tombstone, entry.revision)
             except RevisionConflict:
                 await self._drop_record(fire_id)
                 return None
+            self._remember(kv_key, closed, tombstone)
         return self._fire(kv_key, window, fired_at, self._token(record.revision), fire_id)
+
+    def _tombstone(self, doc: WindowDoc, write: str, fired_at: float) -> WindowDoc | None:
+        """The document that commits ``doc``'s fire when the key's state must outlive
+        the window (None: the window is deleted): a tombstone (``fired``) with the
+        running state of this fire's ``queue-latest`` run, and the highest order key
+        fired for the key."""
+        pending = doc.mode is Mode.TRAILING or (doc.mode is Mode.BOTH and doc.count >= 2)
+        fired_order = doc.fired_order
+        top = doc.max_order if doc.max_order is not None else doc.order
+        if pending and top is not None:
+            fired_order = top if fired_order is None else max(fired_order, top)
+        running = doc.running
+        if doc.queue and pending:
+            until = None if doc.run_timeout is None else fired_at + doc.run_timeout
+            running = RunMarker(self._process_id, self._epoch, doc.run_id, until)
+        if running is None and fired_order is None:
+            return None
+        return replace(doc, fired=True, write=write, running=running, fired_order=fired_order)
+
+    async def _commit_window(self, kv_key: str, tombstone: WindowDoc | None, last: int) -> int:
+        """Close a window by a revision-checked delete, or by writing its tombstone;
+        returns the revision written (the delete marker's, or the tombstone's)."""
+        if tombstone is None:
+            revision: int = await self._call(self._store.delete, kv_key, last=last)
+        else:
+            revision = await self._call(self._store.put, kv_key, tombstone.encode(), last=last)
+        return revision
 
     def _fire_record(
         self, workflow: str, key: str, doc: WindowDoc, fired_at: float, attempt: int
@@ -1564,6 +1959,63 @@ class KvDebounceBackend(DebounceBackend):
             self._load(doc.payload),
             token,
             fire_id,
+            doc.queue,
+        )
+
+    async def end_run(self, workflow: str, key: str, run_id: str) -> str | None:
+        kv_key = window_key(workflow, key)
+        self._ended_runs.add(run_id)
+        try:
+            with trio.move_on_after(self._op_timeout):
+                # This process's pings of the key wait meanwhile (they would make the
+                # compare-and-swap conflict).
+                async with self._turn(kv_key):
+                    attempt = 0
+                    while True:
+                        try:
+                            return await self._end_run(kv_key, run_id)
+                        except RevisionConflict:
+                            self._contend(kv_key)
+                            self.conflicts += 1
+                        except BackendUnavailableError:
+                            self._forget(kv_key)
+                        await self._backoff(attempt)
+                        attempt += 1
+        except BackendError:
+            self._forget(kv_key)
+        # Retried by heartbeats; meanwhile peers see the run blocking until its
+        # run_timeout or until they look again (see docs/protocol.rst).
+        self._queued_end_runs[kv_key] = run_id
+        logger.warning("could not record the end of run %s of %s; retrying", run_id, kv_key)
+        return None
+
+    async def _end_run(self, kv_key: str, run_id: str) -> str | None:
+        # Written against the remembered document when it names this run (the
+        # compare-and-swap proves it current); any other decision on a fresh read.
+        known = self._cached(kv_key)
+        if known is None or not self._names_run(known[1], run_id):
+            _, revision, doc = await self._read(kv_key)
+        else:
+            revision, doc = known
+        if doc is None or not self._names_run(doc, run_id):
+            self._ended_runs.discard(run_id)
+            return None
+        ended: WindowDoc | None = None
+        if not doc.fired or doc.fired_order is not None:
+            ended = replace(doc, running=None)
+        self._remember(kv_key, await self._commit_window(kv_key, ended, revision), ended)
+        self._ended_runs.discard(run_id)
+        if not doc.fired and doc.queue and doc.at <= self._wall():
+            return doc.run_id  # waiting for this run: it fires now
+        return None
+
+    def _names_run(self, doc: WindowDoc | None, run_id: str) -> bool:
+        """Does ``doc`` hold ``run_id`` as its key's ``queue-latest`` run of this process?"""
+        marker = None if doc is None else doc.running
+        return (
+            marker is not None
+            and marker.run_id == run_id
+            and (marker.process, marker.epoch) == (self._process_id, self._epoch)
         )
 
     async def _delete_own_record(self, fire_id: str) -> None:
@@ -1612,7 +2064,12 @@ class KvDebounceBackend(DebounceBackend):
                 continue  # applied by a concurrent call, or replaced
             entry = await self._get(kv_key)
             doc = self._parse(entry)
-            if doc is not None and doc.run_id == queued.run_id and self._mine(doc):
+            if (
+                doc is not None
+                and not doc.fired
+                and doc.run_id == queued.run_id
+                and self._mine(doc)
+            ):
                 assert entry is not None
                 # A both-edges window that the owner knew with one ping had no
                 # trailing fire; if peers' pings landed, it still needs one.
@@ -1633,6 +2090,15 @@ class KvDebounceBackend(DebounceBackend):
                 del self._queued_deletes[kv_key]
         for fire_id in list(self._queued_completions):
             await self.complete(fire_id)
+        for kv_key, run_id in list(self._queued_end_runs.items()):
+            # Read first: the heartbeat does not take the key's turn.
+            self._forget(kv_key)
+            try:
+                await self._end_run(kv_key, run_id)
+            except RevisionConflict:
+                self._forget(kv_key)
+                continue
+            del self._queued_end_runs[kv_key]
 
     # ---------------------------------------------------------- cancel & co
 
@@ -1647,7 +2113,8 @@ class KvDebounceBackend(DebounceBackend):
                     return False
                 self._forget(kv_key)
                 try:
-                    await self._call(self._store.delete, kv_key, last=entry.revision)
+                    tombstone = None if doc is None else doc.closed()
+                    await self._commit_window(kv_key, tombstone, entry.revision)
                 except RevisionConflict:
                     self.conflicts += 1
                     await self._backoff(attempt)
@@ -1708,11 +2175,19 @@ class KvDebounceBackend(DebounceBackend):
                 doc = self._parse(item)
                 if doc is None or not doc.fired or doc.last > now - self._lease:
                     continue
+                if doc.fired_order is not None and doc.last > now - _ORDER_LEASES * self._lease:
+                    continue  # drop_stale still reads its last fired order key
+                if doc.running is not None and await self._blocked_until(doc.running, now):
+                    continue  # its run still blocks the key
                 # An at-most-once tombstone a lease old: its proof is no longer needed.
+                self._forget(item.key)
                 try:
                     marker = await self._call(self._store.delete, item.key, last=item.revision)
                 except RevisionConflict:
                     continue
+            known = self._known.get(item.key)
+            if known is not None and known[0] == marker:
+                self._forget(item.key)  # purged: the key is created anew
             if await self._call(self._store.purge_marker, item.key, revision=marker):
                 removed += 1
         for item in await self._call(self._store.entries, _FIRE_PREFIX):
@@ -1855,14 +2330,21 @@ class KvDebounceBackend(DebounceBackend):
         if doc is None or doc.fired:
             return None
         assert entry is not None
+        now = self._wall()
+        waiting = (
+            doc.queue
+            and doc.running is not None
+            and doc.at <= now
+            and await self._blocked_until(doc.running, now) is not None
+        )
         return WindowStatus(
             doc.run_id,
             doc.mode,
             doc.owner,
-            await self._owner_live(doc, self._wall()),
+            await self._owner_live(doc, now),
             doc.first,
             doc.last,
-            doc.at,
+            None if waiting else doc.at,
             doc.cap,
             doc.count,
             entry.revision,
@@ -1906,11 +2388,16 @@ class KvDebounceBackend(DebounceBackend):
                         continue  # left for a peer to adopt once our lease is gone
                     entry = await self._get(kv_key)
                     doc = self._parse(entry)
-                    if doc is not None and doc.run_id == run_id and self._mine(doc):
+                    if (
+                        doc is not None
+                        and not doc.fired
+                        and doc.run_id == run_id
+                        and self._mine(doc)
+                    ):
                         assert entry is not None
                         self._forget(kv_key)
                         try:
-                            await self._call(self._store.delete, kv_key, last=entry.revision)
+                            await self._commit_window(kv_key, doc.closed(), entry.revision)
                         except RevisionConflict:
                             logger.warning("release of %s lost a race to another write", kv_key)
                     del self._owned[kv_key]
