@@ -42,8 +42,10 @@ OP_TIMEOUT = 5.0
 #: Seconds a store call may take: ``op_timeout``, plus the second the bridge may spend
 #: cancelling a nats-py call that swallows its cancellation, plus a margin for load.
 STORE_CALL_BOUND = OP_TIMEOUT + 1.0 + 1.5
-#: Seconds a ping may take (register is bounded by ``op_timeout``, retries included).
-PING_BOUND = OP_TIMEOUT + 1.0 + 1.5
+#: Seconds a ping may take: register is bounded by ``op_timeout``, retries included,
+#: plus one more ``op_timeout`` to re-read a write whose answer was lost (docs/protocol.rst,
+#: "Group commit"), plus the bridge's second and a margin for load.
+PING_BOUND = 2 * OP_TIMEOUT + 1.0 + 1.5
 
 
 @pytest.fixture

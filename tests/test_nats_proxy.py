@@ -37,7 +37,9 @@ OP_TIMEOUT = 1.0
 #: A store call: op_timeout, plus up to a second for the bridge to abandon a nats-py
 #: call that swallows its cancellation, plus a margin for a loaded machine.
 STORE_CALL_BOUND = OP_TIMEOUT + 1.0 + 1.0
-PING_BOUND = OP_TIMEOUT + 1.0 + 1.0
+#: A ping: one more op_timeout to re-read a write whose answer was lost (docs/protocol.rst,
+#: "Group commit").
+PING_BOUND = 2 * OP_TIMEOUT + 1.0 + 1.0
 
 
 def config(url: str, **kwargs: object) -> NatsConfig:
