@@ -1023,9 +1023,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
         if run_id is None:
             run_id = uuid.uuid4().hex
         self._registering.add(run_id)
-        try:
+
+        async def register() -> Registration:
             # Options only when given: a backend that predates them keeps working.
-            registration = await backend.register(
+            return await backend.register(
                 workflow,
                 key,
                 mode=mode,
@@ -1035,6 +1036,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 payload=payload,
                 **extra,
             )
+
+        try:
+            registration = await register()
             for _ in range(_OVERFLOW_ROUNDS):
                 if not registration.overflowed:
                     break
@@ -1044,16 +1048,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 await self._take_fire(backend, ident, registration.run_id, early=True)
                 # Not stale: judged by the register that found the window full.
                 extra.pop("drop_stale", None)
-                registration = await backend.register(
-                    workflow,
-                    key,
-                    mode=mode,
-                    delay=delay,
-                    max_delay=max_delay,
-                    run_id=run_id,
-                    payload=payload,
-                    **extra,
-                )
+                registration = await register()
             else:
                 raise BackendUnavailableError(
                     f"the ping of {workflow!r}/{key!r} found a full window "
