@@ -71,3 +71,32 @@ async def test_a_restart_before_the_lease_lapsed_is_not_refused(
     assert "replacing the live lease" in caplog.text
     assert [(who, f.run_id) for who, f in fires.of("k")] == [("new", "r1")]
     assert [who for who, _ in fires.of("x")] == ["new"]
+
+
+async def test_a_live_twins_fire_in_flight_is_not_run_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The earlier coordinator fired (its fire record is written, its handler runs) when
+    # the later one starts and reconciles: the record is not an interrupted fire, the
+    # earlier one completes it. Were it to die in the handler instead, the record would
+    # be adopted once its lease lapsed (at-least-once).
+    store = MemoryStore()
+    old = backend(store, "svc")
+    await old.refresh_lease()
+    for key in ("done", "dies"):
+        await old.register("wf", key, mode=Mode.TRAILING, delay=1.0, max_delay=None, run_id=key)
+    await trio.sleep(1.5)
+    fired = [await old.finalize("wf", key, key) for key in ("done", "dies")]
+    assert all(f.fire_id is not None for f in fired)
+    new = backend(store, "svc")
+    await new.refresh_lease()  # replaces the live lease: the old one is fenced next beat
+    assert (await new.adopt_orphans({"wf"})).fires == []
+    await trio.sleep(BEAT)
+    assert fired[0].fire_id is not None
+    await old.complete(fired[0].fire_id)  # its handler returned
+    with pytest.raises(ProcessIdTakenError):
+        await old.refresh_lease()
+    await trio.sleep(LEASE + SKEW)  # the old lease lapsed: "dies" was interrupted
+    await new.refresh_lease()
+    orphans = await new.adopt_orphans({"wf"})
+    assert [(f.run_id, f.attempt) for f in orphans.fires] == [("dies", 2)]

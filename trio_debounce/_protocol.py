@@ -670,6 +670,10 @@ class KvDebounceBackend(DebounceBackend):
         self._lease_expires = -math.inf
         #: The lease of the coordinator that took our process id (we are fenced).
         self._taken_by: _Lease | None = None
+        #: The lease of another epoch of our process id that our first write replaced:
+        #: until it lapses, that coordinator may still run a fire (a live twin is
+        #: fenced only at its next heartbeat), so its fire records are not adopted.
+        self._replaced: _Lease | None = None
         #: One lease refresh at a time: concurrent ones (the heartbeat and finalizes
         #: after a stall) would lose compare-and-swaps to each other.
         self._lease_lock = trio.Lock()
@@ -884,6 +888,10 @@ class KvDebounceBackend(DebounceBackend):
                         self._epoch,
                     )
                     self._check_not_taken()
+                if foreign is not None and (
+                    self._replaced is None or foreign.expires > self._replaced.expires
+                ):
+                    self._replaced = foreign
                 if foreign is not None and foreign.live(now, self._skew):
                     logger.warning(
                         "process id %r: replacing the live lease of epoch %s (a restart "
@@ -2276,6 +2284,16 @@ class KvDebounceBackend(DebounceBackend):
             if record.workflow not in workflows or await self._live(
                 record.owner, record.epoch, now
             ):
+                continue
+            if (
+                record.owner == self._process_id
+                and self._replaced is not None
+                and self._replaced.live(now, self._skew)
+            ):
+                # An earlier coordinator with our process id, whose lease we replaced,
+                # may still be running this fire (a twin runs until its next heartbeat
+                # fences it, and completes what it started): adopted once its lease
+                # lapsed, as any process's, so a live twin's fire never runs twice.
                 continue
             window = self._parse(await self._get(window_key(record.workflow, record.key)))
             if (
