@@ -53,12 +53,21 @@ def find_nats_server() -> str:
     )
 
 
+#: Ports :func:`free_port` has handed out in this process: the kernel may give a port
+#: that was just released again, and a cluster asks for several before any is bound.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and that this process
+    has not been handed before (two servers of a cluster never get the same port)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 class NatsServer:
