@@ -34,7 +34,17 @@ from trio_debounce import BackendUnavailableError, RunOptions, open_coordinator
 from trio_debounce.nats import NatsConfig, open_nats_run_store
 from trio_debounce.nats._store import open_nats_store
 
-pytestmark = pytest.mark.slow
+# Opening a bucket on a freshly started three-node cluster can fail at set-up ("stream
+# not found" from a replica, a port taken meanwhile): an open finding of #7. Until it is
+# fixed these tests run in ``nox -s chaos`` (which sets the variable), not in every run.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("TRIO_DEBOUNCE_CLUSTER_TESTS") != "1",
+        reason="cluster tests run in nox -s chaos (TRIO_DEBOUNCE_CLUSTER_TESTS=1)",
+    ),
+]
+
 
 LEASE = 2.0
 SKEW = 0.5
