@@ -14,8 +14,11 @@ import trio.testing
 
 from tests.fires import Fires
 from trio_debounce import (
+    BackendUnavailableError,
     Coordinator,
     Edge,
+    Finalized,
+    Mode,
     Outcome,
     open_coordinator,
 )
@@ -515,3 +518,64 @@ async def test_leading_and_trailing_fires_never_share_a_token(
     tokens = [f.fencing_token for _, f in fires.log]
     assert [f.edge for _, f in fires.log] == [Edge.LEADING, Edge.TRAILING]
     assert tokens[0] < tokens[1]
+
+
+async def test_a_stale_owners_fire_that_landed_unseen_runs_once(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by the chaos soak on a loaded machine (105 windows lost): an owner's
+    # at-least-once finalize wrote its fire record and deleted the window, but the
+    # delete's answer came after op_timeout, by which time the owner's lease had
+    # lapsed (its renewals failed meanwhile). It rightly did not fire on its own view
+    # and asked again, found the window gone, and nothing ever ran the committed
+    # fire. Now the next finalize of the run proves the lost commit (its fire record)
+    # and fires it, once, as its first attempt.
+    store, fires = MemoryStore(), Fires()
+    op_timeout = LEASE  # longer than the lease: it lapses while the call waits
+    b = backend(store, "A", op_timeout=op_timeout)
+    async with open_coordinator(handlers={"wf": fires.handler("A")}, backend=b) as a:
+        await a.debounce("wf", "k", "a", delay=1.0)
+        await trio.sleep(0.5)
+        b.faults.delay_next(0.0, ops=("put",))  # the fire record: landed and answered
+        b.faults.delay_next(op_timeout + 3.0, ops=("delete",))  # landed, answered late
+        b.faults.fail_next(1000, ops=("put",))  # every lease renewal fails meanwhile
+        with caplog.at_level(logging.WARNING, logger="trio_debounce"):
+            await trio.sleep(op_timeout + 2.0)
+        assert "lease has lapsed; retrying instead of firing" in caplog.text
+        assert fires.log == []
+        b.faults.clear()
+        await trio.sleep(3 * LEASE)
+        assert a.statistics().unconfirmed_fires == 0
+    assert fires.by_attempt() == [("A", "k", "a", 1, 1)]
+    # the fire record was completed
+    assert [e for e in await store.entries("f.") if e.value is not None] == []
+
+
+async def test_a_takers_fire_that_landed_unseen_is_run_by_its_heartbeat(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A taker's at-least-once finalize (fire-early, a flush, a cap) whose commit
+    # landed but whose answer came too late: no one else fires the window (its owner
+    # finds it gone), so the taker's next adopt_orphans proves the commit by its fire
+    # record and returns it to be run, as its first attempt.
+    store = MemoryStore()
+    owner, taker = backend(store, "B"), backend(store, "A", op_timeout=1.0)
+    for b in (owner, taker):
+        await b.refresh_lease()
+    await owner.register(
+        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r1", payload="p"
+    )
+    status = await taker.window_status("wf", "k")
+    assert status is not None
+    taker.faults.delay_next(0.0, ops=("put",))  # the fire record
+    taker.faults.delay_next(3.0, ops=("delete",))  # the window delete: answered late
+    with pytest.raises(BackendUnavailableError):
+        await taker.finalize("wf", "k", status.run_id, take=True, force=True)
+    await trio.sleep(3.0)
+    orphans = await taker.adopt_orphans({"wf"})
+    assert [(f.key, f.payload, f.attempt) for f in orphans.fires] == [("k", "p", 1)]
+    assert (await owner.finalize("wf", "k", status.run_id)).outcome is Finalized.ABANDONED
+    await taker.complete(orphans.fires[0].fire_id)
+    assert [e for e in await store.entries("f.") if e.value is not None] == []
+    # Settled once: the next heartbeat returns nothing.
+    assert (await taker.adopt_orphans({"wf"})).fires == []

@@ -23,6 +23,7 @@ from ._errors import BackendConfigError as BackendConfigError
 from ._errors import BackendError as BackendError
 from ._errors import BackendUnavailableError as BackendUnavailableError
 from ._errors import DocumentTooLargeError as DocumentTooLargeError
+from ._errors import LeaseLapsedError as LeaseLapsedError
 from ._errors import ProcessIdTakenError as ProcessIdTakenError
 from ._errors import RevisionConflict as RevisionConflict
 from ._options import DebounceOptions as DebounceOptions
@@ -59,6 +60,7 @@ def _fixup_module_metadata() -> None:
         BackendError,
         BackendUnavailableError,
         DocumentTooLargeError,
+        LeaseLapsedError,
         ProcessIdTakenError,
         Finalization,
         Finalized,

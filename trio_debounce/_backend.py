@@ -410,6 +410,16 @@ class DebounceBackend(abc.ABC):
         it may have left), applied by a later :meth:`refresh_lease`, and the owner fires
         anyway; under at-most-once the window is left in the store, unfired, for a
         later reconcile (unless the lost commit had landed).
+
+        Raises:
+          LeaseLapsedError: (a :class:`~trio_debounce.BackendUnavailableError`) an
+            owner's call failed while this process's lease had lapsed: the caller must
+            not fire unconfirmed, and calls again for the same run once a heartbeat
+            renewed the lease. A commit of the failed call that landed is proven by that
+            call, or by the next :meth:`adopt_orphans`, which returns it in
+            :attr:`Orphans.fires` (attempt 1) to be run; one that did not land is taken
+            back. A taker's failed at-least-once commit is settled the same way.
+          BackendUnavailableError: otherwise, as above.
         """
 
     async def end_run(self, workflow: str, key: str, run_id: str) -> str | None:

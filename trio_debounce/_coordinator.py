@@ -31,7 +31,13 @@ from ._backend import (
     Registration,
     WindowStatus,
 )
-from ._errors import BackendAuthError, BackendConfigError, BackendError, BackendUnavailableError
+from ._errors import (
+    BackendAuthError,
+    BackendConfigError,
+    BackendError,
+    BackendUnavailableError,
+    LeaseLapsedError,
+)
 from ._invoke import invoke
 from ._options import DebounceOptions, InitialFactory, KeyRun, Reducer
 from ._run_store import ANY, RunState, RunStore, _Any
@@ -1308,9 +1314,11 @@ class Coordinator(metaclass=_NoPublicConstructor):
                         self._dropped += 1
                         self._close_shared(shared)
                         return
-                    if not shared.taker and not backend.lease_held():
+                    if not shared.taker and isinstance(exc, LeaseLapsedError):
                         # Paused past our own lease: a peer may own the window now. Do
-                        # not fire on our stale view; ask again after a heartbeat.
+                        # not fire on our stale view; ask again after a heartbeat (the
+                        # backend proves a commit whose answer was lost then, or at
+                        # its next adopt_orphans).
                         logger.warning(
                             "finalize of %r/%r (run %s) failed (%s) and this process's "
                             "lease has lapsed; retrying instead of firing",

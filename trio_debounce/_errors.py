@@ -23,6 +23,18 @@ class BackendUnavailableError(BackendError):
     """
 
 
+class LeaseLapsedError(BackendUnavailableError):
+    """A backend call failed while this process's own lease had lapsed.
+
+    Raised by :meth:`DebounceBackend.finalize <trio_debounce.abc.DebounceBackend.finalize>`
+    to the coordinator, never to a caller of ``debounce``: a peer may own the window
+    now, so the owner must not fire on its own stale view, and calls ``finalize``
+    again for the same run once its lease is renewed. A commit whose answer was lost
+    is proven (or found not to have landed) by that call, or by the next
+    ``adopt_orphans``, so it is neither lost nor run twice.
+    """
+
+
 class BackendAuthError(BackendError):
     """The backend refused the credentials or the permissions it needs.
 

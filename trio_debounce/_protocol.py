@@ -48,6 +48,7 @@ from ._errors import (
     BackendError,
     BackendUnavailableError,
     DocumentTooLargeError,
+    LeaseLapsedError,
     ProcessIdTakenError,
     RevisionConflict,
 )
@@ -531,6 +532,20 @@ class _QueuedDelete:
     known_count: int = 0
 
 
+@dataclass(slots=True)
+class _Unproven:
+    """An at-least-once fire commit whose answer was lost, that no one ran: a taker's,
+    or an owner's whose lease had lapsed (it must not fire unconfirmed). Proven and
+    fired, or taken back, by the next finalize of its run or by ``adopt_orphans``."""
+
+    workflow: str
+    key: str
+    window: WindowDoc
+    write: str
+    fired_at: float
+    fire_id: str
+
+
 #: How many keys' last known (revision, document) a backend keeps (least recently used
 #: first out); a key not kept costs one read before its next write.
 _KNOWN_LIMIT = 10_000
@@ -646,6 +661,9 @@ class KvDebounceBackend(DebounceBackend):
         #: KV key -> run id of the windows this process owns, as far as it knows.
         self._owned: dict[str, str] = {}
         self._queued_deletes: dict[str, _QueuedDelete] = {}
+        #: KV key -> the at-least-once commits of it whose answers were lost and that
+        #: no one ran (see _Unproven).
+        self._unproven: dict[str, list[_Unproven]] = {}
         #: KV key -> (revision, window document or None) as this process last read or
         #: wrote it: a write against it needs no read first (the compare-and-swap
         #: proves it current); a conflict or an error forgets it.
@@ -1712,6 +1730,9 @@ class KvDebounceBackend(DebounceBackend):
         # fire record id). Each attempt has its own ids: a record taken back after a
         # conflict leaves a delete marker that a second create would conflict with.
         committing: tuple[WindowDoc, str, float, str] | None = None
+        if delivery == "at-least-once":
+            # A commit of this run whose answer was lost before: prove it first.
+            committing = self._take_unproven(kv_key, run_id)
         fired_at = self._wall()
         with trio.move_on_after(self._op_timeout):
             attempt = 0
@@ -1840,6 +1861,20 @@ class KvDebounceBackend(DebounceBackend):
                 f"finalize of {workflow!r}/{key!r} (run {run_id}) could not prove its fire "
                 f"within {self._op_timeout} s" + (f": {error}" if error is not None else "")
             )
+        lapsed = not take and not self.lease_held()
+        if committing is not None and (take or lapsed):
+            # No one fires this commit now: it is proven (and fired) or taken back by
+            # the next finalize of this run, or by the next adopt_orphans.
+            window, write, at, fire_id = committing
+            self._unproven.setdefault(kv_key, []).append(
+                _Unproven(workflow, key, window, write, at, fire_id)
+            )
+        if lapsed:
+            raise LeaseLapsedError(
+                f"finalize of {workflow!r}/{key!r} (run {run_id}) did not complete within "
+                f"{self._op_timeout} s and this process's lease has lapsed: not fired "
+                "on its own view" + (f": {error}" if error is not None else "")
+            )
         if not take:
             # The owner fires unconfirmed; once the store answers, delete the window
             # (unless pings landed since) and the fire record this call may have left.
@@ -1854,6 +1889,85 @@ class KvDebounceBackend(DebounceBackend):
         raise BackendUnavailableError(
             f"finalize of {workflow!r}/{key!r} (run {run_id}) did not complete within "
             f"{self._op_timeout} s" + (f": {error}" if error is not None else "")
+        )
+
+    def _take_unproven(self, kv_key: str, run_id: str) -> tuple[WindowDoc, str, float, str] | None:
+        """Remove and return the lost commit of run ``run_id`` of ``kv_key``, if any."""
+        pending = self._unproven.get(kv_key)
+        if not pending:
+            return None
+        for i, unproven in enumerate(pending):
+            if unproven.window.run_id == run_id:
+                del pending[i]
+                if not pending:
+                    del self._unproven[kv_key]
+                return unproven.window, unproven.write, unproven.fired_at, unproven.fire_id
+        return None
+
+    async def _settle_unproven(self) -> list[OrphanFire]:
+        """Decide the lost commits that no finalize proved since (see _Unproven): a
+        fire whose record is still this process's and whose window is gone (or is our
+        tombstone) committed, and is returned to be run (its first attempt); a window
+        still open, or fired by another write, means it did not: the record is taken
+        back. Skipped while our lease has lapsed (a peer may adopt the records)."""
+        fires: list[OrphanFire] = []
+        if not self._unproven or not self.lease_held():
+            return fires
+        for kv_key in list(self._unproven):
+            # The key's turn: a finalize of it cannot commit between our two reads.
+            async with self._turn(kv_key):
+                while self._unproven.get(kv_key):
+                    unproven = self._unproven[kv_key].pop(0)
+                    try:
+                        fire = await self._settle_one(kv_key, unproven)
+                    except BaseException:
+                        self._unproven.setdefault(kv_key, []).insert(0, unproven)
+                        raise
+                    if fire is not None:
+                        fires.append(fire)
+                if kv_key in self._unproven and not self._unproven[kv_key]:
+                    del self._unproven[kv_key]
+        return fires
+
+    async def _settle_one(self, kv_key: str, unproven: _Unproven) -> OrphanFire | None:
+        entry = await self._get(unproven.fire_id)
+        if entry is None or entry.value is None:
+            return None  # the record never landed (nor, then, the commit)
+        try:
+            record = _FireRecord.decode(entry.value)
+        except (ValueError, KeyError, TypeError):
+            return None
+        if (record.owner, record.epoch) != (self._process_id, self._epoch):
+            return None  # a peer took us for dead and adopted it: it runs it
+        doc = self._parse(await self._get(kv_key))
+        run_id = unproven.window.run_id
+        if (
+            doc is not None
+            and doc.run_id == run_id
+            and not (doc.fired and doc.write == unproven.write)
+        ):
+            # Still open (its owner fires it), or fired by another write.
+            with contextlib.suppress(RevisionConflict):
+                await self._call(self._store.delete, unproven.fire_id, last=entry.revision)
+            return None
+        self._fire_records[unproven.fire_id] = entry.revision
+        logger.info(
+            "fire %s of %s (run %s) committed though its answer was lost; running it",
+            unproven.fire_id,
+            kv_key,
+            run_id,
+        )
+        return OrphanFire(
+            unproven.fire_id,
+            record.workflow,
+            record.key,
+            record.run_id,
+            self._load(record.payload),
+            record.count,
+            record.first,
+            record.at,
+            record.attempt,
+            self._token(entry.revision),
         )
 
     async def _proven(
@@ -2226,7 +2340,7 @@ class KvDebounceBackend(DebounceBackend):
 
     async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:
         self._check_not_taken()
-        orphans = Orphans([], [], [])
+        orphans = Orphans([], await self._settle_unproven(), [])
         adopting = self._can_take_over()
         now = self._wall()
         for entry in await self._call(self._store.entries, _WINDOW_PREFIX):
