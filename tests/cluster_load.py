@@ -68,6 +68,10 @@ class TimedStore(KvStore):
         result: bool = await self._timed("purge", self._store.purge_marker(key, revision=revision))
         return result
 
+    async def purge(self, key: str, *, last: int) -> bool:
+        result: bool = await self._timed("purge", self._store.purge(key, last=last))
+        return result
+
     async def entries(self, prefix: str) -> list[KvEntry]:
         result: list[KvEntry] = await self._timed("entries", self._store.entries(prefix))
         return result

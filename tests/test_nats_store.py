@@ -114,6 +114,25 @@ async def test_purge_marker_is_revision_checked(nats_server: NatsServer) -> None
             assert (entry.value, entry.revision) == (b"newer", newer)
 
 
+async def test_purge_is_revision_checked_and_leaves_no_marker(nats_server: NatsServer) -> None:
+    # Fire records are removed by a purge: their ids are never reused, so delete
+    # markers would only pile up in the bucket (the soak's bucket grew with them).
+    with trio.fail_after(5):
+        async with store_on(nats_server) as store:
+            r1 = await store.put("f.a", b"record", last=0)
+            r2 = await store.put("f.a", b"adopted", last=r1)
+            assert await store.purge("f.a", last=r1) is False  # moved on: untouched
+            entry = await store.get("f.a")
+            assert entry is not None
+            assert (entry.value, entry.revision) == (b"adopted", r2)
+            assert await store.purge("f.a", last=r2) is True
+            assert await store.get("f.a") is None  # no marker
+            assert await store.entries("f.") == []
+            assert await store.purge("f.a", last=r2) is False  # gone
+            with pytest.raises(ValueError, match="last must be > 0"):
+                await store.purge("f.a", last=0)
+
+
 async def test_entries_under_a_prefix_include_markers(nats_server: NatsServer) -> None:
     with trio.fail_after(5):
         async with store_on(nats_server) as store:

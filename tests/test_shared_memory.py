@@ -497,7 +497,7 @@ async def test_requests_per_operation(autojump_clock: trio.testing.MockClock) ->
     assert await cost(a.register("wf", "k", **kw)) == {"get": 1, "put": 1}
     assert await cost(a.register("wf", "k", **kw)) == {"put": 1}  # extended
     # fire, at-least-once: a fire record, then the window delete against the revision
-    # of the owner's last write; the record's delete once the handler has returned
+    # of the owner's last write; the record's purge (no marker) once the handler returned
     await trio.sleep(5.0)
     await a.refresh_lease()  # as its heartbeat does (a lapsed lease is renewed first)
     before = store.requests.copy()
@@ -505,7 +505,7 @@ async def test_requests_per_operation(autojump_clock: trio.testing.MockClock) ->
     assert dict(store.requests - before) == {"put": 1, "delete": 1}
     assert fired.outcome is Finalized.FIRE
     assert fired.fire_id is not None
-    assert await cost(a.complete(fired.fire_id)) == {"delete": 1}
+    assert await cost(a.complete(fired.fire_id)) == {"purge": 1}  # no marker left
     # fire, at-most-once: one compare-and-swap that marks the window fired; the next
     # window opens over the delete marker, and then over the tombstone, unread
     assert await cost(a.register("wf", "k", **kw)) == {"put": 1}

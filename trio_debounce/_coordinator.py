@@ -166,6 +166,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         #: other windows this process owns stay in the store for peers to adopt.
         self._release_runs: set[str] = set()
         self._reconcile_soon = False
+        self._sweeping = False
         self._handlers: dict[str, Handler] = dict(handlers)
         self._on_error = on_error
         self._windows: dict[tuple[str, str], Window] = {}
@@ -1535,6 +1536,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
     async def _maintain(self, backend: DebounceBackend) -> None:
         """The heartbeat task: renew the process lease once per interval; reconcile
         owned windows and sweep at a slower pace, and at once after an outage."""
+        async with trio.open_nursery() as sweeps:
+            await self._heartbeat(backend, sweeps)
+
+    async def _heartbeat(self, backend: DebounceBackend, sweeps: trio.Nursery) -> None:
         beats = 0
         down = False
         # At start: adopt what dead processes (or a hand-off with no peer alive) left.
@@ -1556,8 +1561,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     if dead or down or self._reconcile_soon or beats % _RECONCILE_EVERY == 0:
                         self._reconcile_soon = False
                         await self._reconcile(backend)
-                    if beats % _SWEEP_EVERY == 0:
-                        await backend.sweep()
+                    if beats % _SWEEP_EVERY == 0 and not self._sweeping:
+                        # Its own task: a sweep of a big bucket on a loaded machine
+                        # may take longer than a heartbeat interval, and must never
+                        # make a lease renewal late (nor count as an outage).
+                        self._sweeping = True
+                        sweeps.start_soon(self._sweep, backend)
                 if down:
                     logger.info("backend reachable again")
                 down = False
@@ -1569,6 +1578,21 @@ class Coordinator(metaclass=_NoPublicConstructor):
                         exc if str(exc) else "no answer within the heartbeat interval",
                     )
                 down = True
+
+    async def _sweep(self, backend: DebounceBackend) -> None:
+        """One sweep of the store (see :meth:`DebounceBackend.sweep`), bounded by two
+        sweep periods; what it did not reach, the next one does."""
+        bound = 2 * _SWEEP_EVERY * backend.heartbeat_interval
+        try:
+            with trio.move_on_after(bound) as scope:
+                await backend.sweep()
+            if scope.cancelled_caught:
+                logger.info("sweep cut short after %.3g s; the next one goes on", bound)
+        except BackendError as exc:
+            self._backend_errors += 1
+            logger.info("sweep failed: %s", exc)
+        finally:
+            self._sweeping = False
 
     async def _reconcile(self, backend: DebounceBackend) -> None:
         """Arm a local task for every window the backend says is ours but we lack

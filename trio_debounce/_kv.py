@@ -26,6 +26,8 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 
+from ._errors import RevisionConflict
+
 
 @dataclass(frozen=True, slots=True)
 class KvEntry:
@@ -85,6 +87,23 @@ class KvStore(abc.ABC):
         Revision-checked: entries written after the marker are never touched. Returns
         True if the marker was removed, False if the key had moved on (nothing done).
         """
+
+    async def purge(self, key: str, *, last: int) -> bool:
+        """Remove ``key``'s entry if its latest revision is ``last``, leaving no delete
+        marker behind (for keys never written again, such as fire records: a marker
+        would stay in the bucket until a sweep).
+
+        Revision-checked: an entry written after ``last`` is never touched. Returns
+        True if the entry was removed, False if the key had moved on or had no entry
+        (nothing done). This default is a revision-checked delete and the purge of its
+        marker (two calls); stores override it with one.
+        """
+        try:
+            marker = await self.delete(key, last=last)
+        except RevisionConflict:
+            return False
+        await self.purge_marker(key, revision=marker)
+        return True
 
     @abc.abstractmethod
     async def entries(self, prefix: str) -> list[KvEntry]:

@@ -1948,7 +1948,7 @@ class KvDebounceBackend(DebounceBackend):
         ):
             # Still open (its owner fires it), or fired by another write.
             with contextlib.suppress(RevisionConflict):
-                await self._call(self._store.delete, unproven.fire_id, last=entry.revision)
+                await self._remove_record(unproven.fire_id, entry.revision)
             return None
         self._fire_records[unproven.fire_id] = entry.revision
         logger.info(
@@ -2056,11 +2056,21 @@ class KvDebounceBackend(DebounceBackend):
             attempt,
         )
 
+    async def _remove_record(self, fire_id: str, revision: int) -> None:
+        """Remove fire record ``fire_id`` at ``revision``, leaving no delete marker:
+        fire ids are never reused, so markers would only pile up in the bucket.
+
+        Raises:
+          RevisionConflict: the record had moved on (a peer adopted it) or was gone.
+        """
+        if not await self._call(self._store.purge, fire_id, last=revision):
+            raise RevisionConflict(f"fire record {fire_id} is no longer at revision {revision}")
+
     async def _drop_record(self, fire_id: str) -> None:
         revision = self._fire_records.pop(fire_id, None)
         if revision is not None:
             with contextlib.suppress(RevisionConflict):
-                await self._call(self._store.delete, fire_id, last=revision)
+                await self._remove_record(fire_id, revision)
 
     def _fire(
         self,
@@ -2151,7 +2161,7 @@ class KvDebounceBackend(DebounceBackend):
             return
         if record.owner == self._process_id and record.epoch == self._epoch:
             with contextlib.suppress(RevisionConflict):
-                await self._call(self._store.delete, fire_id, last=entry.revision)
+                await self._remove_record(fire_id, entry.revision)
         self._fire_records.pop(fire_id, None)
 
     async def complete(self, fire_id: str) -> None:
@@ -2160,7 +2170,7 @@ class KvDebounceBackend(DebounceBackend):
             return
         try:
             with trio.move_on_after(self._op_timeout) as scope:
-                await self._call(self._store.delete, fire_id, last=revision)
+                await self._remove_record(fire_id, revision)
         except RevisionConflict:
             # Adopted by a peer that thought us dead: it runs the fire again (documented).
             logger.warning("fire record %s was taken over before its handler finished", fire_id)
@@ -2420,7 +2430,7 @@ class KvDebounceBackend(DebounceBackend):
                 # the fire never committed, and the window (adopted, or to be) fires
                 # it. Running the record too would run the burst twice.
                 with contextlib.suppress(RevisionConflict):
-                    await self._call(self._store.delete, entry.key, last=entry.revision)
+                    await self._remove_record(entry.key, entry.revision)
                 continue
             adopted = replace(
                 record, owner=self._process_id, epoch=self._epoch, attempt=record.attempt + 1

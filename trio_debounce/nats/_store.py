@@ -709,6 +709,25 @@ class NatsKvStore(KvStore):
         purged = await self._call(f"purge marker of {key!r}", self._aio_purge, key, revision)
         return purged > 0
 
+    async def purge(self, key: str, *, last: int) -> bool:
+        """Remove ``key``'s entry if its latest revision is ``last``, leaving no marker:
+        one stream purge filtered on the key's subject, of the messages with a
+        sequence up to ``last`` (see :meth:`purge_marker`; in a history-1 bucket a
+        later entry has replaced entry ``last``, and the purge removes nothing).
+
+        Returns:
+          bool: True if the entry was removed; False if the key had moved on or was
+          gone.
+
+        Raises:
+          BackendUnavailableError, BackendAuthError, BackendError: see the module.
+        """
+        _check_key(key)
+        if last <= 0:
+            raise ValueError(f"last must be > 0, got {last!r}")
+        purged = await self._call(f"purge of {key!r}", self._aio_purge, key, last)
+        return purged > 0
+
     async def _aio_purge(self, key: str, revision: int) -> int:
         # Not js.purge_stream(): it drops the "purged" count we need.
         request = json.dumps({"filter": self._subject_prefix + key, "seq": revision + 1})

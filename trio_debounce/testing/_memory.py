@@ -115,6 +115,15 @@ class MemoryStore(KvStore):
         del self._data[key]
         return True
 
+    async def purge(self, key: str, *, last: int) -> bool:
+        await trio.lowlevel.checkpoint()
+        self._enter("purge")
+        entry = self._data.get(key)
+        if entry is None or entry.revision != last:
+            return False
+        del self._data[key]
+        return True
+
     async def entries(self, prefix: str) -> list[KvEntry]:
         await trio.lowlevel.checkpoint()
         self._enter("entries")
@@ -273,6 +282,9 @@ class _FaultyStore(KvStore):
 
     async def purge_marker(self, key: str, *, revision: int) -> bool:
         return await self._run("purge_marker", self._store.purge_marker, key, revision=revision)
+
+    async def purge(self, key: str, *, last: int) -> bool:
+        return await self._run("purge", self._store.purge, key, last=last)
 
     async def entries(self, prefix: str) -> list[KvEntry]:
         return await self._run("entries", self._store.entries, prefix)
