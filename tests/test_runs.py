@@ -520,6 +520,47 @@ async def test_a_death_inside_the_handler(
         nursery.cancel_scope.cancel()
 
 
+class LaggingLeaseIndex(MemoryRunStore):
+    """A run store whose lease listing lags far behind (a slow consumer on the NATS
+    store's lease watch): it shows every lease as it was when ``freeze()`` was
+    called."""
+
+    frozen: list[Any] | None = None
+
+    async def freeze(self) -> None:
+        self.frozen = await super().list_leases()
+
+    async def list_leases(self) -> list[Any]:
+        if self.frozen is not None:
+            await trio.lowlevel.checkpoint()
+            return list(self.frozen)
+        return await super().list_leases()
+
+
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+async def test_a_lagging_lease_listing_never_claims_a_live_owners_run(
+    autojump_clock: trio.testing.MockClock, delivery: str
+) -> None:
+    # Found by the chaos run slow-lease-watch: a peer whose lease index lagged saw a
+    # live owner's lease as expired and claimed its started run, which ran twice
+    # inside live processes. The sweep now reads such a lease itself before claiming.
+    log = Log()
+    shared = MemoryStore()
+    async with trio.open_nursery() as nursery:
+        a = Process(shared, log, "a", hold=4 * LEASE, delivery=delivery)
+        c = await start(nursery, a)
+        b = Process(shared, log, "b", delivery=delivery)
+        lagging = LaggingLeaseIndex(shared)
+        b.store = lagging
+        await start(nursery, b)
+        await lagging.freeze()  # a's lease as of now: "expired" after one lease
+        await c.schedule("wf", "r", after=1, persist=True)
+        await trio.sleep(5 * LEASE)  # a's handler runs for four leases, renewing
+        assert [(who, run.attempt) for who, _, run in log.of("r")] == [("a", 1)]
+        assert ("a", "r") in log.ends
+        nursery.cancel_scope.cancel()
+
+
 async def test_retries_with_backoff_under_at_least_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -216,7 +216,12 @@ class RunStore(abc.ABC):
 
     @abc.abstractmethod
     async def get_lease(self, process_id: str) -> Lease | None:
-        """The lease of ``process_id``, or None if it has none."""
+        """The lease of ``process_id``, or None if it has none.
+
+        Read from the store itself, never from an index that may lag: the scheduler
+        confirms here a lease that :meth:`list_leases` shows expired or missing
+        before it claims that process's runs.
+        """
 
     @abc.abstractmethod
     async def put_lease(self, lease: Lease) -> Lease | None:
