@@ -80,3 +80,39 @@ async def test_unconfirmed_both_edges_fire_keeps_a_peers_ping(
         await trio.sleep(20.0)  # the heartbeat at 4 s: the queued delete, a reconcile
     edges = [(p, f.payload, f.ping_count, f.edge.value) for p, f in fires.log]
     assert edges == [("A", "a", 1, "leading"), ("A", "b", 2, "trailing")]
+
+
+async def test_unconfirmed_both_edges_fire_whose_commit_landed_runs_the_trailing_edge(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by the chaos soak under load: as above, A knows one ping of a both-edges
+    # window and B's ping landed; A's commit (fire record, window delete) landed but
+    # its answer came after op_timeout, so A fired unconfirmed without a trailing
+    # edge, and its queued delete then removed the fire record: the only proof of the
+    # trailing fire the commit had made. The record is now settled instead: the
+    # commit landed, so the trailing edge runs, once, with B's payload.
+    fires = Fires()
+    store = MemoryStore()
+    a_backend = MemoryBackend(store, process_id="A", process_lease=6.0, op_timeout=1.0)
+    b_backend = MemoryBackend(store, process_id="B", process_lease=6.0, op_timeout=1.0)
+    async with (
+        open_coordinator(handlers={"wf": fires.handler("A")}, backend=a_backend) as a,
+        open_coordinator(handlers={"wf": fires.handler("B")}, backend=b_backend) as b,
+    ):
+        r = await a.debounce("wf", "k", "a", delay=3.0, mode="both")
+        assert r.owner
+        r = await b.debounce("wf", "k", "b", delay=3.0, mode="both")
+        assert r.ping_count == 2
+        await trio.sleep(2.5)  # past A's heartbeat at 2 s; the fire is due at 3 s
+        # A commits against the revision of its own last write: its first delete
+        # conflicts (B's ping), it takes its record back and reads again; then its
+        # second record lands, and so does the window delete, answered too late.
+        a_backend.faults.delay_next(0.0, n=2, ops=("put",))
+        a_backend.faults.delay_next(0.0, ops=("delete",))
+        a_backend.faults.delay_next(3.0, ops=("delete",))
+        await trio.sleep(2.0)
+        assert a.statistics().unconfirmed_fires == 1
+        await trio.sleep(20.0)  # heartbeats: the queued delete, a reconcile
+    edges = [(p, f.payload, f.ping_count, f.edge.value, f.attempt) for p, f in fires.log]
+    assert edges == [("A", "a", 1, "leading", 1), ("A", "b", 2, "trailing", 1)]
+    assert [e for e in await store.entries("f.") if e.value is not None] == []

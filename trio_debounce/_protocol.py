@@ -1862,7 +1862,18 @@ class KvDebounceBackend(DebounceBackend):
                 f"within {self._op_timeout} s" + (f": {error}" if error is not None else "")
             )
         lapsed = not take and not self.lease_held()
-        if committing is not None and (take or lapsed):
+        told = self._known_counts.get(kv_key)
+        known_count = told[1] if told is not None and told[0] == run_id else 0
+        # A both-edges window that the owner knew with one ping: its unconfirmed fire
+        # has no trailing edge, but the commit, if it landed, fired one (peers' pings
+        # landed): that fire is the record's to run, not to delete.
+        missed_trailing = (
+            committing is not None
+            and committing[0].mode is Mode.BOTH
+            and known_count < 2 <= committing[0].count
+        )
+        unproven = committing is not None and (take or lapsed or missed_trailing)
+        if committing is not None and unproven:
             # No one fires this commit now: it is proven (and fired) or taken back by
             # the next finalize of this run, or by the next adopt_orphans.
             window, write, at, fire_id = committing
@@ -1877,14 +1888,14 @@ class KvDebounceBackend(DebounceBackend):
             )
         if not take:
             # The owner fires unconfirmed; once the store answers, delete the window
-            # (unless pings landed since) and the fire record this call may have left.
-            told = self._known_counts.get(kv_key)
+            # (unless pings landed since) and the fire record this call may have left
+            # (unless it is the proof of a fire the unconfirmed one did not run).
             self._queued_deletes[kv_key] = _QueuedDelete(
                 kv_key,
                 run_id,
                 fired_at,
-                committing[3] if committing is not None else None,
-                told[1] if told is not None and told[0] == run_id else 0,
+                committing[3] if committing is not None and not unproven else None,
+                known_count,
             )
         raise BackendUnavailableError(
             f"finalize of {workflow!r}/{key!r} (run {run_id}) did not complete within "
