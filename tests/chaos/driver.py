@@ -45,6 +45,7 @@ import os
 import random
 import sys
 import time
+import tracemalloc
 from typing import Any
 
 import trio
@@ -112,6 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--block-at", type=float, default=-1.0, help="seconds after ready")
     parser.add_argument("--block-for", type=float, default=0.0, help="seconds")
     parser.add_argument("--sample-every", type=float, default=5.0)
+    parser.add_argument("--trace-memory", action="store_true")
     parser.add_argument("--log-level", default="WARNING")
     return parser.parse_args(argv)
 
@@ -228,6 +230,20 @@ async def run(args: argparse.Namespace) -> None:
         time.sleep(args.block_for)  # noqa: ASYNC251 -- the point: a blocked event loop
         log.write("unblock")
 
+    async def trace_growth() -> None:
+        # --trace-memory: where this process's memory grew between a quarter of the
+        # run and its end (tracemalloc's top lines, to stderr), to tell a leak from
+        # fragmentation when the soak's RSS trend fails.
+        tracemalloc.start(8)
+        await trio.sleep(args.seconds / 4)
+        before = tracemalloc.take_snapshot()
+        await trio.sleep(args.seconds * 3 / 4)
+        after = tracemalloc.take_snapshot()
+        for stat in after.compare_to(before, "traceback")[:12]:
+            print(f"[trace-memory] {stat}", file=sys.stderr)
+            for line in stat.traceback.format()[-8:]:
+                print(f"[trace-memory]   {line}", file=sys.stderr)
+
     async def sample() -> None:
         while True:
             log.write("sample", rss_kb=rss_kb(), fds=len(os.listdir("/proc/self/fd")))
@@ -253,6 +269,8 @@ async def run(args: argparse.Namespace) -> None:
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample)
+                if args.trace_memory:
+                    nursery.start_soon(trace_growth)
                 nursery.start_soon(clock_steps)
                 nursery.start_soon(read_stdin)
                 if args.block_at >= 0:

@@ -9,6 +9,7 @@ the ping rate is limited so that two cores carry the clients and the server.
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import time
@@ -289,6 +290,8 @@ def soak(ctx: Context) -> list[Row]:
         keys=keys,
         rate=8.0 if ctx.short else 10.0,
         seconds=ctx.seconds,
+        # CHAOS_TRACE_MEMORY=1: each driver prints where its memory grew (stderr).
+        common=("--trace-memory",) if os.environ.get("CHAOS_TRACE_MEMORY") else (),
     )
     return [soak_rows(ctx, run, "soak", keys)]
 
