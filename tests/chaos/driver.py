@@ -198,15 +198,25 @@ async def run(args: argparse.Namespace) -> None:
     closed = trio.Event()  # standard input was closed
 
     async def load(coordinator: Coordinator, nursery: trio.Nursery) -> None:
-        limiter = trio.CapacityLimiter(args.concurrency)
+        # At most --concurrency pings in flight: when they are slow, the load waits
+        # (closed loop) instead of piling up tasks, which would grow the driver's
+        # memory and starve its heartbeat (what an open-loop load did on a loaded
+        # machine: the soak's RSS trend measured the backlog, not the library).
+        slots = trio.Semaphore(args.concurrency)
         end = trio.current_time() + args.seconds
         seq = 0
+        waited = 0
 
         async def one(key: str, payload: str) -> None:
-            async with limiter:
+            try:
                 await ping(coordinator, key, payload)
+            finally:
+                slots.release()
 
         while trio.current_time() < end and not closed.is_set():
+            if slots.value == 0:
+                waited += 1
+            await slots.acquire()
             seq += 1
             key = f"{args.key_prefix}{rng.randrange(args.keys)}"
             payload = f"{args.name}:{seq}"
@@ -214,7 +224,7 @@ async def run(args: argparse.Namespace) -> None:
                 payload += ":" + "x" * (args.payload_bytes - len(payload) - 1)
             nursery.start_soon(one, key, payload)
             await trio.sleep(rng.expovariate(args.rate))
-        log.write("loaded", pings=seq)
+        log.write("loaded", pings=seq, waited_for_a_slot=waited)
 
     async def clock_steps() -> None:
         began = trio.current_time()
@@ -240,9 +250,8 @@ async def run(args: argparse.Namespace) -> None:
         await trio.sleep(args.seconds * 3 / 4)
         after = tracemalloc.take_snapshot()
         for stat in after.compare_to(before, "traceback")[:12]:
-            print(f"[trace-memory] {stat}", file=sys.stderr)
-            for line in stat.traceback.format()[-8:]:
-                print(f"[trace-memory]   {line}", file=sys.stderr)
+            lines = "\n  ".join(stat.traceback.format()[-8:])
+            logging.getLogger("chaos.driver").warning("trace-memory: %s\n  %s", stat, lines)
 
     async def sample() -> None:
         while True:
