@@ -8,6 +8,7 @@ bucket in one ``trio.run``, each through its own connection.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 import uuid
@@ -73,13 +74,18 @@ async def processes(
 
 async def test_conformance_nats_backend(nats_server: NatsServer) -> None:
     cfg = config(nats_server)
+    opened = itertools.count()
 
     @asynccontextmanager
     async def open_backends(n: int) -> AsyncIterator[Sequence[DebounceBackend]]:
+        # Fresh process ids: an id whose lease is still live would be watched for a
+        # renewal before the first write (a twin, or a crashed predecessor).
         async with AsyncExitStack() as stack:
             yield [
-                await stack.enter_async_context(open_nats_backend(cfg, process_id=f"p{i}"))
-                for i in range(n)
+                await stack.enter_async_context(
+                    open_nats_backend(cfg, process_id=f"p{next(opened)}")
+                )
+                for _ in range(n)
             ]
 
     with trio.fail_after(40):

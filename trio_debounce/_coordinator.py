@@ -2493,6 +2493,10 @@ async def open_coordinator(
     if backend is not None:
         backend._in_use = True
         try:
+            # A live lease of another opening of our process id: a live twin (refused
+            # with ProcessIdTakenError) or a crashed predecessor (taken over after one
+            # of its heartbeat intervals plus the skew margin). Bounded by itself.
+            await backend.wait_process_id_free()
             with trio.move_on_after(backend.heartbeat_interval) as lease_scope:
                 await backend.refresh_lease()
             if lease_scope.cancelled_caught:
