@@ -240,3 +240,22 @@ async def test_a_stalled_twins_fire_in_flight_is_not_run_again(
     await new.refresh_lease()
     orphans = await new.adopt_orphans({"wf"})
     assert [(f.run_id, f.attempt) for f in orphans.fires] == [("dies", 2)]
+
+
+@pytest.mark.parametrize(
+    ("beat", "watch"),
+    [("2", BEAT), (-1, BEAT), (0, BEAT), (True, BEAT), (1e300, LEASE)],
+)
+async def test_a_recorded_interval_no_interval_has_is_ignored_or_capped(
+    autojump_clock: trio.testing.MockClock, beat: object, watch: float
+) -> None:
+    # Written by something else: the watch uses our own interval, and never lasts
+    # longer than our own lease (plus the skew), so a start cannot hang on it.
+    store = MemoryStore()
+    expires = store.epoch + trio.current_time() + 10 * LEASE
+    doc = {"v": 1, "process": "svc", "epoch": "e0", "expires": expires, "beat": beat}
+    store.raw_put(process_key("svc"), json.dumps(doc).encode())
+    successor = backend(store, "svc")
+    t0 = trio.current_time()
+    await successor.wait_process_id_free()
+    assert trio.current_time() - t0 == watch + SKEW

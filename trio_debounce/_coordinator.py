@@ -2445,6 +2445,10 @@ async def open_coordinator(
       ValueError: ``on_exit`` or ``delivery`` is not one of its values, ``on_exit`` is
         ``"handoff"`` without a backend, or a workflow name in
         ``handlers`` is empty.
+      ProcessIdTakenError: a live coordinator holds the backend's or the run store's
+        process id (its lease was renewed while this start watched it, for up to the
+        holder's heartbeat interval plus the clock-skew margin; see :doc:`/protocol`,
+        *Process*). Nothing was written for that id.
       TypeError: a handler or ``on_error`` is not callable, or a workflow name is not
         a str.
     """
