@@ -5,6 +5,7 @@ reference design."""
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,8 @@ from trio_debounce import (
     RunState,
     open_coordinator,
 )
+from trio_debounce._run_kv import decode_lease, encode_lease
+from trio_debounce.abc import Lease
 from trio_debounce.testing import MemoryRunStore, MemoryStore
 from trio_debounce.testing._memory import DEFAULT_EPOCH
 
@@ -524,6 +527,18 @@ async def test_a_restart_after_a_crash_waits_one_heartbeat_and_the_skew(
         assert lease is not None
         assert lease.epoch == 2
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("beat", "read"), [(2.5, 2.5), (3, 3.0), ("2", None), (-1, None), (0, None), (True, None)]
+)
+def test_a_run_lease_keeps_its_heartbeat_interval_only_when_usable(
+    beat: object, read: float | None
+) -> None:
+    doc = {"v": 1, "pid": "p", "epoch": 1, "exp": 5.0, "released": False, "beat": beat}
+    assert decode_lease(json.dumps(doc).encode(), 7).heartbeat_interval == read
+    lease = Lease("p", 1, 5.0, heartbeat_interval=2.5)
+    assert decode_lease(encode_lease(lease), 7) == lease.replace(revision=7)
 
 
 async def test_a_released_run_lease_is_not_waited_for(

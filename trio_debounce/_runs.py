@@ -319,7 +319,9 @@ class RunScheduler:
             return old
         # A live twin, or a predecessor that crashed (or stalls) before its lease
         # lapsed: only a renewal tells them apart.
-        beat = old.heartbeat_interval or options.heartbeat_interval
+        beat = old.heartbeat_interval
+        if not (isinstance(beat, float | int) and 0 < beat < math.inf):
+            beat = options.heartbeat_interval  # not recorded (or no usable value)
         until = min(
             now + min(beat, options.lease) + skew,
             wall_to_trio(old.expires_at + skew, wall_now=wall, trio_now=now),
