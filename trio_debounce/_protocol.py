@@ -702,7 +702,7 @@ class KvDebounceBackend(DebounceBackend):
         #: The lease of the coordinator that took our process id (we are fenced).
         self._taken_by: _Lease | None = None
         #: The lease of another epoch of our process id that our first write replaced:
-        #: until it lapses, that coordinator may still run a fire (a live twin is
+        #: until it lapses, that coordinator may still run a fire (a stalled holder is
         #: fenced only at its next heartbeat), so its fire records are not adopted.
         self._replaced: _Lease | None = None
         #: Before this opening's first lease write: the live lease of another epoch
