@@ -340,7 +340,7 @@ async def test_a_live_process_id_refuses_a_second_start_not_a_restart(
         async with open_nats_backend(cfg, process_id="svc") as backend_b:
             handlers = {"wf": fires.handler("restart")}
             async with open_coordinator(handlers=handlers, backend=backend_b):
-                await trio.sleep(4.0)
+                await trio.sleep(3.0)  # "left" is due 3 s after its ping, before this
     assert [(who, f.key) for who, f in fires.log] == [
         ("first", "early"),
         ("first", "after"),
