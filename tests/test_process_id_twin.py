@@ -23,10 +23,12 @@ from trio_debounce import (
     BackendUnavailableError,
     Mode,
     ProcessIdTakenError,
+    RunOptions,
     open_coordinator,
 )
 from trio_debounce._keys import process_key
-from trio_debounce.testing import MemoryBackend, MemoryStore
+from trio_debounce.abc import Lease
+from trio_debounce.testing import MemoryBackend, MemoryRunStore, MemoryStore
 
 LEASE = 6.0
 SKEW = 1.0
@@ -259,3 +261,43 @@ async def test_a_recorded_interval_no_interval_has_is_ignored_or_capped(
     t0 = trio.current_time()
     await successor.wait_process_id_free()
     assert trio.current_time() - t0 == watch + SKEW
+
+
+def run_options(name: str) -> RunOptions:
+    return RunOptions(process_id=name, lease=LEASE, heartbeat_interval=BEAT, max_clock_skew=SKEW)
+
+
+async def test_a_restart_watches_the_backend_and_run_leases_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A crashed process left both leases live: the restart waits one watch, not two.
+    store = MemoryStore()
+    await backend(store, "svc").refresh_lease()
+    expires = store.epoch + trio.current_time() + LEASE
+    assert await MemoryRunStore(store).put_lease(Lease("svc", 1, expires, heartbeat_interval=BEAT))
+    t0 = trio.current_time()
+    async with open_coordinator(
+        backend=backend(store, "svc"),
+        run_store=MemoryRunStore(store),
+        run_options=run_options("svc"),
+    ):
+        # The watch, then the first writes (a compare-and-swap backoff of a few ms).
+        assert BEAT + SKEW <= trio.current_time() - t0 < BEAT + SKEW + 0.5
+    run_lease = await MemoryRunStore(store).get_lease("svc")
+    assert run_lease is not None
+    assert run_lease.epoch == 2
+
+
+async def test_a_live_run_lease_refuses_the_start_before_the_backend_writes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    async with open_coordinator(run_store=MemoryRunStore(store), run_options=run_options("svc")):
+        with pytest.raises(ProcessIdTakenError, match="'svc'"):
+            async with open_coordinator(
+                backend=backend(store, "svc"),
+                run_store=MemoryRunStore(store),
+                run_options=run_options("svc"),
+            ):
+                pytest.fail("the twin started")  # pragma: no cover
+        assert store.raw_get(process_key("svc")) is None  # the backend wrote nothing

@@ -176,6 +176,8 @@ class RunScheduler:
         assert options.process_id is not None
         self.process_id: str = options.process_id
         self._lease: Lease | None = None
+        #: The process id's lease was watched for a live twin (see _watch_live_lease).
+        self._id_checked = False
         self._fenced = False
         self._nursery: trio.Nursery | None = None
         self._closed = False
@@ -279,10 +281,9 @@ class RunScheduler:
         store = self._store
         interval = self._options.heartbeat_interval
         assert interval is not None
-        old = await self._watch_live_lease()
-        for attempt in range(20):
-            if attempt:
-                old = await self._call("get_lease", store.get_lease, self.process_id)
+        await self.wait_process_id_free()
+        for _ in range(20):
+            old = await self._call("get_lease", store.get_lease, self.process_id)
             lease = Lease(
                 self.process_id,
                 (old.epoch + 1) if old is not None else 1,
@@ -296,6 +297,20 @@ class RunScheduler:
                 logger.debug("process %r opened epoch %d", self.process_id, written.epoch)
                 return
         raise BackendError(f"could not open the lease of process {self.process_id!r}: contention")
+
+    async def wait_process_id_free(self) -> None:
+        """Before :meth:`run`: if the store holds a live lease of our process id, watch
+        it for a renewal (see :meth:`_watch_live_lease`). Once per scheduler; nothing to
+        do without a store.
+
+        Raises:
+          ProcessIdTakenError: a live coordinator holds the process id.
+          BackendError: the store failed a read.
+        """
+        if self._store is not None and not self._id_checked:
+            await self._watch_live_lease()
+            self._id_checked = True
+        await trio.lowlevel.checkpoint()
 
     async def _watch_live_lease(self) -> Lease | None:
         """Before the first lease write: if a live lease of our process id (an earlier
