@@ -8,6 +8,7 @@ bucket in one ``trio.run``, each through its own connection.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 import uuid
@@ -27,6 +28,7 @@ from trio_debounce import (
     Edge,
     Mode,
     Outcome,
+    ProcessIdTakenError,
     Registered,
     Registration,
     open_coordinator,
@@ -73,13 +75,18 @@ async def processes(
 
 async def test_conformance_nats_backend(nats_server: NatsServer) -> None:
     cfg = config(nats_server)
+    opened = itertools.count()
 
     @asynccontextmanager
     async def open_backends(n: int) -> AsyncIterator[Sequence[DebounceBackend]]:
+        # Fresh process ids: an id whose lease is still live would be watched for a
+        # renewal before the first write (a twin, or a crashed predecessor).
         async with AsyncExitStack() as stack:
             yield [
-                await stack.enter_async_context(open_nats_backend(cfg, process_id=f"p{i}"))
-                for i in range(n)
+                await stack.enter_async_context(
+                    open_nats_backend(cfg, process_id=f"p{next(opened)}")
+                )
+                for _ in range(n)
             ]
 
     with trio.fail_after(40):
@@ -300,6 +307,45 @@ async def test_dead_owner_is_taken_over_and_fires_once(nats_server: NatsServer) 
             ("A", "k", "a", 1, Edge.LEADING),  # not fired again by the takeover
             ("B", "k", "b", 2, Edge.TRAILING),
         ]
+
+
+async def test_a_live_process_id_refuses_a_second_start_not_a_restart(
+    nats_server: NatsServer,
+) -> None:
+    fires = Fires()
+    cfg = config(nats_server)
+    with trio.fail_after(30):
+        with trio.CancelScope() as a_scope:
+            async with open_nats_backend(cfg, process_id="svc") as backend_a:
+                assert isinstance(backend_a, KvDebounceBackend)
+                handlers = {"wf": fires.handler("first")}
+                async with open_coordinator(handlers=handlers, backend=backend_a) as a:
+                    await a.debounce("wf", "early", "a", delay=0.3)
+                    async with open_nats_backend(cfg, process_id="svc") as twin:
+                        with pytest.raises(ProcessIdTakenError, match="'svc'"):
+                            async with open_coordinator(
+                                handlers={"wf": fires.handler("twin")}, backend=twin
+                            ):
+                                pytest.fail("the twin started")  # pragma: no cover
+                    # The earlier one runs on, unfenced.
+                    assert (await a.debounce("wf", "after", "b", delay=0.3)).owner
+                    await a.debounce("wf", "left", "c", delay=3.0)
+                    await trio.sleep(LEASE)
+                    assert backend_a.lease_held()
+                    # Then it "dies" with a window open: no heartbeat, no release.
+                    a_scope.cancel()
+                    backend_a._store = _Dead()
+        # A restart under the same id while the dead lease is live: not refused; it
+        # takes the id and the window over (no renewal came while it watched).
+        async with open_nats_backend(cfg, process_id="svc") as backend_b:
+            handlers = {"wf": fires.handler("restart")}
+            async with open_coordinator(handlers=handlers, backend=backend_b):
+                await trio.sleep(3.0)  # "left" is due 3 s after its ping, before this
+    assert [(who, f.key) for who, f in fires.log] == [
+        ("first", "early"),
+        ("first", "after"),
+        ("restart", "left"),
+    ]
 
 
 class _Dead(KvStore):

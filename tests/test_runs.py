@@ -5,6 +5,7 @@ reference design."""
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,11 +18,14 @@ from trio_debounce import (
     BackendUnavailableError,
     Coordinator,
     DocumentTooLargeError,
+    ProcessIdTakenError,
     RunFire,
     RunOptions,
     RunState,
     open_coordinator,
 )
+from trio_debounce._run_kv import decode_lease, encode_lease
+from trio_debounce.abc import Lease
 from trio_debounce.testing import MemoryRunStore, MemoryStore
 from trio_debounce.testing._memory import DEFAULT_EPOCH
 
@@ -472,7 +476,7 @@ async def test_each_firing_step_is_checked_against_the_claim(
         nursery.cancel_scope.cancel()
 
 
-async def test_two_coordinators_with_one_process_id_fence_the_older(
+async def test_a_second_coordinator_with_a_live_process_id_is_refused(
     autojump_clock: trio.testing.MockClock,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -482,10 +486,90 @@ async def test_two_coordinators_with_one_process_id_fence_the_older(
         old = Process(shared, log, "svc")
         c_old = await start(nursery, old)
         await c_old.schedule("wf", "r", after=30, persist=True)
-        new = Process(shared, log, "svc")
-        await start(nursery, new)
+        await trio.sleep(0.5)
+        before = await MemoryRunStore(shared).get_lease("svc")
+        assert before is not None
+        assert before.heartbeat_interval == BEAT
+        t0 = trio.current_time()
+        with pytest.raises(ProcessIdTakenError, match="'svc'"):
+            await start(nursery, Process(shared, log, "svc"))
+        assert 0 < trio.current_time() - t0 <= BEAT + SKEW
+        after = await MemoryRunStore(shared).get_lease("svc")
+        assert after is not None
+        assert after.epoch == before.epoch  # nothing written
+        await c_old.schedule("wf", "s", after=5, persist=True)  # the earlier runs on
         await trio.sleep(40)
-        assert [who for who, _, _ in log.of("r")] == ["svc"]
+        assert [(who, run.run_id) for who, _, run in log.starts] == [("svc", "s"), ("svc", "r")]
+        assert "is held by a live coordinator" in caplog.text
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_restart_after_a_crash_waits_one_heartbeat_and_the_skew(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = Log()
+    shared = MemoryStore()
+    async with trio.open_nursery() as nursery:
+        a = Process(
+            shared, log, "svc", run_options=options("svc", lease=30.0, heartbeat_interval=5.0)
+        )
+        c = await start(nursery, a)
+        await c.schedule("wf", "r", after=2, persist=True)
+        a.kill()  # its lease (30 s) stays live for a while
+        await trio.sleep(1)
+        t0 = trio.current_time()
+        await start(nursery, Process(shared, log, "svc"))
+        # Watched for the holder's recorded interval (5 s), not ours (2 s).
+        assert trio.current_time() - t0 == 5.0 + SKEW
+        await trio.sleep(1)
+        assert [(who, t, run.attempt) for who, t, run in log.starts] == [("svc", t0 + 6.0, 1)]
+        lease = await MemoryRunStore(shared).get_lease("svc")
+        assert lease is not None
+        assert lease.epoch == 2
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("beat", "read"), [(2.5, 2.5), (3, 3.0), ("2", None), (-1, None), (0, None), (True, None)]
+)
+def test_a_run_lease_keeps_its_heartbeat_interval_only_when_usable(
+    beat: object, read: float | None
+) -> None:
+    doc = {"v": 1, "pid": "p", "epoch": 1, "exp": 5.0, "released": False, "beat": beat}
+    assert decode_lease(json.dumps(doc).encode(), 7).heartbeat_interval == read
+    lease = Lease("p", 1, 5.0, heartbeat_interval=2.5)
+    assert decode_lease(encode_lease(lease), 7) == lease.replace(revision=7)
+
+
+async def test_a_released_run_lease_is_not_waited_for(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = Log()
+    shared = MemoryStore()
+    async with trio.open_nursery() as nursery:
+        a = Process(shared, log, "svc")
+        await start(nursery, a)
+        await a.exit()
+        t0 = trio.current_time()
+        await start(nursery, Process(shared, log, "svc"))
+        assert trio.current_time() == t0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_stalled_run_lease_holder_is_fenced_once_it_resumes(
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = Log()
+    shared = MemoryStore()
+    async with trio.open_nursery() as nursery:
+        old = Process(shared, log, "svc")
+        c_old = await start(nursery, old)
+        await c_old.schedule("wf", "r", after=30, persist=True)
+        old.store.faults.partitioned = True  # cannot renew: a stall, seen from outside
+        await start(nursery, Process(shared, log, "svc"))
+        old.store.faults.partitioned = False
+        await trio.sleep(40)
         assert len(log.of("r")) == 1
         assert "was taken by another coordinator" in caplog.text
         nursery.cancel_scope.cancel()

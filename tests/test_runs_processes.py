@@ -832,9 +832,11 @@ def test_restart_with_a_stable_process_id_runs_its_late_runs_at_once(
     request: pytest.FixtureRequest, tmp_path: Path, db_dir: Path, store: str, delivery: str
 ) -> None:
     """A driver with process id "svc" schedules runs and is killed before they are due;
-    once they are overdue, a new process with the same id starts: it takes them back
-    at once (its epoch fences the dead one's claims) and runs each once, attempt 1,
-    long before the dead incarnation's lease would have let a peer take them."""
+    once they are overdue, a new process with the same id starts: having watched the
+    dead lease for one heartbeat interval plus the skew without a renewal (so it is no
+    twin), it takes them back at once (its epoch fences the dead one's claims) and runs
+    each once, attempt 1, long before the dead incarnation's lease would have let a
+    peer take them."""
     cluster = long_lease_cluster(tmp_path, store_args(request, store, db_dir), delivery)
     try:
         first = cluster.spawn("svc")

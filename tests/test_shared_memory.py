@@ -6,6 +6,7 @@ share a NATS bucket; the protocol code is the same one the NATS backend runs.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -64,10 +65,13 @@ async def processes(
 
 async def test_conformance_memory_backend(autojump_clock: trio.testing.MockClock) -> None:
     store = MemoryStore()
+    opened = itertools.count()
 
     @asynccontextmanager
     async def open_backends(n: int) -> AsyncIterator[Sequence[DebounceBackend]]:
-        yield [backend(store, f"p{i}") for i in range(n)]
+        # Fresh process ids: an id whose lease is still live would be watched for a
+        # renewal before the first write (a twin, or a crashed predecessor).
+        yield [backend(store, f"p{next(opened)}") for _ in range(n)]
 
     await check_debounce_backend(open_backends, process_lease=LEASE, max_clock_skew=SKEW, tick=1.0)
 

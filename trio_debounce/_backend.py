@@ -12,6 +12,8 @@ import enum
 from collections.abc import Collection
 from typing import Any, Literal, NamedTuple
 
+import trio
+
 from ._options import InitialFactory, Reducer
 from ._types import Mode
 
@@ -459,6 +461,23 @@ class DebounceBackend(abc.ABC):
           the ids of processes found dead since the last call: lease lapsed (beyond the
           skew), gone, or released by a hand-off.
         """
+
+    async def wait_process_id_free(self) -> None:
+        """Wait, before the first :meth:`refresh_lease`, until no live coordinator holds
+        this backend's :attr:`process_id`: called once by the coordinator at start.
+
+        The default returns at once (a checkpoint): a backend without stable process
+        ids has nothing to wait for. :class:`~trio_debounce.testing.MemoryBackend` and
+        the NATS backend watch a live lease of another opening of the id for the
+        holder's heartbeat interval plus ``max_clock_skew`` (see :doc:`/protocol`,
+        *Process*), re-reading it a few times; it writes nothing.
+
+        Raises:
+          ProcessIdTakenError: the lease was renewed meanwhile: a live coordinator
+            holds the process id, and this one must not start.
+          BackendUnavailableError: the store could not be read.
+        """
+        await trio.lowlevel.checkpoint()
 
     @abc.abstractmethod
     async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:

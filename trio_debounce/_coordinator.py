@@ -7,7 +7,7 @@ import logging
 import math
 import sys
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -2477,6 +2477,10 @@ async def open_coordinator(
       ValueError: ``on_exit`` or ``delivery`` is not one of its values, ``on_exit`` is
         ``"handoff"`` without a backend, or a workflow name in
         ``handlers`` is empty.
+      ProcessIdTakenError: a live coordinator holds the backend's or the run store's
+        process id (its lease was renewed while this start watched it, for up to the
+        holder's heartbeat interval plus the clock-skew margin; see :doc:`/protocol`,
+        *Process*). Nothing was written for that id.
       TypeError: a handler or ``on_error`` is not callable, or a workflow name is not
         a str.
     """
@@ -2522,8 +2526,23 @@ async def open_coordinator(
     if inspect.iscoroutinefunction(on_error):
         raise TypeError(f"on_error is called synchronously; pass a sync function, not {on_error!r}")
 
+    # Makes no I/O: created before the start, so its lease watch runs with the backend's.
+    scheduler = RunScheduler(
+        store=run_store,
+        handlers=run_handler_map,
+        options=run_options,
+        delivery=delivery,
+        on_expired=on_expired,
+    )
     if backend is not None:
         backend._in_use = True
+    try:
+        await _wait_process_ids_free(backend, scheduler, on_backend_error)
+    except BaseException:
+        if backend is not None:
+            backend._in_use = False
+        raise
+    if backend is not None:
         try:
             with trio.move_on_after(backend.heartbeat_interval) as lease_scope:
                 await backend.refresh_lease()
@@ -2541,13 +2560,6 @@ async def open_coordinator(
     nursery_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
-            scheduler = RunScheduler(
-                store=run_store,
-                handlers=run_handler_map,
-                options=run_options,
-                delivery=delivery,
-                on_expired=on_expired,
-            )
             coordinator: Coordinator = Coordinator._create(
                 nursery, handler_map, on_error, backend, on_backend_error, delivery, scheduler
             )
@@ -2593,6 +2605,39 @@ async def open_coordinator(
             raise body_error
     finally:
         del body_error, nursery_error
+
+
+async def _wait_process_ids_free(
+    backend: DebounceBackend | None, scheduler: RunScheduler, on_backend_error: OnBackendError
+) -> None:
+    """Before the first lease writes: watch the backend's and the run store's leases of
+    their process ids, at once (a restart after a crash waits once, not once per store).
+
+    A live lease of another opening of a process id is a live twin (refused with
+    :exc:`~trio_debounce.ProcessIdTakenError`) or a crashed or stalled predecessor (taken
+    over once it was not renewed for its holder's heartbeat interval plus the skew);
+    each watch bounds itself. The first error that fails the start cancels the other
+    watch and is raised as itself. A backend that cannot be read under fail-open is left
+    to its first lease write, which watches the same way without blocking.
+    """
+    failed: list[Exception] = []
+
+    async with trio.open_nursery() as nursery:
+
+        async def watch(wait: Callable[[], Awaitable[None]], fail_open: bool) -> None:
+            try:
+                await wait()
+            except Exception as exc:
+                if fail_open and isinstance(exc, BackendUnavailableError):
+                    return  # left to the first lease write (and its fail-open)
+                failed.append(exc)
+                nursery.cancel_scope.cancel()
+
+        if backend is not None:
+            nursery.start_soon(watch, backend.wait_process_id_free, on_backend_error == "fail-open")
+        nursery.start_soon(watch, scheduler.wait_process_id_free, False)
+    if failed:
+        raise failed[0]
 
 
 def _handler_map(

@@ -48,14 +48,19 @@ class BackendConfigError(BackendError):
 
 
 class ProcessIdTakenError(BackendConfigError):
-    """Another coordinator started with this coordinator's process id.
+    """Another coordinator holds, or took, this coordinator's process id.
 
-    Two live coordinators must never share a process id. The later start wins (it
-    cannot tell a live twin from a stalled or crashed predecessor without waiting):
-    the earlier coordinator finds its lease taken at its next heartbeat and is
-    *fenced*. From then on its pings raise this error (misconfiguration: never failed
-    open), it takes nothing over, and its windows go to the live processes as a dead
-    process's windows do. The message names the process id.
+    Two live coordinators must never share a process id. A start that finds a live
+    lease of its process id watches it for the holder's heartbeat interval plus the
+    clock-skew margin: if the lease is renewed meanwhile, a live coordinator holds the
+    id, and :func:`~trio_debounce.open_coordinator` raises this error before writing
+    anything (the earlier coordinator runs on). If it is not renewed, the holder crashed
+    or stalls, and the start takes the id over; a stalled holder that resumes then
+    finds its lease taken at its next heartbeat and is *fenced*: from then on its pings
+    raise this error (misconfiguration: never failed open), it takes nothing over, and
+    its windows go to the live processes as a dead process's windows do. The message
+    names the process id and the epochs (never a secret). See :doc:`/protocol`,
+    *Process*.
     """
 
 

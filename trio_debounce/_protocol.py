@@ -57,6 +57,7 @@ from ._kv import KvEntry, KvStore
 from ._options import InitialFactory, Reducer
 from ._payload import JsonSerializer, PayloadSerializer
 from ._types import Mode
+from ._wallclock import wall_to_trio
 
 logger = logging.getLogger("trio_debounce.backend")
 
@@ -78,6 +79,9 @@ _FIRE_PREFIX = "f."
 #: A tombstone that keeps a key's last fired order key (for ``drop_stale``) is swept
 #: this many process leases after the key's last ping.
 _ORDER_LEASES = 10
+#: Looks at a live lease of our process id (another epoch) while it is watched for a
+#: renewal at start, besides the first (the KV interface has no watch to wait on).
+_TWIN_LOOKS = 4
 #: Fencing tokens are ``(bucket creation time in ms) << _TOKEN_SHIFT | revision``.
 _TOKEN_SHIFT = 40
 
@@ -437,6 +441,10 @@ class _Lease:
     expires: float
     #: Handed off: the process left, its windows are for peers to take at once.
     released: bool = False
+    #: The holder's heartbeat interval, seconds: how long a newcomer with the same
+    #: process id watches this lease for a renewal. None in leases written before
+    #: it was recorded (or holding no usable value): the reader uses its own.
+    heartbeat: float | None = None
 
     def live(self, now: float, skew: float) -> bool:
         return not self.released and now <= self.expires + skew
@@ -446,25 +454,48 @@ def _decode_lease(raw: bytes) -> _Lease:
     obj = _loads(raw)
     if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
         raise ValueError("not a version 1 lease")
+    beat = obj.get("beat")
+    heartbeat = (
+        float(beat)
+        if isinstance(beat, int | float)
+        and not isinstance(beat, bool)
+        and math.isfinite(beat)
+        and beat > 0
+        else None
+    )
     return _Lease(
         _str(obj, "process"),
         _str(obj, "epoch"),
         _num(obj, "expires"),
         obj.get("released", False) is True,
+        heartbeat,
     )
 
 
 def _encode_lease(lease: _Lease) -> bytes:
-    return json.dumps(
-        {
-            "v": SCHEMA_VERSION,
-            "process": lease.process,
-            "epoch": lease.epoch,
-            "expires": lease.expires,
-            "released": lease.released,
-        },
-        separators=(",", ":"),
-    ).encode("utf-8")
+    doc: dict[str, object] = {
+        "v": SCHEMA_VERSION,
+        "process": lease.process,
+        "epoch": lease.epoch,
+        "expires": lease.expires,
+        "released": lease.released,
+    }
+    if lease.heartbeat is not None:
+        doc["beat"] = lease.heartbeat  # optional: older readers ignore it
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+@dataclass(slots=True)
+class _TwinWatch:
+    """A live lease of another epoch of our process id, watched before this opening's
+    first lease write: renewed within ``until`` (Trio time), it is a live twin."""
+
+    epoch: str
+    revision: int
+    expires: float
+    until: float
+    #: Seconds between two looks at the lease.
+    step: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -689,9 +720,15 @@ class KvDebounceBackend(DebounceBackend):
         #: The lease of the coordinator that took our process id (we are fenced).
         self._taken_by: _Lease | None = None
         #: The lease of another epoch of our process id that our first write replaced:
-        #: until it lapses, that coordinator may still run a fire (a live twin is
+        #: until it lapses, that coordinator may still run a fire (a stalled holder is
         #: fenced only at its next heartbeat), so its fire records are not adopted.
         self._replaced: _Lease | None = None
+        #: Before this opening's first lease write: the live lease of another epoch
+        #: of our process id being watched for a renewal (a live twin), if any.
+        self._twin_watch: _TwinWatch | None = None
+        #: The process id was found free (no live lease of another epoch, or one not
+        #: renewed for its holder's heartbeat interval plus the skew margin).
+        self._id_cleared = False
         #: One lease refresh at a time: concurrent ones (the heartbeat and finalizes
         #: after a stall) would lose compare-and-swaps to each other.
         self._lease_lock = trio.Lock()
@@ -865,6 +902,105 @@ class KvDebounceBackend(DebounceBackend):
             return None
         return lease if lease.epoch != self._epoch else None
 
+    def _twin_wait(self, holder: _Lease) -> float:
+        """Seconds to watch ``holder`` (a live lease of another epoch of our process
+        id) for a renewal: its heartbeat interval (ours if it did not record one,
+        capped at our lease) plus the skew margin."""
+        beat = self.heartbeat_interval if holder.heartbeat is None else holder.heartbeat
+        return min(beat, self._lease) + self._skew
+
+    async def _check_twin(self) -> bool:
+        """Before this opening's first lease write: may it write now?
+
+        True when the process id is free: no lease, a released or lapsed one, or a
+        live one of another epoch that was not renewed while watched for its holder's
+        heartbeat interval plus the skew margin (a crashed or stalled predecessor; a
+        stalled one is fenced at its next heartbeat). False while the watch goes on
+        (the first call starts it; each call re-reads the lease once).
+
+        Raises:
+          ProcessIdTakenError: the watched lease was renewed (its revision moved): a
+            live coordinator holds the process id. Nothing was written; this backend
+            stays fenced.
+          BackendError: the store failed the read.
+        """
+        self._check_not_taken()
+        if self._id_cleared:
+            return True
+        entry = await self._get(self._process_key)
+        foreign = self._foreign_lease(entry)
+        wall = self._wall()
+        now = trio.current_time()
+        if entry is None or foreign is None or not foreign.live(wall, self._skew):
+            self._twin_watch = None
+            self._id_cleared = True
+            return True
+        watch = self._twin_watch
+        if watch is None:
+            # A live lease of another epoch: a live twin, or a predecessor that crashed
+            # (or stalls) before its lease lapsed. Only a renewal tells them apart.
+            until = min(
+                now + self._twin_wait(foreign),
+                # Lapsed (beyond the skew) before then: dead, whatever its interval.
+                wall_to_trio(foreign.expires + self._skew, wall_now=wall, trio_now=now),
+            )
+            self._twin_watch = _TwinWatch(
+                foreign.epoch,
+                entry.revision,
+                foreign.expires,
+                until,
+                max((until - now) / _TWIN_LOOKS, 1e-3),
+            )
+            logger.info(
+                "process id %r: the lease of epoch %s is live; watching it for %.3g s for "
+                "a renewal before this opening (epoch %s) starts",
+                self._process_id,
+                foreign.epoch,
+                until - now,
+                self._epoch,
+            )
+            return False
+        if entry.revision != watch.revision or foreign.expires != watch.expires:
+            self._twin_watch = None
+            self._taken_by = foreign
+            logger.error(
+                "process id %r is held by a live coordinator (epoch %s renewed its lease): "
+                "this one (epoch %s) is refused; two live coordinators must never share a "
+                "process id",
+                self._process_id,
+                foreign.epoch,
+                self._epoch,
+            )
+            raise ProcessIdTakenError(
+                f"process id {self._process_id!r} is held by a live coordinator (epoch "
+                f"{foreign.epoch}, whose lease was renewed while this one watched it); "
+                f"this one (epoch {self._epoch}) is refused and wrote nothing: two live "
+                f"coordinators must never share a process id"
+            )
+        if now < watch.until:
+            return False
+        logger.warning(
+            "process id %r: the lease of epoch %s was not renewed for %.3g s; taking the "
+            "process id over (that coordinator crashed or stalls; if it resumes, it is "
+            "fenced at its next heartbeat)",
+            self._process_id,
+            watch.epoch,
+            self._twin_wait(foreign),
+        )
+        self._twin_watch = None
+        self._id_cleared = True
+        return True
+
+    async def wait_process_id_free(self) -> None:
+        self._check_not_taken()
+        while not await self._check_twin():
+            watch = self._twin_watch
+            assert watch is not None
+            # A few looks during the watch, so a live twin is refused at its renewal
+            # rather than at the end of the watch (the store has no watch to wait on).
+            await trio.sleep_until(min(watch.until, trio.current_time() + watch.step))
+        await trio.lowlevel.checkpoint()
+
     async def refresh_lease(self) -> set[str]:
         self._check_not_taken()
         seen = self._lease_writes
@@ -880,8 +1016,20 @@ class KvDebounceBackend(DebounceBackend):
     async def _refresh_lease(self) -> set[str]:
         """Write our lease (see :meth:`refresh_lease`); holds ``_lease_lock``."""
         self._check_not_taken()
+        if not math.isfinite(self._lease_expires) and not await self._check_twin():
+            # Never written in this opening, and a live lease of another epoch is being
+            # watched (the start could not wait: the store did not answer then).
+            assert self._twin_watch is not None
+            raise BackendUnavailableError(
+                f"process id {self._process_id!r}: the live lease of epoch "
+                f"{self._twin_watch.epoch} is watched for a renewal for "
+                f"{max(self._twin_watch.until - trio.current_time(), 0.0):.3g} s more "
+                f"before this opening writes its own"
+            )
         now = self._wall()
-        lease = _Lease(self._process_id, self._epoch, now + self._lease)
+        lease = _Lease(
+            self._process_id, self._epoch, now + self._lease, heartbeat=self.heartbeat_interval
+        )
         value = _encode_lease(lease)
         for attempt in range(5):
             try:
@@ -2511,7 +2659,13 @@ class KvDebounceBackend(DebounceBackend):
         # The lease is marked released (not deleted), so that peers see the hand-off at
         # their next look even if they never saw this process alive; the sweeper
         # deletes it ten leases later.
-        lease = _Lease(self._process_id, self._epoch, self._wall(), released=True)
+        lease = _Lease(
+            self._process_id,
+            self._epoch,
+            self._wall(),
+            released=True,
+            heartbeat=self.heartbeat_interval,
+        )
         try:
             with trio.move_on_after(self._op_timeout):
                 with contextlib.suppress(RevisionConflict):

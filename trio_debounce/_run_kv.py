@@ -149,6 +149,8 @@ def encode_lease(lease: Lease) -> bytes:
         "exp": lease.expires_at,
         "released": lease.released,
     }
+    if lease.heartbeat_interval is not None:
+        doc["beat"] = lease.heartbeat_interval  # optional: older readers ignore it
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -165,12 +167,23 @@ def decode_lease(value: bytes, revision: int, key: str | None = None) -> Lease:
     released = doc.get("released")
     if not isinstance(released, bool):
         raise ValueError(f"field 'released' is not a bool: {released!r}")
+    beat = doc.get("beat")
     return Lease(
         process_id=_string(doc, "pid"),
         epoch=int(_number(doc, "epoch")),
         expires_at=float(_number(doc, "exp")),
         released=released,
         revision=revision,
+        # Only advisory (how long a newcomer watches the lease): a value no interval
+        # has is ignored, not an unreadable lease.
+        heartbeat_interval=(
+            float(beat)
+            if isinstance(beat, int | float)
+            and not isinstance(beat, bool)
+            and math.isfinite(beat)
+            and beat > 0
+            else None
+        ),
     )
 
 

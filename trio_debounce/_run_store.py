@@ -111,6 +111,11 @@ class Lease:
       released (bool): the coordinator left and released its claims: peers may take its
         runs over at once.
       revision (int): the store's revision of this record (0: not yet written).
+      heartbeat_interval (float | None): seconds between the holder's renewals: how
+        long a coordinator starting with the same process id watches a live lease for
+        a renewal (a live twin) before it takes the id over. None when unknown (a
+        lease written before it was recorded, or a store that does not keep it, such
+        as :class:`~trio_debounce.SqliteRunStore`): the newcomer uses its own.
     """
 
     process_id: str
@@ -118,6 +123,7 @@ class Lease:
     expires_at: float
     released: bool = False
     revision: int = 0
+    heartbeat_interval: float | None = None
 
     def replace(self, **changes: object) -> Lease:
         """A copy with ``changes`` applied (:func:`dataclasses.replace`)."""

@@ -28,7 +28,12 @@ import trio.testing
 
 from . import _validate
 from ._backend import Delivery
-from ._errors import BackendError, BackendUnavailableError, DocumentTooLargeError
+from ._errors import (
+    BackendError,
+    BackendUnavailableError,
+    DocumentTooLargeError,
+    ProcessIdTakenError,
+)
 from ._invoke import invoke
 from ._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
 from ._run_types import (
@@ -60,6 +65,9 @@ CLAIM_CONCURRENCY = 16
 _TICK = 1e-3
 #: Longest wait between two retries of a failed store step, seconds.
 MAX_STEP_RETRY = 5.0
+#: Looks at a live lease of our process id while it is watched for a renewal at start,
+#: besides the first (a run store has no watch to wait on).
+_TWIN_LOOKS = 4
 
 
 @dataclass(slots=True)
@@ -168,6 +176,8 @@ class RunScheduler:
         assert options.process_id is not None
         self.process_id: str = options.process_id
         self._lease: Lease | None = None
+        #: The process id's lease was watched for a live twin (see _watch_live_lease).
+        self._id_checked = False
         self._fenced = False
         self._nursery: trio.Nursery | None = None
         self._closed = False
@@ -269,6 +279,9 @@ class RunScheduler:
     async def _open_lease(self) -> None:
         assert self._store is not None
         store = self._store
+        interval = self._options.heartbeat_interval
+        assert interval is not None
+        await self.wait_process_id_free()
         for _ in range(20):
             old = await self._call("get_lease", store.get_lease, self.process_id)
             lease = Lease(
@@ -276,6 +289,7 @@ class RunScheduler:
                 (old.epoch + 1) if old is not None else 1,
                 self._wall() + self._options.lease,
                 revision=old.revision if old is not None else 0,
+                heartbeat_interval=interval,
             )
             written = await self._call("put_lease", store.put_lease, lease)
             if written is not None:
@@ -283,6 +297,87 @@ class RunScheduler:
                 logger.debug("process %r opened epoch %d", self.process_id, written.epoch)
                 return
         raise BackendError(f"could not open the lease of process {self.process_id!r}: contention")
+
+    async def wait_process_id_free(self) -> None:
+        """Before :meth:`run`: if the store holds a live lease of our process id, watch
+        it for a renewal (see :meth:`_watch_live_lease`). Once per scheduler; nothing to
+        do without a store.
+
+        Raises:
+          ProcessIdTakenError: a live coordinator holds the process id.
+          BackendError: the store failed a read.
+        """
+        if self._store is not None and not self._id_checked:
+            await self._watch_live_lease()
+            self._id_checked = True
+        await trio.lowlevel.checkpoint()
+
+    async def _watch_live_lease(self) -> Lease | None:
+        """Before the first lease write: if a live lease of our process id (an earlier
+        epoch) is in the store, watch it for a renewal, for its holder's heartbeat
+        interval (ours if it did not record one, capped at our lease) plus the skew
+        margin. Returns the lease as last read (the epoch to bump).
+
+        Raises:
+          ProcessIdTakenError: it was renewed (its revision moved, or another epoch
+            replaced it): a live coordinator holds the process id. Nothing written.
+          BackendError: the store failed a read.
+        """
+        assert self._store is not None
+        store = self._store
+        options = self._options
+        assert options.heartbeat_interval is not None
+        skew = options.max_clock_skew
+        old = await self._call("get_lease", store.get_lease, self.process_id)
+        wall, now = self._wall(), trio.current_time()
+        if old is None or old.released or old.expires_at + skew < wall:
+            return old
+        # A live twin, or a predecessor that crashed (or stalls) before its lease
+        # lapsed: only a renewal tells them apart.
+        beat = old.heartbeat_interval
+        if not (isinstance(beat, float | int) and 0 < beat < math.inf):
+            beat = options.heartbeat_interval  # not recorded (or no usable value)
+        until = min(
+            now + min(beat, options.lease) + skew,
+            wall_to_trio(old.expires_at + skew, wall_now=wall, trio_now=now),
+        )
+        step = max((until - now) / _TWIN_LOOKS, 1e-3)
+        logger.info(
+            "process id %r: the run lease of epoch %d is live; watching it for %.3g s for a "
+            "renewal before this coordinator starts",
+            self.process_id,
+            old.epoch,
+            until - now,
+        )
+        while True:
+            await trio.sleep_until(min(until, trio.current_time() + step))
+            current = await self._call("get_lease", store.get_lease, self.process_id)
+            if current is None or current.released:
+                return current  # left meanwhile: free
+            if current.revision != old.revision:
+                logger.error(
+                    "process id %r is held by a live coordinator (run lease epoch %d was "
+                    "renewed): this one is refused; two live coordinators must never share "
+                    "a process id",
+                    self.process_id,
+                    current.epoch,
+                )
+                raise ProcessIdTakenError(
+                    f"process id {self.process_id!r} is held by a live coordinator (run "
+                    f"lease epoch {current.epoch}, renewed while this one watched it); this "
+                    f"one is refused and wrote nothing: two live coordinators must never "
+                    f"share a process id"
+                )
+            if trio.current_time() >= until:
+                logger.warning(
+                    "process id %r: the run lease of epoch %d was not renewed for %.3g s; "
+                    "taking the process id over (that coordinator crashed or stalls; if it "
+                    "resumes, it is fenced at its next heartbeat)",
+                    self.process_id,
+                    current.epoch,
+                    until - now,
+                )
+                return current
 
     async def _release(self) -> None:
         assert self._store is not None

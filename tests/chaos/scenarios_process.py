@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -589,14 +590,18 @@ def store_full(ctx: Context) -> list[Row]:
 @register("twin-process-id", short_seconds=12, full_seconds=15)
 def twin_process_id(ctx: Context) -> list[Row]:
     """A second process started with the process id of a live one: only one may run.
-    The later start wins (a restart looks the same); the earlier must be fenced within
-    a few heartbeats: its pings then raise ``ProcessIdTakenError`` and none of them is
-    stored. Both keep pinging the same keys; no window fires twice, none is lost."""
+    The later start must be refused with ``ProcessIdTakenError`` within the holder's
+    heartbeat interval plus the skew (it watches the live lease for a renewal), before
+    it stores anything; the earlier keeps pinging, and its pings are stored and fire.
+    Then the earlier is killed (``SIGKILL``) and restarted under the same id: a restart
+    after a crash is not refused (it waits that long, then takes the id over). No
+    window fires twice, none is lost."""
     tmp = ctx.tmp / "twin"
     tmp.mkdir(parents=True)
     server = NatsServer(tmp / "js")
     server.start()
     max_delay = 0.5 if ctx.short else MAX_DELAY
+    watch = LEASE / 3 + SKEW  # the holder's heartbeat interval plus the skew
     fleet = Fleet(
         server.url,
         tmp,
@@ -605,61 +610,90 @@ def twin_process_id(ctx: Context) -> list[Row]:
             *("--max-delay", str(max_delay)),
         ],
     )
+    killed: list[str] = []
+    refused_in: float | None = None
     try:
         # Both ping until their standard input is closed.
         first = fleet.spawn("p0")
         fleet.wait_ready([first])
         time.sleep(1.0)
+        spawned = time.time()
         twin = fleet.spawn("p0")
-        fleet.wait_ready([twin])
-        twin_ready = time.time()
-        time.sleep(ctx.seconds)
-        for inc in (first, twin):
-            fleet.close(inc)
+        # The twin must give up on its own (its start is refused); generous margin for
+        # the interpreter's start-up and the connection on a loaded machine.
+        try:
+            twin.proc.wait(timeout=watch + 30.0)
+            refused_in = time.time() - spawned
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(ctx.seconds / 2)
+        fleet.kill(first)
+        killed.append(first.name)
+        restarted = fleet.spawn("p0")
+        fleet.wait_ready([restarted])
+        time.sleep(ctx.seconds / 2)
+        fleet.close(restarted)
         hung = fleet.shutdown(timeout=settle_time(max_delay) + OP_TIMEOUT * 3)
     finally:
         fleet.kill_all()
         server.stop()
     events = fleet.events()
-    report = check(events, delivery="at-least-once", ping_bound=2 * OP_TIMEOUT + PING_MARGIN)
+    report = check(
+        events, delivery="at-least-once", ping_bound=2 * OP_TIMEOUT + PING_MARGIN, killed=killed
+    )
+    twin_events = [ev for ev in events if ev["proc"] == twin.name]
     refusals = [
+        ev for ev in twin_events if ev["ev"] == "crash" and "ProcessIdTakenError" in ev["error"]
+    ]
+    twin_ran = [ev for ev in twin_events if ev["ev"] in ("ready", "ping", "err", "start")]
+    first_refused = [
         ev
         for ev in events
-        if ev["ev"] == "err" and ev["proc"] == first.name and "ProcessIdTakenError" in ev["error"]
+        if ev["proc"] == first.name and ev["ev"] == "err" and "ProcessIdTaken" in ev["error"]
     ]
-    fenced_at = min((ev["t"] for ev in refusals), default=None)
-    # Pings of the fenced process that were stored after it was refused (a twin).
-    twin_pings = [
-        ev
+    refused_at = min((ev["t"] for ev in refusals), default=None)
+    stored_after = sum(
+        1
         for ev in events
-        if ev["ev"] == "ping"
-        and ev["proc"] == first.name
-        and fenced_at is not None
-        and ev["t0"] > fenced_at
-    ]
-    other_errors = report.errors - len(refusals)
+        if ev["proc"] == first.name
+        and ev["ev"] == "ping"
+        and ev["stored"]
+        and refused_at is not None
+        and ev["t0"] > refused_at
+    )
+    restarted_ready = any(ev["ev"] == "ready" for ev in events if ev["proc"] == restarted.name)
+    # The twin's refusal is its expected end, not a crash.
+    crashed = ({inc.name for inc in fleet.crashed()} | set(report.crashed)) - {twin.name}
     out = Row(
         scenario="twin-process-id",
-        runs=2,
+        runs=3,
         pings=report.pings,
         windows=report.windows,
         lost=len(report.lost),
         fired_twice=len(set(report.fired_twice)),
+        interrupted=len(set(report.interrupted)),
         hung_calls=len(report.hung) + len(hung),
-        crashes=len({inc.name for inc in fleet.crashed()} | set(report.crashed)),
+        crashes=len(crashed),
         zero=("lost", "fired_twice", "hung_calls", "crashes"),
     )
-    detected = "never" if fenced_at is None else f"{fenced_at - twin_ready:.2f} s"
+    detected = "never" if refused_in is None else f"{refused_in:.2f} s"
     out.notes.append(
-        f"the earlier process was fenced {detected} after the later one was ready "
-        f"(heartbeat {LEASE / 3:.2f} s); {len(refusals)} pings refused, "
-        f"{len(twin_pings)} stored after the refusal, {other_errors} other ping errors"
+        f"the later start was refused {detected} after it was spawned (interpreter start "
+        f"included; watch {watch:.2f} s); the earlier stored {stored_after} pings after "
+        f"that; the restart after its SIGKILL was "
+        f"{'ready' if restarted_ready else 'NOT ready'}; {report.errors} ping errors"
     )
     out.notes.append(report.summary())
-    if fenced_at is None:
-        out.problems.append("the earlier of two processes with one id was never fenced")
-    if twin_pings:
-        out.problems.append(f"{len(twin_pings)} pings stored by the fenced process")
-    if other_errors:
-        out.problems.append(f"{other_errors} ping errors other than the refusals")
+    if not refusals:
+        out.problems.append("the later of two processes with one id was not refused")
+    if twin_ran:
+        out.problems.append(f"the refused process ran: {len(twin_ran)} events")
+    if first_refused:
+        out.problems.append(f"the earlier process was fenced ({len(first_refused)} refusals)")
+    if not stored_after:
+        out.problems.append("the earlier process stored no ping after the refusal")
+    if not restarted_ready:
+        out.problems.append("the restart after a crash did not start")
+    if report.errors:
+        out.problems.append(f"{report.errors} ping errors")
     return [out]

@@ -30,10 +30,12 @@ async def check_debounce_backend(
 
     Args:
       open_backends: ``open_backends(n)`` is an async context manager yielding ``n``
-        fresh backends that share one store, each with its own process id, a process
-        lease of ``process_lease`` seconds and a clock skew tolerance of
-        ``max_clock_skew`` seconds. They must not be attached to coordinators: the
-        suite calls the methods itself.
+        fresh backends that share one store, each with its own process id (one that no
+        live lease holds: a live lease of the id is watched for a renewal before the
+        first write, see :doc:`/protocol`, *Process*), a process lease of
+        ``process_lease`` seconds and a clock skew tolerance of ``max_clock_skew``
+        seconds. They must not be attached to coordinators: the suite calls the
+        methods itself.
       process_lease (float): the backends' process lease, seconds.
       max_clock_skew (float): the backends' tolerated clock skew, seconds.
       tick (float): the unit of the suite's delays, seconds: long enough for a few
