@@ -57,6 +57,8 @@ class Params:
     rounds: int = 15
     item1_loops: dict[str, int] = field(default_factory=dict)
     scale_sizes: tuple[int, ...] = (10, 1_000, 100_000)
+    #: The size ``--huge`` adds to item 2.
+    huge_size: int = 1_000_000
     scale_loops: int = 50_000
     #: Item 2's windows (and tasks) processes; the ping rounds are split among them.
     scale_procs: int = 3
@@ -93,6 +95,7 @@ class Params:
             rounds=2,
             item1_loops={name: 20 for name in pyperf_local.BENCHES},
             scale_sizes=(10, 1_000, 1_200),
+            huge_size=1_500,
             scale_loops=100,
             scale_procs=1,
             fire_n=50,
@@ -268,7 +271,7 @@ def item2(ctx: Context) -> dict[str, Any]:
     per measurement), then ``scale_procs`` pairs of processes, a windows process
     (``local_items.scale_process``: one coordinator per size, the ping rounds reuse
     the windows) and a tasks process (the RSS baseline), in alternating order."""
-    sizes = list(ctx.params.scale_sizes) + ([1_000_000] if ctx.huge else [])
+    sizes = list(ctx.params.scale_sizes) + ([ctx.params.huge_size] if ctx.huge else [])
     rounds = ctx.params.rounds
     script = str(BENCH / "local_items.py")
     log("item 2: memory (tracemalloc)")
@@ -918,7 +921,9 @@ def main() -> None:
     # The slowest items last: what is done is written after each item.
     parser.add_argument("--items", default="1,3,5,6,7,8,4,2")
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--huge", action="store_true", help="item 2 at 1,000,000 windows too")
+    parser.add_argument(
+        "--huge", action="store_true", help="item 2 at 1,000,000 windows too (1,500 with --tiny)"
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny counts: a smoke run")
     parser.add_argument(
         "--workers",
