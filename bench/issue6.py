@@ -290,7 +290,7 @@ def item2(ctx: Context) -> dict[str, Any]:
                     ",".join(map(str, sizes)),
                     str(ctx.params.scale_loops),
                     str(per_proc),
-                    str(p),
+                    str(p * per_proc),
                 ]
                 windows.append(harness.run_json(args, timeout=3600))
             else:

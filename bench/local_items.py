@@ -226,20 +226,25 @@ def _small(sizes: list[int]) -> int:
 
 
 def scale_process(
-    sizes: list[int], loops: int, rounds: int, seed: int, done: Callable[[dict[str, Any]], None]
+    sizes: list[int],
+    loops: int,
+    rounds: int,
+    first: int,
+    done: Callable[[dict[str, Any]], None],
 ) -> None:
     """Item 2's windows side, in a process of its own (``python bench/local_items.py
-    scale SIZES LOOPS ROUNDS SEED``): one coordinator per size in ``sizes``, each
+    scale SIZES LOOPS ROUNDS FIRST``): one coordinator per size in ``sizes``, each
     holding that many open windows (opened in increasing size order), then ``rounds``
-    rounds of coalescing pings: per round, each coordinator in an order rotated from
-    round to round takes ``loops`` pings on keys drawn at random among its windows;
-    seconds per ping, by size and round. Also the RSS growth per window from
+    rounds of coalescing pings, numbered from ``first`` (the rounds of earlier
+    processes; it also seeds the key draws): per round, each coordinator in an order
+    rotated from round to round takes ``loops`` pings on keys drawn at random among
+    its windows; seconds per ping, by size and round. Also the RSS growth per window from
     :func:`_small` open windows to all of them. The collector is off while windows
     open (as for :func:`tasks_process`'s tasks) and runs a full collection before each
     RSS reading. ``done(result)`` is called inside the loop (the caller may
     ``os._exit`` there rather than tear 100,000s of windows down)."""
     keys = [f"k{i}" for i in range(max(sizes))]
-    rng = random.Random(seed)
+    rng = random.Random(first)
 
     async def main() -> None:
         out: dict[str, Any] = {"ping": {str(s): [] for s in sizes}}
@@ -274,7 +279,7 @@ def scale_process(
                 ping = pings[size]
                 for key in draws[size][: max(1, loops // 10)]:
                     ping(WF, key, None, delay=DELAY)
-            for r in range(rounds):
+            for r in range(first, first + rounds):
                 k = r % len(sizes)
                 for size in sizes[k:] + sizes[:k]:
                     ping, sample = pings[size], draws[size]
