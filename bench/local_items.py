@@ -247,9 +247,13 @@ def scale_process(
     rng = random.Random(first)
 
     async def main() -> None:
-        out: dict[str, Any] = {"ping": {str(s): [] for s in sizes}}
+        out: dict[str, Any] = {
+            "ping": {str(s): [] for s in sizes},
+            "floor": {str(s): [] for s in sizes},
+        }
         async with AsyncExitStack() as stack:
             pings: dict[int, Callable[..., Any]] = {}
+            tables: dict[int, dict[Any, Any]] = {}
             rss_small = None
             gc.disable()
             if _small(sizes) == 0:
@@ -260,6 +264,7 @@ def scale_process(
                     trio_debounce.open_coordinator(handlers={WF: _noop}, on_exit="cancel")
                 )
                 ping = pings[size] = coordinator.debounce_nowait
+                tables[size] = coordinator._windows
                 for key in keys[:size]:
                     ping(WF, key, None, delay=DELAY)
                 await trio.testing.wait_all_tasks_blocked()
@@ -288,6 +293,18 @@ def scale_process(
                     for i in range(loops):
                         ping(WF, sample[i % n], None, delay=DELAY)
                     out["ping"][str(size)].append((time.perf_counter() - t0) / loops)
+                    # The floor at this size: the memory a coalescing ping cannot
+                    # avoid touching (the table entry, its key and its window), with
+                    # nothing else: look the window up, store the payload, read the
+                    # run id and count into a tuple.
+                    table = tables[size]
+                    t0 = time.perf_counter()
+                    for i in range(loops):
+                        w = table[(WF, sample[i % n])]
+                        w.payload = None
+                        result = (w.run_id, w.count)
+                    out["floor"][str(size)].append((time.perf_counter() - t0) / loops)
+                    del result
             done(out)
 
     trio.run(main)
