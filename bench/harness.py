@@ -155,22 +155,15 @@ def paired_timefuncs(
     funcs: dict[str, tuple[Callable[[int], float], int]],
     rounds: int,
     output: Path | None = None,
-    budget: float | None = None,
-    least: int = 5,
 ) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """pyperf time functions (``func(loops) -> seconds``, each running its own fresh
     event loop), each with its fixed ``loops``, called in this process in rotated
     rounds after one warm-up round. Returns each name's seconds per loop in round
     order, and pyperf's metadata of this process; ``output``: the samples as a pyperf
-    JSON suite (``python -m pyperf stats FILE``). With a ``budget`` (seconds), no new
-    round starts once it is spent and ``least`` rounds are done."""
+    JSON suite (``python -m pyperf stats FILE``)."""
     per_loop: dict[str, list[float]] = {name: [] for name in funcs}
     orders = rotations(list(funcs), rounds + 1)
-    t0 = time.monotonic()
     for r, order in enumerate(orders):
-        if budget is not None and r > least and time.monotonic() - t0 > budget:
-            log(f"budget of {budget:.0f} s spent after {r - 1} rounds")
-            break
         for name in order:
             func, loops = funcs[name]
             seconds = func(loops)

@@ -1,11 +1,12 @@
 """Issue 6, items 1-4: the in-memory coordinator against its baselines.
 
-The timed micro-benchmarks (items 1 and 2's ping cost) are pyperf time functions,
-registered by ``bench/pyperf_local.py``; each takes a fixed ``loops`` and runs its own
-fresh event loop. The rest (item 2's memory, item 3's fire lateness, item 4's replays)
-are plain functions returning their figure, run in fresh loops or processes by
-``bench/issue6.py``; ``python bench/local_items.py memory|naive-replay|generate ...``
-runs one of them in a process of its own and prints JSON.
+Item 1's timed micro-benchmarks are pyperf time functions, registered by
+``bench/pyperf_local.py``; each takes a fixed ``loops`` and runs its own fresh event
+loop. The rest (item 2's memory and ping cost, item 3's fire lateness, item 4's
+replays) are plain functions returning their figure, run in fresh loops or processes
+by ``bench/issue6.py``; ``python bench/local_items.py
+scale|tasks|memory|memory-rounds|naive-replay|generate ...`` runs one of them in a
+process of its own and prints JSON.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import random
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -201,66 +204,139 @@ def memory_per(kind: str, n: int) -> dict[str, float]:
         tracemalloc.stop()
 
 
-def scale_round(sizes: list[int], loops: int) -> dict[str, Any]:
-    """One round of item 2 for the windows, on one fresh loop: bytes per window at
-    1,000 windows (tracemalloc, its own loop first), then windows opened up to each of
-    ``sizes`` in turn and, at each, the seconds per coalescing ping on random keys
-    (``loops`` pings); the RSS growth per window from 1,000 to the largest size."""
-    out: dict[str, Any] = {"traced_1000": memory_per("window", 1000)["traced"], "ping": {}}
-    keys = [f"k{i}" for i in range(max(sizes))]
-
-    async def main() -> None:
-        async with trio_debounce.open_coordinator(
-            handlers={WF: _noop}, on_exit="cancel"
-        ) as coordinator:
-            ping = coordinator.debounce_nowait
-            opened = 0
-            rss_1000 = None
-            for size in sizes:
-                for key in keys[opened:size]:
-                    ping(WF, key, None, delay=DELAY)
-                opened = size
-                await trio.testing.wait_all_tasks_blocked()
-                if size == 1000:
-                    gc.collect()
-                    rss_1000 = _rss()
-                rng = random.Random(size)
-                draws = [keys[rng.randrange(size)] for _ in range(min(loops, SCALE_PINGS_KEYS))]
-                n = len(draws)
-                t0 = time.perf_counter()
-                for i in range(loops):
-                    ping(WF, draws[i % n], None, delay=DELAY)
-                out["ping"][str(size)] = (time.perf_counter() - t0) / loops
-            if rss_1000 is not None and opened > 1000:
-                gc.collect()
-                out["rss_per_window"] = (_rss() - rss_1000) / (opened - 1000)
-
-    trio.run(main)
+def memory_rounds(n: int, rounds: int) -> dict[str, list[float]]:
+    """Item 2's memory pass, in one process: bytes per open window and per bare
+    sleeping task at ``n`` of each (:func:`memory_per`'s tracemalloc figure), in
+    ``rounds`` paired rounds (window, task; then task, window; ...), each measurement
+    on a fresh loop, after one warm-up pair that is not kept (the first loop of a
+    process also traces one-time allocations: caches, interned names)."""
+    out: dict[str, list[float]] = {"window": [], "task": []}
+    for r in range(-1, rounds):
+        for kind in ("window", "task") if r % 2 == 0 else ("task", "window"):
+            traced = memory_per(kind, n)["traced"]
+            if r >= 0:
+                out[kind].append(traced)
     return out
 
 
-def task_round(n: int) -> dict[str, Any]:
-    """The baseline of :func:`scale_round`'s memory: bytes per bare sleeping Trio task
-    at 1,000 (tracemalloc) and the RSS growth per task from 1,000 to ``n`` tasks."""
-    out: dict[str, Any] = {"traced_1000": memory_per("task", 1000)["traced"]}
+def _small(sizes: list[int]) -> int:
+    """How many windows (tasks) are open before the RSS is taken: the sizes up to
+    1,000 (item 2's RSS figure is the growth per window from there to all sizes)."""
+    return sum(s for s in sizes if s <= 1000)
+
+
+def scale_process(
+    sizes: list[int],
+    loops: int,
+    rounds: int,
+    first: int,
+    done: Callable[[dict[str, Any]], None],
+) -> None:
+    """Item 2's windows side, in a process of its own (``python bench/local_items.py
+    scale SIZES LOOPS ROUNDS FIRST``): one coordinator per size in ``sizes``, each
+    holding that many open windows (opened in increasing size order), then ``rounds``
+    rounds of coalescing pings, numbered from ``first`` (the rounds of earlier
+    processes; it also seeds the key draws): per round, each coordinator in an order
+    rotated from round to round takes ``loops`` pings on keys drawn at random among
+    its windows; seconds per ping, by size and round. Also the RSS growth per window from
+    :func:`_small` open windows to all of them. The collector is off while windows
+    open (as for :func:`tasks_process`'s tasks) and runs a full collection before each
+    RSS reading. ``done(result)`` is called inside the loop (the caller may
+    ``os._exit`` there rather than tear 100,000s of windows down)."""
+    keys = [f"k{i}" for i in range(max(sizes))]
+    rng = random.Random(first)
 
     async def main() -> None:
+        out: dict[str, Any] = {
+            "ping": {str(s): [] for s in sizes},
+            "floor": {str(s): [] for s in sizes},
+        }
+        async with AsyncExitStack() as stack:
+            pings: dict[int, Callable[..., Any]] = {}
+            tables: dict[int, dict[Any, Any]] = {}
+            rss_small = None
+            gc.disable()
+            if _small(sizes) == 0:
+                gc.collect()
+                rss_small = _rss()
+            for size in sorted(sizes):
+                coordinator = await stack.enter_async_context(
+                    trio_debounce.open_coordinator(handlers={WF: _noop}, on_exit="cancel")
+                )
+                ping = pings[size] = coordinator.debounce_nowait
+                tables[size] = coordinator._windows
+                for key in keys[:size]:
+                    ping(WF, key, None, delay=DELAY)
+                await trio.testing.wait_all_tasks_blocked()
+                if rss_small is None and sum(pings) == _small(sizes):
+                    gc.collect()
+                    rss_small = _rss()
+            gc.enable()
+            gc.collect()
+            opened = sum(sizes) - _small(sizes)
+            if rss_small is not None and opened > 0:
+                out["rss_per_window"] = (_rss() - rss_small) / opened
+            draws = {
+                size: [keys[rng.randrange(size)] for _ in range(min(loops, SCALE_PINGS_KEYS))]
+                for size in sizes
+            }
+            for size in sizes:  # warm-up, not timed
+                ping = pings[size]
+                for key in draws[size][: max(1, loops // 10)]:
+                    ping(WF, key, None, delay=DELAY)
+            for r in range(first, first + rounds):
+                k = r % len(sizes)
+                for size in sizes[k:] + sizes[:k]:
+                    ping, sample = pings[size], draws[size]
+                    n = len(sample)
+                    t0 = time.perf_counter()
+                    for i in range(loops):
+                        ping(WF, sample[i % n], None, delay=DELAY)
+                    out["ping"][str(size)].append((time.perf_counter() - t0) / loops)
+                    # The floor at this size: the memory a coalescing ping cannot
+                    # avoid touching (the table entry, its key and its window), with
+                    # nothing else: look the window up, store the payload, read the
+                    # run id and count into a tuple.
+                    table = tables[size]
+                    t0 = time.perf_counter()
+                    for i in range(loops):
+                        w = table[(WF, sample[i % n])]
+                        w.payload = None
+                        result = (w.run_id, w.count)
+                    out["floor"][str(size)].append((time.perf_counter() - t0) / loops)
+                    del result
+            done(out)
+
+    trio.run(main)
+
+
+def tasks_process(sizes: list[int], done: Callable[[dict[str, Any]], None]) -> None:
+    """The baseline of :func:`scale_process`'s RSS figure, in a process of its own
+    (``python bench/local_items.py tasks SIZES``): the RSS growth per bare sleeping Trio
+    task from :func:`_small` started tasks to ``sum(sizes)``, the collector off while
+    they start (as for the windows)."""
+    first, total = _small(sizes), sum(sizes)
+
+    async def main() -> None:
+        out: dict[str, Any] = {}
         async with trio.open_nursery() as nursery:
-            for _ in range(1000):
+            gc.disable()
+            for _ in range(first):
                 nursery.start_soon(trio.sleep, DELAY)
             await trio.testing.wait_all_tasks_blocked()
             gc.collect()
-            rss_1000 = _rss()
-            for _ in range(n - 1000):
+            rss_small = _rss()
+            for _ in range(total - first):
                 nursery.start_soon(trio.sleep, DELAY)
             await trio.testing.wait_all_tasks_blocked()
+            gc.enable()
             gc.collect()
-            if n > 1000:
-                out["rss_per_task"] = (_rss() - rss_1000) / (n - 1000)
+            if total > first:
+                out["rss_per_task"] = (_rss() - rss_small) / (total - first)
+            done(out)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
-    return out
 
 
 # ----------------------------------------------------------------- item 3
@@ -271,18 +347,26 @@ def _due_times(n: int, spread: float, lead: float, seed: int) -> list[float]:
     return sorted(lead + rng.uniform(0.0, spread) for _ in range(n))
 
 
+def default_lead(n: int) -> float:
+    """Seconds from a fire-accuracy run's start to its first due time for ``n``
+    timers: 0.3 s + 0.1 s per 1,000, about twice the set-up of 10,000 windows on an
+    idle 2-core machine (a run whose set-up takes longer is run again with a longer
+    lead, see ``bench/issue6.py``)."""
+    return 0.3 + 1e-4 * n
+
+
 def fire_lateness(
     kind: str, n: int, spread: float, seed: int = 3, lead: float | None = None
 ) -> tuple[list[float], float]:
     """Seconds late of each of ``n`` timers due uniformly over ``spread`` seconds on the
-    real clock, the first ``lead`` seconds (0.5 s + 0.2 s per 1,000 timers when None)
-    after the run starts: windows of the coordinator (``kind="windows"``; lateness from
+    real clock, the first ``lead`` seconds (:func:`default_lead` when None) after the
+    run starts: windows of the coordinator (``kind="windows"``; lateness from
     the due time to the handler's start) or bare ``trio.sleep_until`` tasks
     (``"sleep_until"``), set in random order. Also returns the set-up time: from the
     start until every window's or task's task is blocked; a set-up longer than ``lead``
     makes the lateness meaningless (the caller retries with a longer lead)."""
     if lead is None:
-        lead = 0.5 + 2e-4 * n
+        lead = default_lead(n)
     offsets = _due_times(n, spread, lead, seed)
     late: list[float] = []
     all_fired = trio.Event()
@@ -403,20 +487,31 @@ def naive_replay(path: Path) -> dict[str, Any]:
     return {"events": len(lines), "fires": fires, "seconds": time.perf_counter() - t0}
 
 
+def _print_and_exit(result: dict[str, Any]) -> None:
+    """Print ``result`` and end the process at once: tearing 100,000s of windows or
+    tasks down would take longer than building them."""
+    import os
+
+    print(json.dumps(result), flush=True)
+    os._exit(0)
+
+
 if __name__ == "__main__":
     command = sys.argv[1]
-    if command in ("scale", "tasks"):
-        # A process of its own per round; os._exit skips tearing down 100,000s of tasks.
-        if command == "scale":
-            result = scale_round([int(x) for x in sys.argv[2].split(",")], int(sys.argv[3]))
-        else:
-            result = task_round(int(sys.argv[2]))
-        print(json.dumps(result), flush=True)
-        import os
-
-        os._exit(0)
+    if command == "scale":
+        scale_process(
+            [int(x) for x in sys.argv[2].split(",")],
+            int(sys.argv[3]),
+            int(sys.argv[4]),
+            int(sys.argv[5]),
+            _print_and_exit,
+        )
+    elif command == "tasks":
+        tasks_process([int(x) for x in sys.argv[2].split(",")], _print_and_exit)
     elif command == "memory":
         print(json.dumps(memory_per(sys.argv[2], int(sys.argv[3]))))
+    elif command == "memory-rounds":
+        print(json.dumps(memory_rounds(int(sys.argv[2]), int(sys.argv[3]))))
     elif command == "naive-replay":
         print(json.dumps(naive_replay(Path(sys.argv[2]))))
     elif command == "generate":

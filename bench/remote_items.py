@@ -6,7 +6,9 @@
   counts them, so the figure holds whatever the backend does inside.
 * item 6, :func:`ping_latencies` against :func:`raw_latencies`: an owner ping through
   the backend on Trio, against raw nats-py on plain asyncio doing the KV operations an
-  owner ping does (taken from the counter: the sequence of KV subjects it touched).
+  owner ping does (taken from the counter: the sequence of KV subjects it touched);
+  :func:`store_latencies`, the same operations through the backend's store alone,
+  splits the gap between the bridge and the coordinator.
 * item 7, :func:`hot_key`: tasks pinging one key; ``python bench/remote_items.py
   hot-proc URL BUCKET TASKS PINGS START CAP`` is one of the processes of the 4-process case.
 """
@@ -189,6 +191,39 @@ async def ping_latencies(url: str, pings: int, warm: int = 20) -> list[float]:
         for _ in range(pings):
             t0 = time.perf_counter()
             await coordinator.debounce(WF, "k", {"n": 1}, delay=3600.0)
+            out.append(time.perf_counter() - t0)
+        return out
+
+
+async def store_latencies(
+    url: str, ops: list[tuple[str, int]], pings: int, warm: int = 20
+) -> list[float]:
+    """The KV operations ``ops`` (as :func:`raw_latencies`) through the backend's store
+    alone (``NatsKvStore.get``/``put``: one trio-asyncio crossing each, no
+    coordinator), on a fresh Trio loop (run with ``trio.run``); seconds of each ping.
+    It splits item 6's gap: the bridge's share (this against raw nats-py) and the
+    coordinator's (the owner ping against this)."""
+    from trio_debounce.nats._store import open_nats_store
+
+    async with open_nats_store(config(url)) as store:
+        values = {size: b"x" * max(size, 1) for _, size in ops}
+        rev = await store.put("w.raw", b"x", last=0)
+
+        async def ping() -> None:
+            nonlocal rev
+            for op, size in ops:
+                if op == "get":
+                    entry = await store.get("w.raw")
+                    rev = entry.revision if entry is not None else rev
+                else:
+                    rev = await store.put("w.raw", values[size], last=rev)
+
+        for _ in range(warm):
+            await ping()
+        out = []
+        for _ in range(pings):
+            t0 = time.perf_counter()
+            await ping()
             out.append(time.perf_counter() - t0)
         return out
 

@@ -162,20 +162,29 @@ DESCRIPTIONS = {
         "and the samples are also saved as a pyperf suite."
     ),
     "2": (
-        "Per round two fresh processes: one opens windows up to 10, 1,000 and 100,000 "
-        "(random keys, each at most once), timing a fixed number of coalescing pings on "
-        "keys drawn at random among the open ones at each size, and measures the memory "
-        "per window (Python allocations traced by ``tracemalloc`` at 1,000 windows, on "
-        "a loop of its own; RSS growth from 1,000 to 100,000); the other does the same "
-        "for bare sleeping Trio tasks (``nursery.start_soon(trio.sleep, 3600)``). The "
-        "1,000,000 point runs only with ``nox -s bench -- --huge``."
+        "Memory: in one process, bytes per window with 1,000 windows open against "
+        "bytes per bare sleeping Trio task (``nursery.start_soon(trio.sleep, "
+        "3600)``) with 1,000 started, as the growth of the Python allocations traced by "
+        "``tracemalloc``, each measurement on a fresh loop, in paired rounds after a "
+        "warm-up pair. Scale: pairs of fresh processes (3; the JSON's ``processes``); "
+        "each windows process opens one coordinator per size (10, 1,000 and 100,000 "
+        "windows, each window on a key of its own) and takes the RSS growth per window "
+        "from the first 1,010 to all of them, then runs its share of the ping rounds, "
+        "reusing the open windows: per round each coordinator, in an order rotated from "
+        "round to round, takes a fixed number of coalescing pings on keys drawn at "
+        "random among its windows, and the ratio to the 10-window coordinator is taken "
+        "within the round; the tasks process takes the RSS growth per bare sleeping "
+        "task over the same counts. The collector is off while windows or tasks start "
+        "(both sides), and a full collection runs before each reading. The RSS row has "
+        "one figure per process. The 1,000,000 point runs only with ``nox -s bench -- "
+        "--huge``."
     ),
     "3": (
         "10,000 windows with due times spread uniformly over one second (and, without "
         "a target, within 0.1 s), set in random order on the real clock; lateness is "
         "the handler's start (``trio.current_time()``) minus the due time. Baseline: "
         "10,000 tasks in ``trio.sleep_until`` on the same due times. The first due time "
-        "is a lead (0.5 s + 0.2 s per 1,000 timers) after the run starts; a round whose "
+        "is a lead (0.3 s + 0.1 s per 1,000 timers) after the run starts; a round whose "
         "set-up (until every task is blocked) took more than 80% of the lead is run "
         "again with twice the set-up as lead (the JSON's ``leads``), so the lateness "
         "does not measure the set-up. The ratio column is the per-round difference "
@@ -185,7 +194,7 @@ DESCRIPTIONS = {
         "A deterministic log (``bench/local_items.py generate``: each key's events in a "
         "burst at exponential intervals of mean 0.25 s, replayed with ``--delay 1 "
         "--max-delay 10``). The 1,000,000-event replay runs once (too long to repeat 15 "
-        "times inside the time budget); the paired rounds use a smaller log of the same "
+        "times); the paired rounds use a smaller log of the same "
         "shape, each side a process of its own (start-up included on both sides). "
         "Baseline: the naive replay, which jumps a ``MockClock`` (autojump) with one "
         "``trio.sleep_until`` per event."
@@ -202,7 +211,11 @@ DESCRIPTIONS = {
     "6": (
         "Latency of an owner ping (``await debounce()``, 200 per round) through the NATS "
         "backend on Trio, against raw nats-py on a plain asyncio loop doing the KV "
-        "operations item 5 saw an owner ping do (same sizes, one key), in the same run."
+        "operations item 5 saw an owner ping do (same sizes, one key), in the same run. "
+        "A third variant in the same rotation does these operations through the "
+        "backend's store alone (``NatsKvStore``: one trio-asyncio crossing per "
+        "operation, no coordinator), which splits the gap into the bridge's share and "
+        "the coordinator's."
     ),
     "7": (
         "Tasks of one coordinator pinging one key with ``await debounce()`` (1,000 "
@@ -241,14 +254,13 @@ def write(results_path: Path, out: Path = OUT) -> Path:
         "Method",
         "------",
         "",
-        f"Every ratio is the median of up to {results['rounds']} paired rounds (the "
+        f"Every ratio is the median of {results['rounds']} paired rounds (the "
         "Rounds column): in each round every variant of a comparison runs once, in an "
         "order rotated from round to round, on a fresh event loop or in a fresh process, "
         "with a fixed number of operations (no loop-count calibration: asyncio's "
         "``call_later`` slows down as cancelled handles pile up), and the ratio is taken "
         "within the round. The spread is the min-max and the interquartile range of "
-        "the per-round ratios. Slow items have a time budget: once spent, no new round "
-        "starts after the fifth.",
+        "the per-round ratios. Rows measured once (or once per process) say so.",
         "",
         "Machine",
         "-------",
