@@ -5,9 +5,10 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import random
 import sys
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -113,6 +114,23 @@ def _abort_sleep(_: Any) -> trio.lowlevel.Abort:
 
 def _closed_error() -> trio.ClosedResourceError:
     return trio.ClosedResourceError("this coordinator's async with block has exited")
+
+
+def _uuid4_hex() -> str:
+    """A random uuid4 hex (RFC 4122 version 4) for a shared ping's run id.
+
+    Drawn from :mod:`random` (seeded from the OS, reseeded in a forked child), not
+    :func:`uuid.uuid4` (a system call each): every shared ping needs one before it
+    knows whether it opens a window, so on a hot key that call was a tenth of a merged
+    ping's cost. A run id has to be unique, not unguessable.
+    """
+    bits = random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET
+    return f"{bits:032x}"
+
+
+#: The version (4) and variant (RFC 4122) bits of a uuid4, as uuid.UUID sets them.
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
 
 
 class Coordinator(metaclass=_NoPublicConstructor):
@@ -321,7 +339,22 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return result
         if self._backend is not None:
             # Shielded: the ping is taken or refused as a whole, within the backend's
-            # operation deadline, never half-applied by a cancellation.
+            # operation deadline, never half-applied by a cancellation. A backend whose
+            # register cannot be cancelled needs no cancel scope (one per ping costs
+            # more than the rest of a merged ping); _debounce_shared shields the rest.
+            if self._backend._register_uncancellable:
+                return await self._debounce_shared(
+                    self._backend,
+                    workflow,
+                    key,
+                    payload,
+                    delay,
+                    max_delay,
+                    mode,
+                    run_id,
+                    on_fire,
+                    options or None,
+                )
             with trio.CancelScope(shield=True):
                 return await self._debounce_shared(
                     self._backend,
@@ -1021,7 +1054,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         ):
             raise self._no_handler(workflow)
         if run_id is None:
-            run_id = uuid.uuid4().hex
+            run_id = _uuid4_hex()
         self._registering.add(run_id)
 
         async def register() -> Registration:
@@ -1039,21 +1072,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
 
         try:
             registration = await register()
-            for _ in range(_OVERFLOW_ROUNDS):
-                if not registration.overflowed:
-                    break
-                # overflow="fire-early": the window fires at once with what it holds
-                # (this process takes the fire by compare-and-swap), then this ping
-                # opens the next window (or joins the one a peer opened meanwhile).
-                await self._take_fire(backend, ident, registration.run_id, early=True)
-                # Not stale: judged by the register that found the window full.
-                extra.pop("drop_stale", None)
-                registration = await register()
-            else:
-                raise BackendUnavailableError(
-                    f"the ping of {workflow!r}/{key!r} found a full window "
-                    f"{_OVERFLOW_ROUNDS} times in a row; it was not stored"
-                )
+            if registration.overflowed:
+                # Shielded (debounce() may not be): the ping is not taken yet.
+                with trio.CancelScope(shield=True):
+                    registration = await self._fire_early(
+                        backend, ident, registration, register, extra
+                    )
         except BackendError as exc:
             if isinstance(exc, (ValueError, BackendAuthError, BackendConfigError)):
                 # Bad input (a document too large) or misconfiguration: never failed open.
@@ -1085,6 +1109,31 @@ class Coordinator(metaclass=_NoPublicConstructor):
             self._registering.discard(run_id)
         policy = extra.get("payload_policy", _options.LAST)
         return self._apply_registration(ident, registration, on_fire, policy, payload)
+
+    async def _fire_early(
+        self,
+        backend: DebounceBackend,
+        ident: tuple[str, str],
+        registration: Registration,
+        register: Callable[[], Awaitable[Registration]],
+        extra: dict[str, Any],
+    ) -> Registration:
+        """A ping that found its window full under ``overflow="fire-early"``: the
+        window fires at once with what it holds (this process takes the fire by
+        compare-and-swap), then the ping opens the next window (or joins the one a
+        peer opened meanwhile)."""
+        for _ in range(_OVERFLOW_ROUNDS):
+            if not registration.overflowed:
+                return registration
+            await self._take_fire(backend, ident, registration.run_id, early=True)
+            # Not stale: judged by the register that found the window full.
+            extra.pop("drop_stale", None)
+            registration = await register()
+        workflow, key = ident
+        raise BackendUnavailableError(
+            f"the ping of {workflow!r}/{key!r} found a full window "
+            f"{_OVERFLOW_ROUNDS} times in a row; it was not stored"
+        )
 
     def _fail_open_ping(
         self,
