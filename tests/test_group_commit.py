@@ -632,3 +632,51 @@ async def test_a_cancelled_debounce_still_returns_its_stored_ping(
         assert sorted(r.ping_count for r in results if r != "not cancelled") == [2, 3]
         assert results.count("not cancelled") == 1
         assert stored(store).count == 3
+
+
+async def test_the_merged_pings_of_one_write_get_one_result_and_are_all_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The coordinator applies the first merged ping's registration and hands the
+    # others (the same Registration object) the same result; each is still counted,
+    # and a ping with its own on_fire is applied in full (its handler is the window's).
+    store, fires = MemoryStore(), Fires()
+    peer_fires = Fires()
+    backend = MemoryBackend(store, process_id="A")
+    peer = MemoryBackend(store, process_id="B")
+    async with (
+        open_coordinator(handlers={"wf": fires.handler("A")}, backend=backend) as a,
+        open_coordinator(handlers={"wf": peer_fires.handler("B")}, backend=peer) as b,
+    ):
+        for coordinator, backend_ in ((a, backend), (b, peer)):
+            await coordinator.debounce("wf", "k", 0, delay=60.0)
+            backend_.faults.delay_next(1.0, ops=("put",))
+            results: dict[int, Any] = {}
+
+            async def pinger(i: int, on_fire: Any = None) -> None:
+                results[i] = await coordinator.debounce(  # noqa: B023
+                    "wf", "k", i, delay=60.0, on_fire=on_fire
+                )
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pinger, 1)  # its write is in flight for 1 s
+                await trio.sleep(0.1)
+                for i in range(2, 8):
+                    on_fire = fires.handler(f"{coordinator is a} 5") if i == 5 else None
+                    nursery.start_soon(pinger, i, on_fire)
+                    await trio.sleep(0.01)
+            merged = [results[i] for i in range(2, 8)]
+            assert len(set(merged)) == 1
+            assert merged[0].outcome.value == "coalesce"
+            assert merged[0].owner == (coordinator is a)
+        # A: 1 + 1 + 6 pings, B: 1 + 1 + 6; B's coalesce into A's window
+        assert a.statistics().pings == 8
+        assert b.statistics().pings == 8
+        assert (a.statistics().coalesced, b.statistics().coalesced) == (7, 8)
+        assert stored(store).count == 16
+        # A's window, and its merged pings, are still armed: it fires with the last payload
+        await trio.sleep(61.0)
+    # by the handler of its latest ping with one: A's ping 5 (B's is not A's to use)
+    [(handler, fire)] = fires.log
+    assert (handler, fire.ping_count, fire.payload) == ("True 5", 16, 7)
+    assert not peer_fires.log

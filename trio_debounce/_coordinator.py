@@ -171,6 +171,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         #: Run ids of registers in flight: the reconcile leaves their windows alone
         #: (the register arms them, or fails open and the next reconcile adopts them).
         self._registering: set[str] = set()
+        #: The last stored extend-or-coalesce registration applied, the local shared
+        #: window it left (None if none), and the result returned (_debounce_shared).
+        self._merged: tuple[Registration, SharedWindow | None, DebounceResult] | None = None
         #: Run id -> when (Trio's clock) its shared window closed here, kept until the
         #: next reconcile whose listing began after that.
         self._closed_runs: dict[str, float] = {}
@@ -1107,8 +1110,30 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return result
         finally:
             self._registering.discard(run_id)
+        merged = self._merged
+        if (
+            merged is not None
+            and merged[0] is registration
+            and on_fire is None
+            and not self._closed
+            and self._shared.get(ident) is merged[1]
+            and (merged[1] is None or merged[1].state == OPEN)
+        ):
+            # Another ping of the write that carried the last one applied (the backend
+            # gives the pings of one write and outcome the same Registration): the
+            # local window is as that one left it, and _apply_registration would only
+            # count the ping.
+            self._pings += 1
+            self._coalesced += 1
+            return merged[2]
         policy = extra.get("payload_policy", _options.LAST)
-        return self._apply_registration(ident, registration, on_fire, policy, payload)
+        result = self._apply_registration(ident, registration, on_fire, policy, payload)
+        if registration.stored and (
+            registration.outcome is Registered.EXTENDED
+            or registration.outcome is Registered.COALESCED
+        ):
+            self._merged = (registration, self._shared.get(ident), result)
+        return result
 
     async def _fire_early(
         self,

@@ -1755,12 +1755,15 @@ class KvDebounceBackend(DebounceBackend):
         else:
             self._disown(kv_key, doc.run_id)
         token = self._token(revision)
+        # The pings of one outcome share one (immutable) result: the coordinator
+        # recognises a merged ping's by it and skips repeating its local bookkeeping.
+        results: dict[Registered, Registration] = {}
         for ping, outcome in pings:
             if outcome is Registered.TOOK_OVER:
                 self.takeovers += 1
-            _settle(
-                ping,
-                Registration(
+            result = results.get(outcome)
+            if result is None:
+                result = results[outcome] = Registration(
                     outcome,
                     doc.run_id,
                     doc.mode,
@@ -1772,8 +1775,8 @@ class KvDebounceBackend(DebounceBackend):
                     payload,
                     token,
                     waiting=waits is not None,
-                ),
-            )
+                )
+            _settle(ping, result)
 
     def _load(self, text: str | None) -> Any:
         """A stored payload, deserialized (None if none was stored, or if it cannot be
