@@ -680,3 +680,34 @@ async def test_the_merged_pings_of_one_write_get_one_result_and_are_all_counted(
     [(handler, fire)] = fires.log
     assert (handler, fire.ping_count, fire.payload) == ("True 5", 16, 7)
     assert not peer_fires.log
+
+
+async def test_the_pings_a_write_answered_join_the_next_write_when_they_ping_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Tasks pinging one key in a loop: once they are in step, each write carries one
+    # ping of every task (a write answers its pings; they ping again before the next
+    # write takes its batch), not alternately half of them.
+    store = MemoryStore()
+    backend = MemoryBackend(store, process_id="A")
+    await backend.refresh_lease()
+    counts: list[int] = []
+
+    async def pinger() -> None:
+        for i in range(20):
+            r = await backend.register(
+                "wf", "k", mode=Mode.TRAILING, delay=60.0, max_delay=None, run_id="r", payload=i
+            )
+            counts.append(r.ping_count)
+
+    backend.faults.delay_next(0.01, n=1000, ops=("put",))
+    puts = store.requests["put"]
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(pinger)
+    writes = store.requests["put"] - puts
+    assert stored(store).count == len(counts) == 200
+    # the first write brings the tasks in step (one ahead), then about 20 of 10 pings
+    # (alternate halves would take 40)
+    assert writes <= 22
+    assert len(set(counts)) == writes  # each write's pings report the count it left

@@ -721,6 +721,8 @@ class KvDebounceBackend(DebounceBackend):
         self._contended: set[str] = set()
         #: KV key -> the pings waiting to be merged into its next write.
         self._queues: dict[str, _KeyQueue] = {}
+        #: KV keys whose last register write was answered since a ping next led one.
+        self._answered: set[str] = set()
         #: (workflow, key) -> KV key, for the keys pinged lately (at most _KNOWN_LIMIT).
         self._window_keys: dict[tuple[str, str], str] = {}
         #: The default serializer: a scalar payload is what it reads back.
@@ -1294,9 +1296,18 @@ class KvDebounceBackend(DebounceBackend):
                 await _park(ping)
                 continue
             queue.writing = True
-            batch, queue.waiting = queue.waiting, []
+            batch: list[_Ping] = []
             with trio.CancelScope(shield=True):
                 try:
+                    if kv_key in self._answered:
+                        # Right after a write of the key: two scheduling rounds first
+                        # (no timer), so that the calls it answered that ping again
+                        # join this write instead of waiting for the next one. They
+                        # run in the round after their answer, maybe after this task.
+                        self._answered.discard(kv_key)
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                    batch, queue.waiting = queue.waiting, []
                     queue.waiting[:0] = await self._commit(workflow, key, kv_key, batch)
                 except BaseException as exc:
                     for other in batch:
@@ -1305,6 +1316,9 @@ class KvDebounceBackend(DebounceBackend):
                     raise
                 finally:
                     self._release_turn(kv_key, queue)
+                    if len(self._answered) >= _KNOWN_LIMIT:
+                        self._answered.clear()
+                    self._answered.add(kv_key)
         result = ping.result
         if isinstance(result, BaseException):
             raise result
