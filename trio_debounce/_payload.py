@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring_ascii as _encode_str
 from typing import Any, Protocol
 
 
@@ -41,6 +42,11 @@ class JsonSerializer:
         TypeError: ``value`` holds an object JSON cannot represent.
         ValueError: ``value`` holds NaN or an infinity.
         """
+        kind = type(value)
+        if kind is int:
+            return int.__repr__(value)  # what the encoder writes, without building one
+        if kind is str:
+            return _encode_str(value)
         try:
             return self._encoder.encode(value)
         except TypeError as exc:
