@@ -531,12 +531,12 @@ class _QueuedDelete:
     known_count: int = 0
 
 
-#: Payload types that JSON gives back as they are (exact types: not subclasses).
-_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
-
 #: How many keys' last known (revision, document) a backend keeps (least recently used
 #: first out); a key not kept costs one read before its next write.
 _KNOWN_LIMIT = 10_000
+
+#: Payload types that JSON gives back as they are (exact types: not subclasses).
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 @dataclass(slots=True, eq=False)
