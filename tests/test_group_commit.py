@@ -6,12 +6,15 @@ Protocol logic on MemoryStore under MockClock, with StoreFaults.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.fires import Fires
 from trio_debounce import (
@@ -22,7 +25,7 @@ from trio_debounce import (
     open_coordinator,
 )
 from trio_debounce._backend import Registration
-from trio_debounce._protocol import WindowDoc
+from trio_debounce._protocol import RunMarker, WindowDoc
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
 KEY = "w.d2Y.aw"  # window ("wf", "k")
@@ -470,3 +473,241 @@ async def test_merged_pings_of_a_queue_latest_window_that_waits_report_waiting(
     assert merged[0].scheduled_at is not None
     assert merged[0].scheduled_at > doc.at
     assert await a.end_run("wf", "k", r.run_id) == doc.run_id  # it fires now
+
+
+# ------------------------------------------- folding runs of plain pings (_fold_plain)
+
+_MODES = (Mode.TRAILING, Mode.TRAILING, Mode.TRAILING, Mode.LEADING, Mode.BOTH)
+
+
+@st.composite
+def _batches(draw: st.DrawFn) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A window as read (or none), how it was found, and a batch of pings for it:
+    mostly plain ones (any mode, delays that move the time either way), some with
+    options that the window refuses or that open a window of their own."""
+    window = draw(
+        st.fixed_dictionaries(
+            {
+                "kind": st.sampled_from(["open", "open", "open", "fired", "none", "options"]),
+                "mine": st.booleans(),
+                "live": st.booleans(),
+                "takeover": st.booleans(),
+                "mode": st.sampled_from(_MODES),
+                "max_delay": st.sampled_from([None, 3.0, 30.0]),
+                "armed_in": st.sampled_from([0.5, 2.0, 10.0]),
+                "running": st.booleans(),
+                "blocked": st.sampled_from([None, 1_000.0]),
+            }
+        )
+    )
+    ping = st.fixed_dictionaries(
+        {
+            "mode": st.sampled_from(_MODES),
+            "delay": st.sampled_from([0.0, 1.0, 2.0, 4.0, 8.0]),
+            "option": st.sampled_from([None] * 6 + ["max_count", "order_key", "first", "alone"]),
+        }
+    )
+    return window, draw(st.lists(ping, min_size=1, max_size=12))
+
+
+def _apply(window: dict[str, Any], pings: list[dict[str, Any]], fold: bool) -> tuple[Any, ...]:
+    import trio_debounce._protocol as protocol
+
+    backend = MemoryBackend(MemoryStore(), process_id="A")
+    backend._epoch = "E"  # the same in both runs
+    backend._can_take_over = lambda: window["takeover"]  # type: ignore[method-assign]
+    now = 1_700_000_100.0
+    doc: WindowDoc | None = None
+    if window["kind"] != "none":
+        options: dict[str, Any] = {"max_count": 50} if window["kind"] == "options" else {}
+        _, doc, _ = backend._apply_ping(
+            None, True, now - 2.0, window["mode"], 4.0, window["max_delay"], "r0", "w0", "0",
+            **options,
+        )  # fmt: skip
+        assert doc is not None
+        doc = replace(doc, armed=now + window["armed_in"], count=3)
+        if not window["mine"]:
+            doc = replace(doc, owner="B", epoch="e")
+        if window["running"]:
+            doc = replace(doc, running=RunMarker("B", "e", "q", None))
+        if window["kind"] == "fired":
+            doc = replace(doc, fired=True)
+    batch: list[protocol._Ping] = []
+    for i, p in enumerate(pings):
+        option = p["option"]
+        batch.append(
+            protocol._Ping(
+                mode=p["mode"],
+                delay=p["delay"],
+                max_delay=None,
+                run_id=f"r{i + 1}",
+                text=str(i + 1),
+                own=i + 1,
+                max_count=50 if option == "max_count" else None,
+                payload_policy="first" if option == "first" else "last",
+                order_key=float(i) if option == "order_key" else None,
+                max_items=None,
+                deadline=0.0,
+            )
+        )
+        batch[-1].alone = option == "alone"
+    folds: list[bool] = []
+    real_fold = backend._fold_plain
+
+    def spy(*args: Any) -> Any:
+        result = real_fold(*args)
+        folds.append(result is not None)
+        return result
+
+    backend._fold_plain = spy  # type: ignore[method-assign, assignment]
+    old, protocol._FOLD = protocol._FOLD, fold
+    try:
+        got = backend._apply_batch(doc, window["live"], now, batch, "w1", False, window["blocked"])
+    finally:
+        protocol._FOLD = old
+    assert got is not None
+    applied, new, take_at, rest = got
+    results = [
+        r if r is None or isinstance(r, Registration) else (type(r), str(r))
+        for r in (ping.result for ping in batch)
+    ]
+    return (
+        [(batch.index(ping), outcome) for ping, outcome in applied],
+        new,
+        take_at,
+        [batch.index(ping) for ping in rest],
+        results,
+        any(folds),
+    )
+
+
+@settings(max_examples=250, deadline=None)
+@given(_batches())
+def test_a_run_of_plain_pings_folds_into_what_applying_them_one_by_one_gives(
+    case: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    window, pings = case
+    folded = _apply(window, pings, fold=True)
+    one_by_one = _apply(window, pings, fold=False)
+    assert folded[:5] == one_by_one[:5]
+    assert not one_by_one[5]
+    # it does fold the common case: plain pings into an open plain window of their mode
+    if (
+        window["kind"] == "open"
+        and (window["mine"] or window["live"] or not window["takeover"])
+        and pings[0]["option"] is None
+        and pings[0]["mode"] is window["mode"]
+    ):
+        assert folded[5]
+
+
+@pytest.mark.parametrize("which", ["leader", "merged"])
+async def test_a_cancelled_debounce_still_returns_its_stored_ping(
+    autojump_clock: trio.testing.MockClock, which: str
+) -> None:
+    # debounce() opens no cancel scope of its own with this backend: the leader's
+    # write is shielded and a merged ping's wait refuses cancellation. Either way the
+    # call returns its result; the cancellation comes at the caller's next checkpoint.
+    store = MemoryStore()
+    backend = MemoryBackend(store, process_id="A")
+    async with open_coordinator(handlers={"wf": Fires().handler("A")}, backend=backend) as a:
+        await a.debounce("wf", "k", 0, delay=60.0)
+        backend.faults.delay_next(1.0, ops=("put",))
+        results: list[Any] = []
+
+        async def pinger(payload: int, scope: trio.CancelScope) -> None:
+            with scope:
+                results.append(await a.debounce("wf", "k", payload, delay=60.0))
+                await trio.lowlevel.checkpoint()
+                results.append("not cancelled")
+
+        scopes = {"leader": trio.CancelScope(), "merged": trio.CancelScope()}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pinger, 1, scopes["leader"])
+            await trio.sleep(0.1)  # ping 1's write is in flight
+            nursery.start_soon(pinger, 2, scopes["merged"])
+            await trio.sleep(0.1)  # ping 2 waits to be merged into the next write
+            scopes[which].cancel()
+        assert scopes[which].cancelled_caught
+        assert sorted(r.ping_count for r in results if r != "not cancelled") == [2, 3]
+        assert results.count("not cancelled") == 1
+        assert stored(store).count == 3
+
+
+async def test_the_merged_pings_of_one_write_get_one_result_and_are_all_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The coordinator applies the first merged ping's registration and hands the
+    # others (the same Registration object) the same result; each is still counted,
+    # and a ping with its own on_fire is applied in full (its handler is the window's).
+    store, fires = MemoryStore(), Fires()
+    peer_fires = Fires()
+    backend = MemoryBackend(store, process_id="A")
+    peer = MemoryBackend(store, process_id="B")
+    async with (
+        open_coordinator(handlers={"wf": fires.handler("A")}, backend=backend) as a,
+        open_coordinator(handlers={"wf": peer_fires.handler("B")}, backend=peer) as b,
+    ):
+        for coordinator, backend_ in ((a, backend), (b, peer)):
+            await coordinator.debounce("wf", "k", 0, delay=60.0)
+            backend_.faults.delay_next(1.0, ops=("put",))
+            results: dict[int, Any] = {}
+
+            async def pinger(i: int, on_fire: Any = None) -> None:
+                results[i] = await coordinator.debounce(  # noqa: B023
+                    "wf", "k", i, delay=60.0, on_fire=on_fire
+                )
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pinger, 1)  # its write is in flight for 1 s
+                await trio.sleep(0.1)
+                for i in range(2, 8):
+                    on_fire = fires.handler(f"{coordinator is a} 5") if i == 5 else None
+                    nursery.start_soon(pinger, i, on_fire)
+                    await trio.sleep(0.01)
+            merged = [results[i] for i in range(2, 8)]
+            assert len(set(merged)) == 1
+            assert merged[0].outcome.value == "coalesce"
+            assert merged[0].owner == (coordinator is a)
+        # A: 1 + 1 + 6 pings, B: 1 + 1 + 6; B's coalesce into A's window
+        assert a.statistics().pings == 8
+        assert b.statistics().pings == 8
+        assert (a.statistics().coalesced, b.statistics().coalesced) == (7, 8)
+        assert stored(store).count == 16
+        # A's window, and its merged pings, are still armed: it fires with the last payload
+        await trio.sleep(61.0)
+    # by the handler of its latest ping with one: A's ping 5 (B's is not A's to use)
+    [(handler, fire)] = fires.log
+    assert (handler, fire.ping_count, fire.payload) == ("True 5", 16, 7)
+    assert not peer_fires.log
+
+
+async def test_the_pings_a_write_answered_join_the_next_write_when_they_ping_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Tasks pinging one key in a loop: once they are in step, each write carries one
+    # ping of every task (a write answers its pings; they ping again before the next
+    # write takes its batch), not alternately half of them.
+    store = MemoryStore()
+    backend = MemoryBackend(store, process_id="A")
+    await backend.refresh_lease()
+    counts: list[int] = []
+
+    async def pinger() -> None:
+        for i in range(20):
+            r = await backend.register(
+                "wf", "k", mode=Mode.TRAILING, delay=60.0, max_delay=None, run_id="r", payload=i
+            )
+            counts.append(r.ping_count)
+
+    backend.faults.delay_next(0.01, n=1000, ops=("put",))
+    puts = store.requests["put"]
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(pinger)
+    writes = store.requests["put"] - puts
+    assert stored(store).count == len(counts) == 200
+    # the first write brings the tasks in step (one ahead), then about 20 of 10 pings
+    # (alternate halves would take 40)
+    assert writes <= 22
+    assert len(set(counts)) == writes  # each write's pings report the count it left

@@ -284,6 +284,10 @@ class DebounceBackend(abc.ABC):
 
     #: True while a coordinator uses this backend (set by ``open_coordinator``).
     _in_use: bool = False
+    #: True if :meth:`register` can never raise :exc:`trio.Cancelled` (every wait in
+    #: it is shielded or refuses cancellation): the coordinator then spares the cancel
+    #: scope it otherwise opens around each call.
+    _register_uncancellable: bool = False
 
     @property
     @abc.abstractmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import random
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -121,6 +122,23 @@ def _closed_error() -> trio.ClosedResourceError:
     return trio.ClosedResourceError("this coordinator's async with block has exited")
 
 
+def _uuid4_hex() -> str:
+    """A random uuid4 hex (RFC 4122 version 4) for a shared ping's run id.
+
+    Drawn from :mod:`random` (seeded from the OS, reseeded in a forked child), not
+    :func:`uuid.uuid4` (a system call each): every shared ping needs one before it
+    knows whether it opens a window, so on a hot key that call was a tenth of a merged
+    ping's cost. A run id has to be unique, not unguessable.
+    """
+    bits = random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET
+    return f"{bits:032x}"
+
+
+#: The version (4) and variant (RFC 4122) bits of a uuid4, as uuid.UUID sets them.
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
 class Coordinator(metaclass=_NoPublicConstructor):
     """Debounce windows keyed by ``(workflow, key)``, each a task in a private nursery.
 
@@ -159,6 +177,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         #: Run ids of registers in flight: the reconcile leaves their windows alone
         #: (the register arms them, or fails open and the next reconcile adopts them).
         self._registering: set[str] = set()
+        #: The last stored extend-or-coalesce registration applied, the local shared
+        #: window it left (None if none), and the result returned (_debounce_shared).
+        self._merged: tuple[Registration, SharedWindow | None, DebounceResult] | None = None
         #: Run id -> when (Trio's clock) its shared window closed here, kept until the
         #: next reconcile whose listing began after that.
         self._closed_runs: dict[str, float] = {}
@@ -328,7 +349,22 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return result
         if self._backend is not None:
             # Shielded: the ping is taken or refused as a whole, within the backend's
-            # operation deadline, never half-applied by a cancellation.
+            # operation deadline, never half-applied by a cancellation. A backend whose
+            # register cannot be cancelled needs no cancel scope (one per ping costs
+            # more than the rest of a merged ping); _debounce_shared shields the rest.
+            if self._backend._register_uncancellable:
+                return await self._debounce_shared(
+                    self._backend,
+                    workflow,
+                    key,
+                    payload,
+                    delay,
+                    max_delay,
+                    mode,
+                    run_id,
+                    on_fire,
+                    options or None,
+                )
             with trio.CancelScope(shield=True):
                 return await self._debounce_shared(
                     self._backend,
@@ -1028,7 +1064,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         ):
             raise self._no_handler(workflow)
         if run_id is None:
-            run_id = uuid.uuid4().hex
+            run_id = _uuid4_hex()
         self._registering.add(run_id)
 
         async def register() -> Registration:
@@ -1045,22 +1081,23 @@ class Coordinator(metaclass=_NoPublicConstructor):
             )
 
         try:
-            registration = await register()
-            for _ in range(_OVERFLOW_ROUNDS):
-                if not registration.overflowed:
-                    break
-                # overflow="fire-early": the window fires at once with what it holds
-                # (this process takes the fire by compare-and-swap), then this ping
-                # opens the next window (or joins the one a peer opened meanwhile).
-                await self._take_fire(backend, ident, registration.run_id, early=True)
-                # Not stale: judged by the register that found the window full.
-                extra.pop("drop_stale", None)
-                registration = await register()
-            else:
-                raise BackendUnavailableError(
-                    f"the ping of {workflow!r}/{key!r} found a full window "
-                    f"{_OVERFLOW_ROUNDS} times in a row; it was not stored"
-                )
+            # register() inlined: one coroutine less per ping.
+            registration = await backend.register(
+                workflow,
+                key,
+                mode=mode,
+                delay=delay,
+                max_delay=max_delay,
+                run_id=run_id,
+                payload=payload,
+                **extra,
+            )
+            if registration.overflowed:
+                # Shielded (debounce() may not be): the ping is not taken yet.
+                with trio.CancelScope(shield=True):
+                    registration = await self._fire_early(
+                        backend, ident, registration, register, extra
+                    )
         except BackendError as exc:
             if isinstance(exc, (ValueError, BackendAuthError, BackendConfigError)):
                 # Bad input (a document too large) or misconfiguration: never failed open.
@@ -1090,8 +1127,55 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return result
         finally:
             self._registering.discard(run_id)
+        merged = self._merged
+        if (
+            merged is not None
+            and merged[0] is registration
+            and on_fire is None
+            and not self._closed
+            and self._shared.get(ident) is merged[1]
+            and (merged[1] is None or merged[1].state == OPEN)
+        ):
+            # Another ping of the write that carried the last one applied (the backend
+            # gives the pings of one write and outcome the same Registration): the
+            # local window is as that one left it, and _apply_registration would only
+            # count the ping.
+            self._pings += 1
+            self._coalesced += 1
+            return merged[2]
         policy = extra.get("payload_policy", _options.LAST)
-        return self._apply_registration(ident, registration, on_fire, policy, payload)
+        result = self._apply_registration(ident, registration, on_fire, policy, payload)
+        if registration.stored and (
+            registration.outcome is Registered.EXTENDED
+            or registration.outcome is Registered.COALESCED
+        ):
+            self._merged = (registration, self._shared.get(ident), result)
+        return result
+
+    async def _fire_early(
+        self,
+        backend: DebounceBackend,
+        ident: tuple[str, str],
+        registration: Registration,
+        register: Callable[[], Awaitable[Registration]],
+        extra: dict[str, Any],
+    ) -> Registration:
+        """A ping that found its window full under ``overflow="fire-early"``: the
+        window fires at once with what it holds (this process takes the fire by
+        compare-and-swap), then the ping opens the next window (or joins the one a
+        peer opened meanwhile)."""
+        for _ in range(_OVERFLOW_ROUNDS):
+            if not registration.overflowed:
+                return registration
+            await self._take_fire(backend, ident, registration.run_id, early=True)
+            # Not stale: judged by the register that found the window full.
+            extra.pop("drop_stale", None)
+            registration = await register()
+        workflow, key = ident
+        raise BackendUnavailableError(
+            f"the ping of {workflow!r}/{key!r} found a full window "
+            f"{_OVERFLOW_ROUNDS} times in a row; it was not stored"
+        )
 
     def _fail_open_ping(
         self,

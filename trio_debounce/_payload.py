@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring_ascii as _encode_str
 from typing import Any, Protocol
 
 
@@ -31,13 +32,23 @@ class JsonSerializer:
     back as lists, and dict keys as strings, as JSON has it.
     """
 
+    def __init__(self) -> None:
+        # One encoder for every call: json.dumps with options builds one per call,
+        # which costs more than encoding a small payload.
+        self._encoder = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
     def dumps(self, value: Any) -> str:
         """Raises:
         TypeError: ``value`` holds an object JSON cannot represent.
         ValueError: ``value`` holds NaN or an infinity.
         """
+        kind = type(value)
+        if kind is int:
+            return int.__repr__(value)  # what the encoder writes, without building one
+        if kind is str:
+            return _encode_str(value)
         try:
-            return json.dumps(value, allow_nan=False, separators=(",", ":"))
+            return self._encoder.encode(value)
         except TypeError as exc:
             raise TypeError(f"payload {_short(value)} cannot be stored as JSON: {exc}") from None
         except ValueError as exc:

@@ -581,6 +581,9 @@ class _Unproven:
 #: first out); a key not kept costs one read before its next write.
 _KNOWN_LIMIT = 10_000
 
+#: Payload types that JSON gives back as they are (exact types: not subclasses).
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
 
 @dataclass(slots=True, eq=False)
 class _Ping:
@@ -606,8 +609,25 @@ class _Ping:
     drop_stale: bool = False
     #: Written in a batch of its own (its document was too large in a merged one).
     alone: bool = False
+    #: No window option beyond mode, delay and max_delay: merged by _fold_plain.
+    plain: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.plain = (
+            self.payload_policy == "last"
+            and self.order_key is None
+            and self.reducer is None
+            and self.max_count is None
+            and self.max_items is None
+            and self.overflow is None
+            and not self.queue
+            and self.run_timeout is None
+            and not self.drop_stale
+        )
+
     result: Registration | BaseException | None = None
-    wake: trio.Event = field(default_factory=trio.Event)
+    #: The call's task while it waits (parked by :func:`_park`), else None.
+    task: trio.lowlevel.Task | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -633,10 +653,54 @@ def _due_for_good(doc: WindowDoc, now: float) -> bool:
     )
 
 
+def _refuse_abort(raise_cancel: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
+
+
+async def _park(ping: _Ping) -> None:
+    """Wait until :func:`_wake` (``ping``'s result, or its turn to lead a write).
+
+    The wait refuses cancellation, like a shielded one (a merged ping cannot be
+    withdrawn), without a cancel scope per ping; a cancellation of the call is
+    delivered at its next checkpoint after it returns.
+    """
+    ping.task = trio.lowlevel.current_task()
+    await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
+
+
+def _wake(ping: _Ping) -> None:
+    """Wake ``ping``'s call if it is parked (once: a second wake is a no-op)."""
+    task = ping.task
+    if task is not None:
+        ping.task = None
+        trio.lowlevel.reschedule(task)
+
+
+#: Whether _apply_batch folds runs of plain pings (tests turn it off to compare).
+_FOLD = True
+
+
+def _plain_window(doc: WindowDoc | None, mode: Mode) -> bool:
+    """Is ``doc`` an open window of ``mode`` with no option beyond mode, delay and
+    max_delay (what a run of plain pings can be folded into)?"""
+    return (
+        doc is not None
+        and not doc.fired
+        and doc.mode is mode
+        and doc.payload_policy == "last"
+        and not doc.ordered
+        and doc.max_count is None
+        and doc.max_items is None
+        and doc.overflow is None
+        and not doc.queue
+        and doc.run_timeout is None
+    )
+
+
 def _settle(ping: _Ping, result: Registration | BaseException) -> None:
     """Give ``ping`` its result and wake its call."""
     ping.result = result
-    ping.wake.set()
+    _wake(ping)
 
 
 class KvDebounceBackend(DebounceBackend):
@@ -656,6 +720,8 @@ class KvDebounceBackend(DebounceBackend):
         (:class:`~trio_debounce.JsonSerializer` when None); every process sharing the
         store must use the same one.
     """
+
+    _register_uncancellable = True
 
     def __init__(
         self,
@@ -704,6 +770,12 @@ class KvDebounceBackend(DebounceBackend):
         self._contended: set[str] = set()
         #: KV key -> the pings waiting to be merged into its next write.
         self._queues: dict[str, _KeyQueue] = {}
+        #: KV keys whose last register write was answered since a ping next led one.
+        self._answered: set[str] = set()
+        #: (workflow, key) -> KV key, for the keys pinged lately (at most _KNOWN_LIMIT).
+        self._window_keys: dict[tuple[str, str], str] = {}
+        #: The default serializer: a scalar payload is what it reads back.
+        self._json = type(self._serializer) is JsonSerializer
         #: KV key -> (run id, the highest ping count returned to the coordinator for
         #: it): what the owner knows if its finalize fails; kept with ``_owned``.
         self._known_counts: dict[str, tuple[str, int]] = {}
@@ -1336,13 +1408,22 @@ class KvDebounceBackend(DebounceBackend):
         drop_stale: bool = False,
     ) -> Registration:
         self._check_not_taken()
-        kv_key = window_key(workflow, key)
+        try:
+            kv_key = self._window_keys[workflow, key]
+        except (KeyError, TypeError):  # TypeError: unhashable, window_key names it
+            kv_key = window_key(workflow, key)
+            if len(self._window_keys) >= _KNOWN_LIMIT:
+                self._window_keys.clear()
+            self._window_keys[workflow, key] = kv_key
         text = self._serializer.dumps(payload)
-        own = self._serializer.loads(text)
+        if self._json and type(payload) in _JSON_SCALARS:
+            own = payload  # what JSON gives back, without parsing it again
+        else:
+            own = self._serializer.loads(text)
         deadline = trio.current_time() + self._op_timeout
         if not self._lease_revision:
             # Peers must see our lease before a document names us as owner.
-            with trio.move_on_at(deadline):
+            with trio.CancelScope(shield=True), trio.move_on_at(deadline):
                 await self.refresh_lease()
             if not self._lease_revision:
                 raise BackendUnavailableError(
@@ -1374,16 +1455,25 @@ class KvDebounceBackend(DebounceBackend):
         if queue is None:
             queue = self._queues[kv_key] = _KeyQueue()
         queue.waiting.append(ping)
-        # Merged, the ping cannot be withdrawn: its write may be in flight.
-        with trio.CancelScope(shield=True):
-            while ping.result is None:
-                if queue.writing:
-                    ping.wake = trio.Event()
-                    await ping.wake.wait()
-                    continue
-                queue.writing = True
-                batch, queue.waiting = queue.waiting, []
+        # Merged, the ping cannot be withdrawn: its write may be in flight. Its waits
+        # refuse cancellation (_park), and a write goes out under a shield.
+        while ping.result is None:
+            if queue.writing:
+                await _park(ping)
+                continue
+            queue.writing = True
+            batch: list[_Ping] = []
+            with trio.CancelScope(shield=True):
                 try:
+                    if kv_key in self._answered:
+                        # Right after a write of the key: two scheduling rounds first
+                        # (no timer), so that the calls it answered that ping again
+                        # join this write instead of waiting for the next one. They
+                        # run in the round after their answer, maybe after this task.
+                        self._answered.discard(kv_key)
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                    batch, queue.waiting = queue.waiting, []
                     queue.waiting[:0] = await self._commit(workflow, key, kv_key, batch)
                 except BaseException as exc:
                     for other in batch:
@@ -1392,6 +1482,9 @@ class KvDebounceBackend(DebounceBackend):
                     raise
                 finally:
                     self._release_turn(kv_key, queue)
+                    if len(self._answered) >= _KNOWN_LIMIT:
+                        self._answered.clear()
+                    self._answered.add(kv_key)
         result = ping.result
         if isinstance(result, BaseException):
             raise result
@@ -1587,7 +1680,7 @@ class KvDebounceBackend(DebounceBackend):
             return
         queue.writing = False
         if queue.waiting:
-            queue.waiting[0].wake.set()  # it leads the next write
+            _wake(queue.waiting[0])  # it leads the next write
         elif self._queues.get(kv_key) is queue:
             del self._queues[kv_key]
 
@@ -1643,9 +1736,21 @@ class KvDebounceBackend(DebounceBackend):
         applied: list[tuple[_Ping, Registered]] = []
         take_at: float | None = None
         pending = [ping for ping in batch if ping.result is None]
+        fold = 0  # pending[:fold] are applied already (by _fold_plain)
         for index, ping in enumerate(pending):
+            if index < fold:
+                continue
             if applied and ping.alone:
                 return applied, doc, take_at, pending[index:]
+            if ping.plain and not ping.alone and _FOLD and _plain_window(doc, ping.mode):
+                assert doc is not None
+                folded = self._fold_plain(doc, live, now, pending, index, write, blocked)
+                if folded is not None:
+                    fold, doc, take_at, outcome = folded
+                    applied.extend((other, outcome) for other in pending[index:fold])
+                    if outcome is not Registered.COALESCED:
+                        live = True
+                    continue
             try:
                 outcome, new, take = self._apply_ping(
                     doc,
@@ -1705,6 +1810,51 @@ class KvDebounceBackend(DebounceBackend):
             if ping.alone or (outcome is Registered.OPENED and ping.mode is not Mode.TRAILING):
                 return applied, doc, take_at, pending[index + 1 :]
         return applied, doc, take_at, []
+
+    def _fold_plain(
+        self,
+        doc: WindowDoc,
+        live: bool,
+        now: float,
+        pending: list[_Ping],
+        start: int,
+        write: str,
+        blocked: float | None,
+    ) -> tuple[int, WindowDoc, float | None, Registered] | None:
+        """Apply the plain pings ``pending[start:end]`` (a run of them, up to the first
+        ping that is not plain or has another mode) to the open plain window ``doc``
+        at once: one document instead of one per ping, the same as ``_apply_ping``
+        for each in turn (tests/test_group_commit.py checks it against that).
+
+        Returns ``end``, the document, the take time (as the run's last ping left it)
+        and the outcome every ping of the run gets; None if the run would take the
+        window over (``_apply_ping`` takes that ping alone, then the run is ours).
+        """
+        mine = self._mine(doc)
+        if not mine and not live and self._can_take_over():
+            return None
+        end = start
+        mode = doc.mode
+        while end < len(pending):
+            ping = pending[end]
+            if not ping.plain or ping.alone or ping.mode is not mode:
+                break
+            end += 1
+        last = pending[end - 1]
+        at = now + last.delay if doc.cap is None else min(now + last.delay, doc.cap)
+        changes: dict[str, Any] = {
+            "last": now,
+            "at": at,
+            "count": doc.count + (end - start),
+            "write": write,
+            "payload": last.text,
+            "order": None,
+            "running": doc.running if blocked is not None else None,
+        }
+        if mine:
+            return end, replace(doc, armed=at, **changes), None, Registered.EXTENDED
+        take_at = at if at < doc.armed else None
+        return end, replace(doc, **changes), take_at, Registered.COALESCED
 
     def _stale_registration(
         self, doc: WindowDoc, blocked: float | None, now: float
@@ -1785,12 +1935,15 @@ class KvDebounceBackend(DebounceBackend):
         else:
             self._disown(kv_key, doc.run_id)
         token = self._token(revision)
+        # The pings of one outcome share one (immutable) result: the coordinator
+        # recognises a merged ping's by it and skips repeating its local bookkeeping.
+        results: dict[Registered, Registration] = {}
         for ping, outcome in pings:
             if outcome is Registered.TOOK_OVER:
                 self.takeovers += 1
-            _settle(
-                ping,
-                Registration(
+            result = results.get(outcome)
+            if result is None:
+                result = results[outcome] = Registration(
                     outcome,
                     doc.run_id,
                     doc.mode,
@@ -1802,8 +1955,8 @@ class KvDebounceBackend(DebounceBackend):
                     payload,
                     token,
                     waiting=waits is not None,
-                ),
-            )
+                )
+            _settle(ping, result)
 
     def _load(self, text: str | None) -> Any:
         """A stored payload, deserialized (None if none was stored, or if it cannot be
