@@ -1416,6 +1416,14 @@ class KvDebounceBackend(DebounceBackend):
                 self._window_keys.clear()
             self._window_keys[workflow, key] = kv_key
         text = self._serializer.dumps(payload)
+        limit = self._store.max_value_bytes
+        if len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit:
+            # Refused before anything is sent, naming the payload (the store's own
+            # check would name only the document's key, and only after the fold).
+            raise DocumentTooLargeError(
+                f"payload of {workflow!r}/{key!r} is {len(text.encode('utf-8', 'surrogatepass'))}"
+                f" bytes serialized, more than the {limit} bytes a window's document may hold"
+            )
         if self._json and type(payload) in _JSON_SCALARS:
             own = payload  # what JSON gives back, without parsing it again
         else:

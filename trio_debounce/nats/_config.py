@@ -243,4 +243,10 @@ class NatsConfig:
                 if raw not in ("1", "0", "true", "false", "yes", "no"):
                     raise ValueError(f"{_ENV}{var} must be 1 or 0, got {raw!r}")
                 kwargs[name] = raw in ("1", "true", "yes")
-        return cls(**kwargs)  # type: ignore[arg-type]
+        try:
+            return cls(**kwargs)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            # Name where the values came from (the message itself never echoes a
+            # secret); a URL's stray whitespace is stripped before it is checked.
+            read = ", ".join(sorted(var for var in env if var.startswith(_ENV)))
+            raise ValueError(f"{exc} (read from the environment: {read})") from None
