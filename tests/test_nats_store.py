@@ -276,6 +276,16 @@ async def test_bind_only(nats_server: NatsServer) -> None:
             await store.put("w.b", b"v", last=0)
 
 
+async def test_a_bucket_the_server_cannot_create_is_a_config_error(
+    nats_server: NatsServer,
+) -> None:
+    # Three replicas on a server that is not clustered: refused for good, at once.
+    with trio.fail_after(5), pytest.raises(BackendConfigError, match="3 replica") as info:
+        async with store_on(nats_server, bucket="r3", replicas=3):
+            pytest.fail("created a bucket of three replicas on one server")  # pragma: no cover
+    assert "non-clustered" in str(info.value)
+
+
 @pytest.mark.parametrize(
     "exc",
     [
