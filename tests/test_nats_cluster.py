@@ -39,6 +39,7 @@ from tests.nats_cluster import NatsCluster, running_cluster
 from trio_debounce import BackendUnavailableError, RunOptions, open_coordinator
 from trio_debounce.nats import NatsConfig, open_nats_run_store
 from trio_debounce.nats._store import open_nats_store
+from trio_debounce.testing import KvEntry
 
 pytestmark = pytest.mark.slow
 
@@ -219,6 +220,8 @@ async def test_a_leader_election_is_ridden_out_and_a_call_without_quorum_is_boun
             assert entry is not None
             assert entry.revision == revision
             revision = await store.put("k", b"w", last=revision)
+            # The lease reads that decide takeovers go to the new stream leader.
+            assert await store.get_current("k") == KvEntry("k", b"w", revision)
             assert trio.current_time() - began < 2 * cfg.op_timeout
 
             await trio.to_thread.run_sync(third.kill)

@@ -216,7 +216,12 @@ class RunStore(abc.ABC):
 
     @abc.abstractmethod
     async def get_lease(self, process_id: str) -> Lease | None:
-        """The lease of ``process_id``, or None if it has none."""
+        """The lease of ``process_id``, or None if it has none.
+
+        Read from the store's authority, never from a replica that lags the writes: a
+        claim confirms with it that the owner's lease lapsed (a replicated store's
+        listing may show a lease that was renewed since as lapsed).
+        """
 
     @abc.abstractmethod
     async def put_lease(self, lease: Lease) -> Lease | None:

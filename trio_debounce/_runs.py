@@ -476,6 +476,14 @@ class RunScheduler:
     async def _claim(self, run: StoredRun) -> StoredRun | None:
         assert self._store is not None
         assert self._lease is not None
+        if run.owner is not None:
+            # The sweep judged the owner's lease from a listing, which a replicated
+            # store may serve from a replica that lags (docs/protocol.rst, "Stale
+            # reads"): confirm that it lapsed with the store's authority first.
+            lease = await self._call("get_lease", self._store.get_lease, run.owner)
+            leases = {} if lease is None else {run.owner: lease}
+            if not self._claimable(run, leases, self._wall()):
+                return None
         claimed = await self._call(
             "update_run",
             self._store.update_run,

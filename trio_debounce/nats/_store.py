@@ -63,6 +63,9 @@ HEADROOM = 1024 + 128
 #: JetStream's error codes for a failed ``Nats-Expected-Last-Subject-Sequence`` check.
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 
+#: JetStream's error code for a message get that found nothing (``no message found``).
+_NO_MESSAGE = 10037
+
 _VALID_KEY = re.compile(r"\A[-/_=.A-Za-z0-9]+\Z")
 _AUTH_MARKERS = (
     "authorization violation",
@@ -639,6 +642,37 @@ class NatsKvStore(KvStore):
             return None
         assert entry.revision is not None
         return KvEntry(key=key, value=entry.value or b"", revision=entry.revision)
+
+    async def get_current(self, key: str) -> KvEntry | None:
+        """:meth:`get`, answered by the stream leader (``STREAM.MSG.GET``, not a direct
+        get): never a replica that lags the acknowledged writes.
+
+        :meth:`get` is a direct get (the bucket allows them), which any replica of the
+        stream may answer, with the entry it has applied so far. The protocol reads a
+        process's lease through this method before it counts the process as dead.
+        During a stream leader election it is retried within ``op_timeout``, as every
+        call is.
+
+        Raises:
+          ValueError: ``key`` is not a valid KV key.
+          BackendUnavailableError, BackendAuthError, BackendError: see the module.
+        """
+        _check_key(key)
+        return await self._call(f"get {key!r} from the leader", self._aio_get_current, key)
+
+    async def _aio_get_current(self, key: str) -> KvEntry | None:
+        try:
+            msg = await self._kv._js.get_msg(
+                self._stream, subject=self._subject_prefix + key, direct=False
+            )
+        except nats.js.errors.NotFoundError as exc:
+            if exc.err_code == _NO_MESSAGE:
+                return None
+            raise
+        assert msg.seq is not None
+        if (msg.headers or {}).get(KV_OP) in (KV_DEL, KV_PURGE):
+            return KvEntry(key=key, value=None, revision=msg.seq)
+        return KvEntry(key=key, value=msg.data or b"", revision=msg.seq)
 
     async def put(self, key: str, value: bytes, *, last: int) -> int:
         """Write ``value`` if the key's latest revision is ``last`` (0: no entry at all).
