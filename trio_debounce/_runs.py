@@ -419,6 +419,17 @@ class RunScheduler:
                     self._arm_record(run)
             elif run.workflow in self._handlers and self._claimable(run, leases, wall):
                 claimable.append(run)
+        if claimable:
+            # The owners' leases were judged from a listing, which a replicated store
+            # may serve from a replica that lags (docs/protocol.rst, "Stale reads"):
+            # confirm with the store's authority that they lapsed, one read per owner.
+            confirmed: dict[str, Lease] = {}
+            for owner in {run.owner for run in claimable if run.owner is not None}:
+                lease = await self._call("get_lease", store.get_lease, owner)
+                if lease is not None:
+                    confirmed[owner] = lease
+            wall = self._wall()
+            claimable = [run for run in claimable if self._claimable(run, confirmed, wall)]
         # Claims go CLAIM_CONCURRENCY at a time, earliest due first, and each batch is
         # armed (in due order) as soon as it is claimed: one round trip after the
         # other, a dead process's backlog held the sweep, and every run behind it,
@@ -476,14 +487,6 @@ class RunScheduler:
     async def _claim(self, run: StoredRun) -> StoredRun | None:
         assert self._store is not None
         assert self._lease is not None
-        if run.owner is not None:
-            # The sweep judged the owner's lease from a listing, which a replicated
-            # store may serve from a replica that lags (docs/protocol.rst, "Stale
-            # reads"): confirm that it lapsed with the store's authority first.
-            lease = await self._call("get_lease", self._store.get_lease, run.owner)
-            leases = {} if lease is None else {run.owner: lease}
-            if not self._claimable(run, leases, self._wall()):
-                return None
         claimed = await self._call(
             "update_run",
             self._store.update_run,
