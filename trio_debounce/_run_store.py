@@ -218,9 +218,9 @@ class RunStore(abc.ABC):
     async def get_lease(self, process_id: str) -> Lease | None:
         """The lease of ``process_id``, or None if it has none.
 
-        Read from the store's authority, never from a replica that lags the writes: a
-        claim confirms with it that the owner's lease lapsed (a replicated store's
-        listing may show a lease that was renewed since as lapsed).
+        Read from the store itself, never from an index that may lag: the scheduler
+        confirms here a lease that :meth:`list_leases` shows expired or missing
+        before it claims that process's runs.
         """
 
     @abc.abstractmethod

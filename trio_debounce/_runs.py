@@ -420,16 +420,19 @@ class RunScheduler:
             elif run.workflow in self._handlers and self._claimable(run, leases, wall):
                 claimable.append(run)
         if claimable:
-            # The owners' leases were judged from a listing, which a replicated store
-            # may serve from a replica that lags (docs/protocol.rst, "Stale reads"):
-            # confirm with the store's authority that they lapsed, one read per owner.
-            confirmed: dict[str, Lease] = {}
-            for owner in {run.owner for run in claimable if run.owner is not None}:
-                lease = await self._call("get_lease", store.get_lease, owner)
-                if lease is not None:
-                    confirmed[owner] = lease
-            wall = self._wall()
-            claimable = [run for run in claimable if self._claimable(run, confirmed, wall)]
+            # The lease listing may come from an index fed by a watch that lags (a
+            # slow consumer): a lease that looks expired or missing there may have
+            # been renewed since. Each such owner's lease is read again before its
+            # runs are claimed (one read per owner, not per run), so a live owner's
+            # started run is never claimed and run twice.
+            owners = {run.owner for run in claimable if run.owner is not None}
+            for owner in owners:
+                fresh = await self._call("get_lease", store.get_lease, owner)
+                if fresh is None:
+                    leases.pop(owner, None)
+                else:
+                    leases[owner] = fresh
+            claimable = [run for run in claimable if self._claimable(run, leases, wall)]
         # Claims go CLAIM_CONCURRENCY at a time, earliest due first, and each batch is
         # armed (in due order) as soon as it is claimed: one round trip after the
         # other, a dead process's backlog held the sweep, and every run behind it,
