@@ -1009,6 +1009,8 @@ async def _open_bucket(
     found" after a create) are retried, every :data:`_NO_STREAM_RETRY` seconds at
     first, doubling up to :data:`_NO_STREAM_RETRY_MAX`; creating is idempotent (the
     same settings again succeed), so a create whose answer was lost is sent again.
+    Each request waits at most ``op_timeout / 4`` for its answer: one sent during an
+    election is never answered, and the next, sent after it, may be.
 
     Raises:
       BackendUnavailableError: the bucket did not open within the bound (the message
@@ -1022,6 +1024,11 @@ async def _open_bucket(
     bound = 2 * config.op_timeout
     js = nc.jetstream(
         timeout=config.op_timeout, domain=config.js_domain, prefix=_api_prefix(config)
+    )
+    # A request sent while a leader is being elected is never answered: each open
+    # request waits a quarter of op_timeout, so several fit in the bound.
+    open_js = nc.jetstream(
+        timeout=config.op_timeout / 4, domain=config.js_domain, prefix=_api_prefix(config)
     )
     stream = f"KV_{config.bucket}"
     started = time.monotonic()
@@ -1038,7 +1045,7 @@ async def _open_bucket(
             attempts += 1
             try:
                 try:
-                    info = await request(js.stream_info, stream)
+                    info = await request(open_js.stream_info, stream)
                 except nats.js.errors.NotFoundError as exc:
                     if not config.create_bucket:
                         raise BackendConfigError(
@@ -1049,7 +1056,7 @@ async def _open_bucket(
                         last = exc
                     try:
                         await request(
-                            js.create_key_value,
+                            open_js.create_key_value,
                             bucket=config.bucket,
                             history=1,
                             ttl=None,
@@ -1068,7 +1075,7 @@ async def _open_bucket(
                                 f"{what}: NATS refused to create the bucket with "
                                 f"{config.replicas} replica(s) ({text})"
                             ) from None
-                    info = await request(js.stream_info, stream)
+                    info = await request(open_js.stream_info, stream)
             except Exception as exc:
                 if state.permission_denied_at >= started:
                     raise BackendAuthError(
