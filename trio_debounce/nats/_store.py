@@ -501,6 +501,9 @@ class NatsKvStore(KvStore):
         self._stream = f"KV_{config.bucket}"
         self._subject_prefix = f"$KV.{config.bucket}."
         self._api_prefix = api_prefix
+        #: For leader reads (:meth:`get_current`): each request waits a quarter of
+        #: ``op_timeout``, and an unanswered one is sent again (no I/O here).
+        self._leader_js = nc.jetstream(timeout=config.op_timeout / 4, prefix=api_prefix)
         self._state = state
         self.max_value_bytes = max_value_bytes
         self.created = created
@@ -650,8 +653,9 @@ class NatsKvStore(KvStore):
         :meth:`get` is a direct get (the bucket allows them), which any replica of the
         stream may answer, with the entry it has applied so far. The protocol reads a
         process's lease through this method before it counts the process as dead.
-        During a stream leader election it is retried within ``op_timeout``, as every
-        call is.
+        During a stream leader election it is retried within ``op_timeout``: a request
+        that finds no responder, as every call's, and also one left unanswered for
+        ``op_timeout / 4`` (one that reached a leader that has just died).
 
         Raises:
           ValueError: ``key`` is not a valid KV key.
@@ -661,14 +665,22 @@ class NatsKvStore(KvStore):
         return await self._call(f"get {key!r} from the leader", self._aio_get_current, key)
 
     async def _aio_get_current(self, key: str) -> KvEntry | None:
-        try:
-            msg = await self._kv._js.get_msg(
-                self._stream, subject=self._subject_prefix + key, direct=False
-            )
-        except nats.js.errors.NotFoundError as exc:
-            if exc.err_code == _NO_MESSAGE:
-                return None
-            raise
+        # A request that reached a leader that has just died is never answered, and
+        # the election takes seconds: a read is safe to send again, so each request
+        # waits op_timeout / 4 and an unanswered one is repeated, until the Trio
+        # side's op_timeout cancels this task.
+        while True:
+            try:
+                msg = await self._leader_js.get_msg(
+                    self._stream, subject=self._subject_prefix + key, direct=False
+                )
+                break
+            except nats.errors.TimeoutError:
+                continue
+            except nats.js.errors.NotFoundError as exc:
+                if exc.err_code == _NO_MESSAGE:
+                    return None
+                raise
         assert msg.seq is not None
         if (msg.headers or {}).get(KV_OP) in (KV_DEL, KV_PURGE):
             return KvEntry(key=key, value=None, revision=msg.seq)
