@@ -56,6 +56,10 @@ class TimedStore(KvStore):
         result: KvEntry | None = await self._timed("get", self._store.get(key))
         return result
 
+    async def get_current(self, key: str) -> KvEntry | None:
+        result: KvEntry | None = await self._timed("get", self._store.get_current(key))
+        return result
+
     async def put(self, key: str, value: bytes, *, last: int) -> int:
         result: int = await self._timed("put", self._store.put(key, value, last=last))
         return result

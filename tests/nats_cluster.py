@@ -167,8 +167,9 @@ class NatsCluster:
         """The nodes running and not paused."""
         return [n for n in self.nodes if n.proc is not None and not n.paused]
 
-    def start(self) -> None:
-        """Start every node and wait for each to answer and for a meta leader.
+    def start(self, *, meta_leader: bool = True) -> None:
+        """Start every node and wait for each to answer and (unless ``meta_leader`` is
+        False: a freshly started cluster, still forming) for a meta leader.
 
         Raises:
           RuntimeError: a node did not start, or no meta leader within
@@ -179,7 +180,8 @@ class NatsCluster:
                 node.launch()
             for node in self.nodes:
                 node.wait_ready()
-            self.wait_meta_leader()
+            if meta_leader:
+                self.wait_meta_leader()
         except BaseException:
             self.stop()
             raise
@@ -324,10 +326,13 @@ def local_ports(pid: int) -> set[int]:
 
 
 @contextlib.contextmanager
-def running_cluster(base_dir: Path, *, size: int = 3) -> Iterator[NatsCluster]:
-    """A started cluster of ``size`` nodes under ``base_dir``, terminated on exit."""
+def running_cluster(
+    base_dir: Path, *, size: int = 3, meta_leader: bool = True
+) -> Iterator[NatsCluster]:
+    """A started cluster of ``size`` nodes under ``base_dir``, terminated on exit
+    (``meta_leader``: see :meth:`NatsCluster.start`)."""
     cluster = NatsCluster(base_dir, size=size)
-    cluster.start()
+    cluster.start(meta_leader=meta_leader)
     try:
         yield cluster
     finally:

@@ -22,6 +22,7 @@ from trio_debounce._errors import (
     DocumentTooLargeError,
     RevisionConflict,
 )
+from trio_debounce._kv import KvEntry
 from trio_debounce.nats import NatsConfig
 from trio_debounce.nats._store import NatsKvStore, _map_error, _State, open_nats_store
 
@@ -67,6 +68,26 @@ async def test_round_trip_with_revisions(nats_server: NatsServer) -> None:
             entry = await store.get("w.a")
             assert entry is not None
             assert (entry.value, entry.revision) == (b"", r4)
+
+
+async def test_a_leader_read_sees_what_a_get_sees(nats_server: NatsServer) -> None:
+    # get_current reads through the stream leader (STREAM.MSG.GET), get through a
+    # direct get: the same entries, values, markers and absences.
+    with trio.fail_after(5):
+        async with store_on(nats_server) as store:
+            assert await store.get_current("w.c") is None
+            r1 = await store.put("w.c", b"one", last=0)
+            await store.put("w.other", b"x", last=0)
+            assert await store.get_current("w.c") == KvEntry("w.c", b"one", r1)
+            r2 = await store.put("w.c", b"", last=r1)
+            assert await store.get_current("w.c") == KvEntry("w.c", b"", r2)
+            r3 = await store.delete("w.c", last=r2)
+            assert await store.get_current("w.c") == KvEntry("w.c", None, r3)
+            assert await store.get("w.c") == await store.get_current("w.c")
+            assert await store.purge_marker("w.c", revision=r3)
+            assert await store.get_current("w.c") is None
+            with pytest.raises(ValueError, match="not a valid KV key"):
+                await store.get_current("w.*")
 
 
 async def test_compare_and_swap_conflicts(nats_server: NatsServer) -> None:
@@ -293,6 +314,16 @@ async def test_bind_only(nats_server: NatsServer) -> None:
         await _make_bucket(nats_server, "ready", history=1)
         async with store_on(nats_server, bucket="ready", create_bucket=False) as store:
             await store.put("w.b", b"v", last=0)
+
+
+async def test_a_bucket_the_server_cannot_create_is_a_config_error(
+    nats_server: NatsServer,
+) -> None:
+    # Three replicas on a server that is not clustered: refused for good, at once.
+    with trio.fail_after(5), pytest.raises(BackendConfigError, match="3 replica") as info:
+        async with store_on(nats_server, bucket="r3", replicas=3):
+            pytest.fail("created a bucket of three replicas on one server")  # pragma: no cover
+    assert "non-clustered" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,19 @@ class KvStore(abc.ABC):
         """The latest entry of ``key``: a value, a delete marker (``value=None``), or
         ``None`` if the key has no entry (never written, or purged)."""
 
+    async def get_current(self, key: str) -> KvEntry | None:
+        """:meth:`get` from the store's authority: never an older entry than the latest
+        write acknowledged to anyone.
+
+        A replicated store may answer :meth:`get` from a replica that lags the writes
+        (JetStream's direct get, answered by any replica of the stream); this method
+        reads from the stream leader instead, at the cost of a request the leader
+        alone serves. The protocol reads a process's lease this way before it counts
+        the process as dead (see the protocol's docs, *Stale reads*). The default
+        calls :meth:`get`: right for a store whose reads are never stale.
+        """
+        return await self.get(key)
+
     @abc.abstractmethod
     async def put(self, key: str, value: bytes, *, last: int) -> int:
         """Write ``value`` if the key's latest revision is ``last`` (``0``: no entry).

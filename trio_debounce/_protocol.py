@@ -933,8 +933,11 @@ class KvDebounceBackend(DebounceBackend):
         lease = self._leases.get(owner)
         if lease is not None and lease.epoch == epoch and lease.live(now, self._skew):
             return True
-        # Unknown, another epoch, or expired in the table: read the lease itself.
-        entry = await self._get(process_key(owner))
+        # Unknown, another epoch, or expired in the table: read the lease itself, from
+        # the store's authority. The table and a plain get may come from a replica that
+        # lags (docs/protocol.rst, "Stale reads"): a lease that looks lapsed there may
+        # have been renewed, and counting its process dead would take its windows over.
+        entry: KvEntry | None = await self._call(self._store.get_current, process_key(owner))
         lease = None
         if entry is not None and entry.value is not None:
             try:

@@ -324,7 +324,9 @@ class KvRunStore(RunStore):
         return found if limit is None else found[:limit]
 
     async def get_lease(self, process_id: str) -> Lease | None:
-        entry = await self._kv.get(run_lease_key(process_id))
+        # From the store's authority: a claim confirms a lapsed lease with it, and a
+        # replica that lags may still show a lease its process has renewed since.
+        entry = await self._kv.get_current(run_lease_key(process_id))
         return self._decode_lease_entry(entry)
 
     def _decode_lease_entry(self, entry: KvEntry | None) -> Lease | None:

@@ -254,6 +254,13 @@ class _IndexedKv(KvStore):
             self._feed(key, entry.revision, entry.value)
         return entry
 
+    async def get_current(self, key: str) -> KvEntry | None:
+        self._owner._check_open()
+        entry = await self._nats.get_current(key)
+        if entry is not None:
+            self._feed(key, entry.revision, entry.value)
+        return entry
+
     async def put(self, key: str, value: bytes, *, last: int) -> int:
         self._owner._check_open()
         try:

@@ -63,6 +63,9 @@ HEADROOM = 1024 + 128
 #: JetStream's error codes for a failed ``Nats-Expected-Last-Subject-Sequence`` check.
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 
+#: JetStream's error code for a message get that found nothing (``no message found``).
+_NO_MESSAGE = 10037
+
 _VALID_KEY = re.compile(r"\A[-/_=.A-Za-z0-9]+\Z")
 _AUTH_MARKERS = (
     "authorization violation",
@@ -498,6 +501,9 @@ class NatsKvStore(KvStore):
         self._stream = f"KV_{config.bucket}"
         self._subject_prefix = f"$KV.{config.bucket}."
         self._api_prefix = api_prefix
+        #: For leader reads (:meth:`get_current`): each request waits a quarter of
+        #: ``op_timeout``, and an unanswered one is sent again (no I/O here).
+        self._leader_js = nc.jetstream(timeout=config.op_timeout / 4, prefix=api_prefix)
         self._state = state
         self.max_value_bytes = max_value_bytes
         self.created = created
@@ -639,6 +645,46 @@ class NatsKvStore(KvStore):
             return None
         assert entry.revision is not None
         return KvEntry(key=key, value=entry.value or b"", revision=entry.revision)
+
+    async def get_current(self, key: str) -> KvEntry | None:
+        """:meth:`get`, answered by the stream leader (``STREAM.MSG.GET``, not a direct
+        get): never a replica that lags the acknowledged writes.
+
+        :meth:`get` is a direct get (the bucket allows them), which any replica of the
+        stream may answer, with the entry it has applied so far. The protocol reads a
+        process's lease through this method before it counts the process as dead.
+        During a stream leader election it is retried within ``op_timeout``: a request
+        that finds no responder, as every call's, and also one left unanswered for
+        ``op_timeout / 4`` (one that reached a leader that has just died).
+
+        Raises:
+          ValueError: ``key`` is not a valid KV key.
+          BackendUnavailableError, BackendAuthError, BackendError: see the module.
+        """
+        _check_key(key)
+        return await self._call(f"get {key!r} from the leader", self._aio_get_current, key)
+
+    async def _aio_get_current(self, key: str) -> KvEntry | None:
+        # A request that reached a leader that has just died is never answered, and
+        # the election takes seconds: a read is safe to send again, so each request
+        # waits op_timeout / 4 and an unanswered one is repeated, until the Trio
+        # side's op_timeout cancels this task.
+        while True:
+            try:
+                msg = await self._leader_js.get_msg(
+                    self._stream, subject=self._subject_prefix + key, direct=False
+                )
+                break
+            except nats.errors.TimeoutError:
+                continue
+            except nats.js.errors.NotFoundError as exc:
+                if exc.err_code == _NO_MESSAGE:
+                    return None
+                raise
+        assert msg.seq is not None
+        if (msg.headers or {}).get(KV_OP) in (KV_DEL, KV_PURGE):
+            return KvEntry(key=key, value=None, revision=msg.seq)
+        return KvEntry(key=key, value=msg.data or b"", revision=msg.seq)
 
     async def put(self, key: str, value: bytes, *, last: int) -> int:
         """Write ``value`` if the key's latest revision is ``last`` (0: no entry at all).
@@ -956,36 +1002,147 @@ def _validate_bucket(config: NatsConfig, info: api.StreamInfo) -> None:
         )
 
 
+#: JetStream API error codes of a cluster that is starting, electing or placing a
+#: stream: ``no suitable peers for placement`` (10005: the meta leader has not heard
+#: from enough peers yet), ``JetStream system temporarily unavailable`` (10008),
+#: ``JetStream cluster can not handle request`` (10009: no meta leader),
+#: ``JetStream cluster not assigned to this server`` (10007), ``insufficient
+#: resources`` (10023), ``stream is offline`` (10118). Opening a bucket retries them.
+_TRANSIENT_API_CODES = frozenset({10005, 10007, 10008, 10009, 10023, 10118})
+
+#: ``stream name already in use with a different configuration``: another process
+#: created the bucket first, with other settings (the stream info shows them).
+_STREAM_NAME_IN_USE = 10058
+
+
+def _transient_open_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a bucket request, may pass if the request is retried:
+    no answer (timeout, no responders), a 503, or a cluster that is not ready
+    (:data:`_TRANSIENT_API_CODES`)."""
+    if isinstance(exc, (*_NO_STREAM, nats.errors.TimeoutError, asyncio.TimeoutError)):
+        return True
+    return isinstance(exc, nats.js.errors.APIError) and (
+        exc.code == 503 or exc.err_code in _TRANSIENT_API_CODES
+    )
+
+
 async def _open_bucket(
-    config: NatsConfig, nc: Client, state: _State
+    config: NatsConfig, nc: Client, state: _State, loop: asyncio.AbstractEventLoop
 ) -> tuple[KeyValue, api.StreamInfo]:
-    """Bind (and create, if allowed and absent) the bucket; asyncio side."""
+    """Bind (and create, if allowed and absent) the bucket, within ``2 * op_timeout``
+    seconds (Trio clock); Trio side.
+
+    A JetStream cluster answers a bucket request it cannot serve yet with an error
+    that passes: right after start-up the meta leader may not know enough peers to
+    place three replicas, a stream just created may be "not found" by a server that
+    has not applied its assignment, and a stream or meta leader election leaves
+    requests unanswered. Such requests (:func:`_transient_open_error`, and "stream not
+    found" after a create) are retried, every :data:`_NO_STREAM_RETRY` seconds at
+    first, doubling up to :data:`_NO_STREAM_RETRY_MAX`; creating is idempotent (the
+    same settings again succeed), so a create whose answer was lost is sent again.
+    Each request waits at most ``op_timeout / 4`` for its answer: one sent during an
+    election is never answered, and the next, sent after it, may be.
+
+    Raises:
+      BackendUnavailableError: the bucket did not open within the bound (the message
+        holds the last answer).
+      BackendConfigError: the bucket is absent and ``create_bucket`` is False, the
+        server refused to create it for good, or it has settings we cannot work with.
+      BackendAuthError: a permission the open needs was denied (at once).
+      BackendError: any other failure.
+    """
+    what = f"open bucket {config.bucket!r}"
+    bound = 2 * config.op_timeout
     js = nc.jetstream(
         timeout=config.op_timeout, domain=config.js_domain, prefix=_api_prefix(config)
     )
+    # A request sent while a leader is being elected is never answered: each open
+    # request waits a quarter of op_timeout, so several fit in the bound.
+    open_js = nc.jetstream(
+        timeout=config.op_timeout / 4, domain=config.js_domain, prefix=_api_prefix(config)
+    )
     stream = f"KV_{config.bucket}"
-    try:
-        info = await js.stream_info(stream)
-    except nats.js.errors.NotFoundError:
-        if not config.create_bucket:
-            raise BackendConfigError(
-                f"KV bucket {config.bucket!r} does not exist and create_bucket is False: "
-                "create it (history 1, no TTL) or allow the backend to"
-            ) from None
-        # BadRequestError: another process created it first, with other settings; the
-        # stream info below shows them to the validation.
-        with contextlib.suppress(nats.js.errors.BadRequestError):
-            await js.create_key_value(
-                bucket=config.bucket,
-                history=1,
-                ttl=None,
-                storage=api.StorageType.FILE,
-                replicas=config.replicas,
-                direct=True,
-            )
-        info = await js.stream_info(stream)
-    _validate_bucket(config, info)
-    return await js.key_value(config.bucket), info
+    started = time.monotonic()
+    last: BaseException | None = None
+    attempts = 0
+
+    async def request(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        result: T = await trio_asyncio.aio_as_trio(_run_cancellable, loop=loop)(fn, *args, **kwargs)
+        return result
+
+    with trio.move_on_after(bound):
+        pause = _NO_STREAM_RETRY
+        while True:
+            attempts += 1
+            try:
+                try:
+                    info = await request(open_js.stream_info, stream)
+                except nats.js.errors.NotFoundError as exc:
+                    if not config.create_bucket:
+                        raise BackendConfigError(
+                            f"KV bucket {config.bucket!r} does not exist and create_bucket "
+                            "is False: create it (history 1, no TTL) or allow the backend to"
+                        ) from None
+                    if attempts > 1:  # created (or being created) but not found yet
+                        last = exc
+                    try:
+                        await request(
+                            open_js.create_key_value,
+                            bucket=config.bucket,
+                            history=1,
+                            ttl=None,
+                            storage=api.StorageType.FILE,
+                            replicas=config.replicas,
+                            direct=True,
+                        )
+                    except nats.js.errors.APIError as refused:
+                        if refused.err_code == _STREAM_NAME_IN_USE:
+                            pass  # created by another process: the stream info tells
+                        elif _transient_open_error(refused) or refused.code in (401, 403):
+                            raise
+                        else:  # e.g. replicas > 1 on a server that is not clustered
+                            text = _redact(str(refused), state.secrets)
+                            raise BackendConfigError(
+                                f"{what}: NATS refused to create the bucket with "
+                                f"{config.replicas} replica(s) ({text})"
+                            ) from None
+                    info = await request(open_js.stream_info, stream)
+            except Exception as exc:
+                if state.permission_denied_at >= started:
+                    raise BackendAuthError(
+                        f"{what}: NATS denied a permission ({state.permission_message})"
+                    ) from exc
+                if not (
+                    _transient_open_error(exc) or isinstance(exc, nats.js.errors.NotFoundError)
+                ):
+                    raise _map_error(exc, what, state) from exc
+                last = exc
+                logger.debug(
+                    "%s: retrying a transient answer (%s)",
+                    what,
+                    _redact(str(exc) or type(exc).__name__, state.secrets),
+                )
+            else:
+                _validate_bucket(config, info)
+                kv = KeyValue(
+                    name=config.bucket,
+                    stream=stream,
+                    pre=f"$KV.{config.bucket}.",
+                    js=js,
+                    direct=bool(info.config.allow_direct),
+                )
+                return kv, info
+            await trio.sleep(pause)
+            pause = min(2 * pause, _NO_STREAM_RETRY_MAX)
+    if state.permission_denied_at >= started:
+        raise BackendAuthError(f"{what}: NATS denied a permission ({state.permission_message})")
+    answer = (
+        "no answer" if last is None else _redact(str(last) or type(last).__name__, state.secrets)
+    )
+    raise BackendUnavailableError(
+        f"{what}: JetStream did not serve the bucket within {bound} s ({attempts} "
+        f"attempt(s); last: {answer})"
+    )
 
 
 @asynccontextmanager
@@ -1052,18 +1209,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
                     "connect: the config asks for TLS (a tls:// URL or TLS files) but the "
                     "server did not start TLS; refusing a plaintext connection"
                 )
-            try:
-                with trio.fail_after(config.op_timeout * 2):
-                    kv, info = await trio_asyncio.aio_as_trio(_run_cancellable, loop=loop)(
-                        _open_bucket, config, nc, state
-                    )
-            except trio.TooSlowError:
-                raise BackendUnavailableError(
-                    f"open bucket {config.bucket!r}: NATS did not answer within "
-                    f"{config.op_timeout * 2} s"
-                ) from None
-            except Exception as exc:
-                raise _map_error(exc, f"open bucket {config.bucket!r}", state) from exc
+            kv, info = await _open_bucket(config, nc, state, loop)
             limit = nc.max_payload
             max_msg_size = info.config.max_msg_size
             if max_msg_size is not None and max_msg_size > 0:
