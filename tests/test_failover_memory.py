@@ -78,7 +78,9 @@ async def test_a_payload_that_cannot_be_stored_is_refused(
             await a.debounce("wf", "k", object(), delay=1.0)
         with pytest.raises(ValueError, match="payload nan cannot be stored as JSON"):
             await a.debounce("wf", "k", float("nan"), delay=1.0)
-        with pytest.raises(ValueError, match="exceeds 2000"):
+        with pytest.raises(
+            ValueError, match="payload of 'wf'/'k' is 5002 bytes serialized, more than the 2000"
+        ):
             await a.debounce("wf", "k", "x" * 5000, delay=1.0)
         assert len(a) == 0
         assert a.statistics().fail_open_windows == 0
@@ -386,8 +388,9 @@ async def test_death_between_the_fire_record_and_the_window_delete_fires_once(
     async with process(store, fires, "B") as (b, _, _):
         async with process(store, fires, "A") as (a, a_backend, a_scope):
             await a.debounce("wf", "k", "a", delay=1.0)
-            a_backend.faults.fail_next(100, ops=("delete",))
-            await trio.sleep(1.5)  # A is retrying its window delete
+            a_backend.faults.delay_next(0.0, ops=("put",))  # the fire record lands
+            a_backend.faults.fail_next(100, ops=("put",))  # the window's commit fails
+            await trio.sleep(1.5)  # A is retrying its window's commit
             die(a_backend, a_scope)
         assert [k for k, e in store._data.items() if k.startswith("f.") and e.value]
         await trio.sleep(FAILOVER + 1.0)
@@ -406,7 +409,8 @@ async def test_a_lost_delete_answer_leaves_no_fire_record_behind(
     async with process(store, fires, "B") as (b, _, _):
         async with process(store, fires, "A") as (a, a_backend, _):
             await a.debounce("wf", "k", "a", delay=1.0)
-            a_backend.faults.delay_next(5.0, ops=("delete",))
+            a_backend.faults.delay_next(0.0, ops=("put",))  # the fire record
+            a_backend.faults.delay_next(5.0, ops=("put",))  # its tombstone: answered late
             await trio.sleep(4 * BEAT)
             assert a.statistics().unconfirmed_fires == 1
         await trio.sleep(2 * FAILOVER)
@@ -537,7 +541,7 @@ async def test_a_stale_owners_fire_that_landed_unseen_runs_once(
         await a.debounce("wf", "k", "a", delay=1.0)
         await trio.sleep(0.5)
         b.faults.delay_next(0.0, ops=("put",))  # the fire record: landed and answered
-        b.faults.delay_next(op_timeout + 3.0, ops=("delete",))  # landed, answered late
+        b.faults.delay_next(op_timeout + 3.0, ops=("put",))  # the commit: answered late
         b.faults.fail_next(1000, ops=("put",))  # every lease renewal fails meanwhile
         with caplog.at_level(logging.WARNING, logger="trio_debounce"):
             await trio.sleep(op_timeout + 2.0)
@@ -568,7 +572,7 @@ async def test_a_takers_fire_that_landed_unseen_is_run_by_its_heartbeat(
     status = await taker.window_status("wf", "k")
     assert status is not None
     taker.faults.delay_next(0.0, ops=("put",))  # the fire record
-    taker.faults.delay_next(3.0, ops=("delete",))  # the window delete: answered late
+    taker.faults.delay_next(3.0, ops=("put",))  # the window's commit: answered late
     with pytest.raises(BackendUnavailableError):
         await taker.finalize("wf", "k", status.run_id, take=True, force=True)
     await trio.sleep(3.0)

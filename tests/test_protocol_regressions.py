@@ -104,12 +104,11 @@ async def test_unconfirmed_both_edges_fire_whose_commit_landed_runs_the_trailing
         r = await b.debounce("wf", "k", "b", delay=3.0, mode="both")
         assert r.ping_count == 2
         await trio.sleep(2.5)  # past A's heartbeat at 2 s; the fire is due at 3 s
-        # A commits against the revision of its own last write: its first delete
+        # A commits against the revision of its own last write: its first commit
         # conflicts (B's ping), it takes its record back and reads again; then its
-        # second record lands, and so does the window delete, answered too late.
-        a_backend.faults.delay_next(0.0, n=2, ops=("put",))
-        a_backend.faults.delay_next(0.0, ops=("delete",))
-        a_backend.faults.delay_next(3.0, ops=("delete",))
+        # second record lands, and so does the window's commit, answered too late.
+        a_backend.faults.delay_next(0.0, n=3, ops=("put",))
+        a_backend.faults.delay_next(3.0, ops=("put",))
         await trio.sleep(2.0)
         assert a.statistics().unconfirmed_fires == 1
         await trio.sleep(20.0)  # heartbeats: the queued delete, a reconcile

@@ -519,6 +519,10 @@ def run_processes(delivery: str, n_start: int, timeline: list[MOp]) -> None:
                         i.name == dead[-1] for i in (incs[j] for j in alive)
                     )
                     await start(nursery, next(names) if fresh else dead[-1])
+                    # A restart under a dead process's id whose lease is still live
+                    # waits up to a heartbeat interval plus the skew (the twin check):
+                    # the timeline goes on from when the start returned.
+                    t = max(t, trio.current_time())
                 elif len(alive) > 1:  # keep one process alive
                     disruptions.append(t)
                     if op.kind == "crash":

@@ -513,6 +513,9 @@ class _FireRecord:
     first: float
     at: float
     attempt: int
+    #: The write id of the commit this record belongs to (its tombstone names it);
+    #: None in records of older versions.
+    write: str | None = None
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -528,6 +531,7 @@ class _FireRecord:
                 "first": self.first,
                 "at": self.at,
                 "attempt": self.attempt,
+                **({} if self.write is None else {"write": self.write}),
             },
             separators=(",", ":"),
         ).encode("utf-8")
@@ -548,6 +552,7 @@ class _FireRecord:
             first=_num(obj, "first"),
             at=_num(obj, "at"),
             attempt=int(obj["attempt"]),
+            write=_opt_str(obj, "write"),
         )
 
 
@@ -2133,15 +2138,19 @@ class KvDebounceBackend(DebounceBackend):
                     fire_id = _FIRE_PREFIX + write
                     committing = (doc, write, fired_at, fire_id)
                     tombstone = self._tombstone(doc, write, fired_at)
+                    if tombstone is None:
+                        # Both modes leave a tombstone naming this commit's write id
+                        # (the sweeper removes it a lease later), so a commit whose
+                        # answer was lost is proven by a read, never guessed from a
+                        # gone window (a peer's fire would look the same).
+                        tombstone = replace(doc, fired=True, write=write)
                     if delivery == "at-most-once":
-                        if tombstone is None:
-                            tombstone = replace(doc, fired=True, write=write)
                         revision = await self._call(
                             self._store.put, kv_key, tombstone.encode(), last=revision
                         )
                         self._remember(kv_key, revision, tombstone)
                         return self._fire(kv_key, doc, fired_at, self._token(revision), None)
-                    record = self._fire_record(workflow, key, doc, fired_at, 1)
+                    record = self._fire_record(workflow, key, doc, fired_at, 1, write)
                     record_revision = await self._call(
                         self._store.put, fire_id, record.encode(), last=0
                     )
@@ -2319,16 +2328,23 @@ class KvDebounceBackend(DebounceBackend):
             # A peer took us for dead and adopted the record: it runs the fire.
             return Finalization(Finalized.ABANDONED)
         self._fire_records[fire_id] = record.revision
-        if doc is not None and not doc.fired and doc.run_id == window.run_id:
+        if doc is not None and doc.run_id == window.run_id and doc.fired:
+            if doc.write != write:
+                # Fired by another write (a peer took it): ours never landed.
+                await self._drop_record(fire_id)
+                return None
+        elif doc is not None and doc.run_id == window.run_id:
             if doc.write != window.write:
-                # A ping landed after our read, so our delete cannot have: take the
+                # A ping landed after our read, so our commit cannot have: take the
                 # record back and decide again.
                 await self._drop_record(fire_id)
                 return None
             assert entry is not None
             self._forget(kv_key)
-            tombstone = self._tombstone(window, write, fired_at)
-            try:  # the record landed, the window delete did not: finish it
+            tombstone = self._tombstone(window, write, fired_at) or replace(
+                window, fired=True, write=write
+            )
+            try:  # the record landed, the window's commit did not: finish it
                 closed = await self._commit_window(kv_key, tombstone, entry.revision)
             except RevisionConflict:
                 await self._drop_record(fire_id)
@@ -2364,7 +2380,7 @@ class KvDebounceBackend(DebounceBackend):
         return revision
 
     def _fire_record(
-        self, workflow: str, key: str, doc: WindowDoc, fired_at: float, attempt: int
+        self, workflow: str, key: str, doc: WindowDoc, fired_at: float, attempt: int, write: str
     ) -> _FireRecord:
         return _FireRecord(
             self._process_id,
@@ -2377,6 +2393,7 @@ class KvDebounceBackend(DebounceBackend):
             doc.first,
             fired_at,
             attempt,
+            write,
         )
 
     async def _remove_record(self, fire_id: str, revision: int) -> None:
@@ -2752,6 +2769,18 @@ class KvDebounceBackend(DebounceBackend):
                 # The owner died between writing the record and deleting the window:
                 # the fire never committed, and the window (adopted, or to be) fires
                 # it. Running the record too would run the burst twice.
+                with contextlib.suppress(RevisionConflict):
+                    await self._remove_record(entry.key, entry.revision)
+                continue
+            if (
+                window is not None
+                and window.fired
+                and window.run_id == record.run_id
+                and record.write is not None
+                and window.write != record.write
+            ):
+                # The window's tombstone names another commit (a peer took the fire):
+                # this record's commit never landed.
                 with contextlib.suppress(RevisionConflict):
                     await self._remove_record(entry.key, entry.revision)
                 continue
