@@ -87,6 +87,8 @@ def check(
     killed = set(killed)
     report = Report()
     pings: defaultdict[str, list[Event]] = defaultdict(list)
+    #: Key -> the pings of it that failed open (their writes may land later).
+    failed_open: defaultdict[str, list[Event]] = defaultdict(list)
     starts: defaultdict[str, list[Event]] = defaultdict(list)
     ends: set[tuple[str, str, int, str]] = set()
     fail_open: set[str] = set()
@@ -118,6 +120,7 @@ def check(
         elif kind == "ping":
             if ev["fail_open"]:
                 fail_open.add(ev["run"])
+                failed_open[ev["key"]].append(ev)
             if not ev["stored"]:
                 report.not_stored.append(ev["payload"])
             if ev["outcome"] != "stale":
@@ -173,8 +176,12 @@ def check(
             report.lost.append(run)
             continue
         # A ping reported as not stored may have landed after all (its write timed out
-        # and committed later): the fire may carry it.
+        # and committed later): the fire may carry it. So may a ping of the key that
+        # failed open (logged with its local window's run id) whose write landed late
+        # in this shared window, as documented for a register that timed out.
         by_payload = {p["payload"]: p for p in pings[run]}
+        for p in failed_open.get(stored[0]["key"], ()):
+            by_payload.setdefault(p["payload"], p)
         for fire in trailing:
             if fire["token"] == 0:
                 continue  # unconfirmed: this process's own latest payload
