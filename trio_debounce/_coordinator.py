@@ -352,32 +352,22 @@ class Coordinator(metaclass=_NoPublicConstructor):
             # operation deadline, never half-applied by a cancellation. A backend whose
             # register cannot be cancelled needs no cancel scope (one per ping costs
             # more than the rest of a merged ping); _debounce_shared shields the rest.
+            call = self._debounce_shared(
+                self._backend,
+                workflow,
+                key,
+                payload,
+                delay,
+                max_delay,
+                mode,
+                run_id,
+                on_fire,
+                options or None,
+            )
             if self._backend._register_uncancellable:
-                return await self._debounce_shared(
-                    self._backend,
-                    workflow,
-                    key,
-                    payload,
-                    delay,
-                    max_delay,
-                    mode,
-                    run_id,
-                    on_fire,
-                    options or None,
-                )
+                return await call
             with trio.CancelScope(shield=True):
-                return await self._debounce_shared(
-                    self._backend,
-                    workflow,
-                    key,
-                    payload,
-                    delay,
-                    max_delay,
-                    mode,
-                    run_id,
-                    on_fire,
-                    options or None,
-                )
+                return await call
         # debounce_nowait's inlined hot path serves the common coalescing ping.
         result = self.debounce_nowait(
             workflow,

@@ -454,15 +454,7 @@ def _decode_lease(raw: bytes) -> _Lease:
     obj = _loads(raw)
     if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
         raise ValueError("not a version 1 lease")
-    beat = obj.get("beat")
-    heartbeat = (
-        float(beat)
-        if isinstance(beat, int | float)
-        and not isinstance(beat, bool)
-        and math.isfinite(beat)
-        and beat > 0
-        else None
-    )
+    heartbeat = _validate.advisory_seconds(obj.get("beat"))
     return _Lease(
         _str(obj, "process"),
         _str(obj, "epoch"),

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
+from . import _validate
 from ._errors import DocumentTooLargeError, RevisionConflict
 from ._keys import (
     RUN_LEASE_PREFIX,
@@ -176,14 +177,7 @@ def decode_lease(value: bytes, revision: int, key: str | None = None) -> Lease:
         revision=revision,
         # Only advisory (how long a newcomer watches the lease): a value no interval
         # has is ignored, not an unreadable lease.
-        heartbeat_interval=(
-            float(beat)
-            if isinstance(beat, int | float)
-            and not isinstance(beat, bool)
-            and math.isfinite(beat)
-            and beat > 0
-            else None
-        ),
+        heartbeat_interval=_validate.advisory_seconds(beat),
     )
 
 

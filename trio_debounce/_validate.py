@@ -11,6 +11,17 @@ from ._types import Mode
 _MODES = ", ".join(repr(m.value) for m in Mode)
 
 
+def advisory_seconds(value: object) -> float | None:
+    """``value`` as seconds if it is a finite number > 0, else None: for optional
+    fields of stored documents that are only hints (a value no duration has is
+    ignored, not an unreadable document)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
+
+
 def finite(name: str, value: object, kind: str) -> float:
     """Return ``value`` as a finite float, or raise.
 
