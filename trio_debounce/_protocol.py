@@ -2253,6 +2253,22 @@ class KvDebounceBackend(DebounceBackend):
                     del self._unproven[kv_key]
         return fires
 
+    def _orphan(self, fire_id: str, record: _FireRecord, attempt: int, revision: int) -> OrphanFire:
+        """Fire record ``fire_id`` as a fire to run (``attempt``), whose fencing token
+        is the record's write at ``revision``."""
+        return OrphanFire(
+            fire_id,
+            record.workflow,
+            record.key,
+            record.run_id,
+            self._load(record.payload),
+            record.count,
+            record.first,
+            record.at,
+            attempt,
+            self._token(revision),
+        )
+
     async def _settle_one(self, kv_key: str, unproven: _Unproven) -> OrphanFire | None:
         entry = await self._get(unproven.fire_id)
         if entry is None or entry.value is None:
@@ -2281,18 +2297,7 @@ class KvDebounceBackend(DebounceBackend):
             kv_key,
             run_id,
         )
-        return OrphanFire(
-            unproven.fire_id,
-            record.workflow,
-            record.key,
-            record.run_id,
-            self._load(record.payload),
-            record.count,
-            record.first,
-            record.at,
-            record.attempt,
-            self._token(entry.revision),
-        )
+        return self._orphan(unproven.fire_id, record, record.attempt, entry.revision)
 
     async def _proven(
         self,
@@ -2794,20 +2799,8 @@ class KvDebounceBackend(DebounceBackend):
                 adopted.attempt,
                 record.owner,
             )
-            orphans.fires.append(
-                OrphanFire(
-                    entry.key,
-                    record.workflow,
-                    record.key,
-                    record.run_id,
-                    self._load(record.payload),
-                    record.count,
-                    record.first,
-                    record.at,
-                    adopted.attempt,
-                    self._token(revision),  # this attempt's commit: later than the first
-                )
-            )
+            # The token: this attempt's commit, later than the first's.
+            orphans.fires.append(self._orphan(entry.key, record, adopted.attempt, revision))
         return orphans
 
     async def window_status(self, workflow: str, key: str) -> WindowStatus | None:
