@@ -63,7 +63,7 @@ def chaos(session: nox.Session) -> None:
     NAME`` one scenario, ``--scale 2`` longer load phases, ``--keep DIR`` the logs."""
     session.install("-e", ".[test]")
     # The fuzz targets of the document decoders and the key codec, for a bounded time.
-    session.run("python", "-m", "tests.fuzz", "--seconds", "60")
+    session.run("python", "-m", "tests.fuzz", "--seconds", "30")
     # The cluster tests under load, kept out of the default run (tests/test_nats_cluster.py).
     session.run("pytest", "tests/test_nats_cluster.py", env={"TRIO_DEBOUNCE_CLUSTER_TESTS": "1"})
     session.run("python", "-m", "tests.chaos", *session.posargs)
