@@ -2270,14 +2270,11 @@ class KvDebounceBackend(DebounceBackend):
         )
 
     async def _settle_one(self, kv_key: str, unproven: _Unproven) -> OrphanFire | None:
-        entry = await self._get(unproven.fire_id)
-        if entry is None or entry.value is None:
+        read = await self._read_record(unproven.fire_id)
+        if read is None:
             return None  # the record never landed (nor, then, the commit)
-        try:
-            record = _FireRecord.decode(entry.value)
-        except (ValueError, KeyError, TypeError):
-            return None
-        if (record.owner, record.epoch) != (self._process_id, self._epoch):
+        entry, record = read
+        if not self._own_record(record):
             return None  # a peer took us for dead and adopted it: it runs it
         doc = self._parse(await self._get(kv_key))
         run_id = unproven.window.run_id
@@ -2314,14 +2311,11 @@ class KvDebounceBackend(DebounceBackend):
                 return self._fire(kv_key, window, fired_at, self._token(entry.revision), None)
             return None  # not proven: never fire on a guess (the caller re-reads)
         # at-least-once: our fire record decides.
-        record = await self._get(fire_id)
-        if record is None or record.value is None:
+        read = await self._read_record(fire_id)
+        if read is None:
             return None  # the record never landed: start over
-        try:
-            mine = _FireRecord.decode(record.value)
-        except (ValueError, KeyError, TypeError):
-            return None
-        if (mine.owner, mine.epoch) != (self._process_id, self._epoch):
+        record, mine = read
+        if not self._own_record(mine):
             # A peer took us for dead and adopted the record: it runs the fire.
             return Finalization(Finalized.ABANDONED)
         self._fire_records[fire_id] = record.revision
@@ -2392,6 +2386,20 @@ class KvDebounceBackend(DebounceBackend):
             attempt,
             write,
         )
+
+    async def _read_record(self, fire_id: str) -> tuple[KvEntry, _FireRecord] | None:
+        """Fire record ``fire_id`` as stored, or None if it is gone or unreadable."""
+        entry = await self._get(fire_id)
+        if entry is None or entry.value is None:
+            return None
+        try:
+            return entry, _FireRecord.decode(entry.value)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def _own_record(self, record: _FireRecord) -> bool:
+        """Is ``record`` this process's, in this opening (not adopted by a peer)?"""
+        return record.owner == self._process_id and record.epoch == self._epoch
 
     async def _remove_record(self, fire_id: str, revision: int) -> None:
         """Remove fire record ``fire_id`` at ``revision``, leaving no delete marker:
@@ -2489,14 +2497,11 @@ class KvDebounceBackend(DebounceBackend):
 
     async def _delete_own_record(self, fire_id: str) -> None:
         """Delete fire record ``fire_id`` if it exists and is still this process's."""
-        entry = await self._get(fire_id)
-        if entry is None or entry.value is None:
+        read = await self._read_record(fire_id)
+        if read is None:
             return
-        try:
-            record = _FireRecord.decode(entry.value)
-        except (ValueError, KeyError, TypeError):
-            return
-        if record.owner == self._process_id and record.epoch == self._epoch:
+        entry, record = read
+        if self._own_record(record):
             with contextlib.suppress(RevisionConflict):
                 await self._remove_record(fire_id, entry.revision)
         self._fire_records.pop(fire_id, None)
