@@ -99,6 +99,8 @@ def _window_docs() -> list[bytes]:
         WindowDoc(
             **{**_fields(base), "fired": True, "running": RunMarker("p", "e", "r", None)}
         ).encode(),
+        # opened over a tombstone: the proof of the run before
+        WindowDoc(**{**_fields(base), "after": ("run0", "w9")}).encode(),
     ]
 
 

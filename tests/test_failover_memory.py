@@ -22,6 +22,7 @@ from trio_debounce import (
     Outcome,
     open_coordinator,
 )
+from trio_debounce._protocol import WindowDoc
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
 LEASE = 6.0
@@ -582,4 +583,147 @@ async def test_a_takers_fire_that_landed_unseen_is_run_by_its_heartbeat(
     await taker.complete(orphans.fires[0].fire_id)
     assert [e for e in await store.entries("f.") if e.value is not None] == []
     # Settled once: the next heartbeat returns nothing.
+    assert (await taker.adopt_orphans({"wf"})).fires == []
+
+
+def _window_key() -> str:
+    from trio_debounce._keys import window_key
+
+    return window_key("wf", "k")
+
+
+async def _a_taker_with_a_lost_commit(
+    store: MemoryStore, *, landed: bool
+) -> tuple[MemoryBackend, MemoryBackend, str]:
+    """Owner B's window (run r1, payload "p1"); taker A's at-least-once finalize
+    writes its fire record, and its commit either lands with its answer lost
+    (``landed``) or never lands; A keeps the commit unproven."""
+    owner, taker = backend(store, "B"), backend(store, "A", op_timeout=1.0)
+    for b in (owner, taker):
+        await b.refresh_lease()
+    await owner.register(
+        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r1", payload="p1"
+    )
+    status = await taker.window_status("wf", "k")
+    assert status is not None
+    taker.faults.delay_next(0.0, ops=("put",))  # the fire record lands
+    if landed:
+        taker.faults.delay_next(3.0, ops=("put",))  # the commit lands; its answer is late
+    else:
+        taker.faults.fail_next(1000, ops=("put",))  # the commit never lands
+    with pytest.raises(BackendUnavailableError):
+        await taker.finalize("wf", "k", status.run_id, take=True, force=True)
+    await trio.sleep(3.0)
+    taker.faults.clear()
+    return owner, taker, status.run_id
+
+
+async def _owner_fires_the_next_ping(owner: MemoryBackend, run_id: str, payload: str) -> None:
+    await owner.register(
+        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id=run_id, payload=payload
+    )
+    status = await owner.window_status("wf", "k")
+    assert status is not None
+    fin = await owner.finalize("wf", "k", status.run_id, force=True)
+    assert (fin.outcome, fin.payload) == (Finalized.FIRE, payload)
+    if fin.fire_id is not None:
+        await owner.complete(fin.fire_id)
+
+
+async def _a_lease_later(*backends: MemoryBackend) -> None:
+    await trio.sleep(2 * LEASE)
+    for b in backends:
+        await b.refresh_lease()
+
+
+async def test_a_record_whose_commit_never_landed_is_taken_back_after_its_tombstone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by the chaos run on a cluster (cluster-no-quorum, a confirmed fire of a
+    # stale payload 40 s late): a taker's fire record whose commit never landed
+    # outlived the tombstone of the owner's fire of the same run (the sweeper removed
+    # it), and a gone window was taken as proof that the record's commit had landed.
+    # Now the sweeper keeps the tombstone while a record of its run exists, and the
+    # record is taken back, not run.
+    store = MemoryStore()
+    owner, taker, run = await _a_taker_with_a_lost_commit(store, landed=False)
+    # the owner goes on: a second ping, and it fires the latest payload
+    await owner.register(
+        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r2", payload="p2"
+    )
+    fin = await owner.finalize("wf", "k", run, force=True)
+    assert (fin.outcome, fin.payload) == (Finalized.FIRE, "p2")
+    assert fin.fire_id is not None
+    await owner.complete(fin.fire_id)
+    await _a_lease_later(owner, taker)
+    await owner.sweep()
+    entry = await store.get(_window_key())
+    assert entry is not None and WindowDoc.decode(entry.value or b"").fired  # kept
+    assert (await taker.adopt_orphans({"wf"})).fires == []
+    assert [e for e in await store.entries("f.") if e.value is not None] == []
+    # the record gone, the next sweep removes the tombstone
+    await _a_lease_later(owner, taker)
+    await owner.sweep()
+    entry = await store.get(_window_key())
+    assert entry is None or entry.value is None
+
+
+async def test_a_dead_takers_record_whose_commit_never_landed_is_never_adopted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    owner, taker, _ = await _a_taker_with_a_lost_commit(store, landed=False)
+    await _owner_fires_the_next_ping(owner, "r1", "p2")  # the same window, count 2
+    taker.faults.partitioned = True  # the taker dies with its record in the store
+    await _a_lease_later(owner)
+    await owner.sweep()
+    await _a_lease_later(owner)
+    orphans = await owner.adopt_orphans({"wf"})
+    assert orphans.fires == []
+    assert [e for e in await store.entries("f.") if e.value is not None] == []
+
+
+async def test_a_new_window_over_the_tombstone_keeps_the_proof(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A ping opens a new window over the owner's tombstone before the taker settles:
+    # the new window names the run before and the write that closed it ("after"), so
+    # the taker's record is still taken back, not run with its stale payload.
+    store = MemoryStore()
+    owner, taker, run = await _a_taker_with_a_lost_commit(store, landed=False)
+    await owner.register(
+        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r2", payload="p2"
+    )
+    fin = await owner.finalize("wf", "k", run, force=True)
+    assert (fin.outcome, fin.payload) == (Finalized.FIRE, "p2")
+    assert fin.fire_id is not None
+    await owner.complete(fin.fire_id)
+    await owner.register(
+        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r3", payload="p3"
+    )
+    entry = await store.get(_window_key())
+    assert entry is not None and entry.value is not None
+    doc = WindowDoc.decode(entry.value)
+    assert doc.run_id == "r3" and doc.after is not None and doc.after[0] == run
+    await taker.refresh_lease()
+    assert (await taker.adopt_orphans({"wf"})).fires == []
+
+
+async def test_a_lost_commit_that_landed_runs_once_after_a_new_window_and_a_sweep(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The other side of the proof: the taker's commit did land. A new window opens
+    # over its tombstone and fires, and a lease later the sweeper runs: the new
+    # window's tombstone is kept (its "after" run has a record), and the taker's
+    # heartbeat runs the fire it committed, once.
+    store = MemoryStore()
+    owner, taker, run = await _a_taker_with_a_lost_commit(store, landed=True)
+    assert (await owner.finalize("wf", "k", run)).outcome is Finalized.ABANDONED
+    await _owner_fires_the_next_ping(owner, "r2", "p2")
+    await _a_lease_later(owner)
+    await owner.sweep()
+    await taker.refresh_lease()
+    orphans = await taker.adopt_orphans({"wf"})
+    assert [(f.run_id, f.payload, f.attempt) for f in orphans.fires] == [(run, "p1", 1)]
+    await taker.complete(orphans.fires[0].fire_id)
     assert (await taker.adopt_orphans({"wf"})).fires == []

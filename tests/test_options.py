@@ -821,6 +821,22 @@ def test_window_documents_with_max_count_are_version_2_and_version_1_still_reads
     assert WindowDoc.decode(collected.encode()) == collected
 
 
+def test_the_proof_of_the_run_before_reads_back_in_every_version() -> None:
+    doc = WindowDoc("p", "e", "r", Mode.TRAILING, 1.0, None, 0.0, 0.0, 1.0, None, 1.0, 1, "w", "w")
+    for version_doc in (doc, replace(doc, max_count=3), replace(doc, fired_order=2.0)):
+        after = replace(version_doc, after=("r0", "w0"))
+        assert json.loads(after.encode())["after"] == ["r0", "w0"]
+        assert WindowDoc.decode(after.encode()) == after
+    raw = json.loads(replace(doc, after=("r0", "w0")).encode())
+    for bad in (["r0"], ["r0", 1], "r0", ["r0", "w0", "x"], {"run": "r0"}):
+        raw["after"] = bad
+        with pytest.raises(ValueError, match="bad after"):
+            WindowDoc.decode(json.dumps(raw).encode())
+    raw["after"] = ["r0", "\ud800"]
+    with pytest.raises(ValueError, match="after holds a lone surrogate"):
+        WindowDoc.decode(json.dumps(raw).encode())
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(

@@ -152,6 +152,11 @@ class WindowDoc:
     #: The highest order key fired for the key, carried from window to window (and
     #: kept in the tombstone after the last one) for ``drop_stale``.
     fired_order: float | None = None
+    #: The ``(run id, write id)`` of the tombstone this window was opened over: the
+    #: proof of that run's commit, kept (in this window's tombstone too) so that a
+    #: fire record of that run is decided by it after the tombstone is gone (see
+    #: ``_commit_landed``). Any schema version; older readers ignore it.
+    after: tuple[str, str] | None = None
 
     @property
     def has_options(self) -> bool:
@@ -180,8 +185,9 @@ class WindowDoc:
     def keeps_tombstone(self) -> bool:
         """Does a commit (or cancel) of this window leave a tombstone rather than
         delete it? Yes when the key's state must outlive the window: the running
-        state of a ``queue-latest`` run, or the last fired order key."""
-        return self.running is not None or self.fired_order is not None
+        state of a ``queue-latest`` run, the last fired order key, or the proof of
+        the commit of the run before (``after``)."""
+        return self.running is not None or self.fired_order is not None or self.after is not None
 
     def closed(self) -> WindowDoc | None:
         """What closing this window without a fire (cancel, release) writes: its
@@ -223,6 +229,8 @@ class WindowDoc:
             }
         if self.fired_order is not None:
             extra["fired_order"] = self.fired_order
+        if self.after is not None:
+            extra["after"] = list(self.after)
         if v3:
             version = WINDOW_SCHEMA_RUNS
         elif self.has_options:
@@ -315,6 +323,15 @@ class WindowDoc:
                     )
                 if obj.get("fired_order") is not None:
                     extra["fired_order"] = _order(obj["fired_order"])
+        after = obj.get("after")
+        if after is not None:
+            if (
+                not isinstance(after, list)
+                or len(after) != 2
+                or not all(isinstance(part, str) for part in after)
+            ):
+                raise ValueError(f"bad after {after!r}")
+            extra["after"] = (_utf8("after", after[0]), _utf8("after", after[1]))
         doc = cls(
             owner=_str(obj, "owner"),
             epoch=_str(obj, "epoch"),
@@ -635,6 +652,30 @@ class _KeyQueue:
     waiting: list[_Ping] = field(default_factory=list)
     #: Finalizes waiting for the key's turn; they go before the next batch of pings.
     finalizers: list[trio.Event] = field(default_factory=list)
+
+
+def _commit_landed(doc: WindowDoc | None, run_id: str, write: str) -> bool | None:
+    """Did the commit of write ``write`` (a fire record's) close run ``run_id``, judged by
+    its key's document ``doc`` as read now?
+
+    True or False where the document proves it; None while the run's window is still
+    open (its owner fires it). The proof is the run's tombstone (``fired``, naming the
+    write that committed), or, once a ping has opened a new window over it, that
+    window's ``after``. The sweeper keeps a tombstone while any fire record of its run
+    (or of its ``after`` run) exists, so a gone document means the record's commit
+    never landed (the record itself landed after the tombstone was swept). A window
+    two generations on has lost the proof: the record is taken to have committed, and
+    runs (at-least-once; documented in docs/protocol.rst, "Fire records").
+    """
+    if doc is None:
+        return False
+    if doc.run_id == run_id:
+        return doc.write == write if doc.fired else None
+    if doc.after is None:
+        return False
+    if doc.after[0] == run_id:
+        return doc.after[1] == write
+    return True
 
 
 def _due_for_good(doc: WindowDoc, now: float) -> bool:
@@ -1272,6 +1313,7 @@ class KvDebounceBackend(DebounceBackend):
                 running=running,
                 max_order=order_key,
                 fired_order=fired_order,
+                after=None if doc is None else (doc.run_id, doc.write),
             )
             return Registered.OPENED, new, None
         if doc.mode is not mode:
@@ -2278,12 +2320,8 @@ class KvDebounceBackend(DebounceBackend):
             return None  # a peer took us for dead and adopted it: it runs it
         doc = self._parse(await self._get(kv_key))
         run_id = unproven.window.run_id
-        if (
-            doc is not None
-            and doc.run_id == run_id
-            and not (doc.fired and doc.write == unproven.write)
-        ):
-            # Still open (its owner fires it), or fired by another write.
+        if not _commit_landed(doc, run_id, unproven.write):
+            # Still open (its owner fires it), or closed by another write.
             with contextlib.suppress(RevisionConflict):
                 await self._remove_record(unproven.fire_id, entry.revision)
             return None
@@ -2341,6 +2379,11 @@ class KvDebounceBackend(DebounceBackend):
                 await self._drop_record(fire_id)
                 return None
             self._remember(kv_key, closed, tombstone)
+        elif not _commit_landed(doc, window.run_id, write):
+            # The run was closed by another write (its tombstone is gone, or a new
+            # window names it): ours never landed.
+            await self._drop_record(fire_id)
+            return None
         return self._fire(kv_key, window, fired_at, self._token(record.revision), fire_id)
 
     def _tombstone(self, doc: WindowDoc, write: str, fired_at: float) -> WindowDoc | None:
@@ -2478,7 +2521,7 @@ class KvDebounceBackend(DebounceBackend):
             self._ended_runs.discard(run_id)
             return None
         ended: WindowDoc | None = None
-        if not doc.fired or doc.fired_order is not None:
+        if not doc.fired or doc.fired_order is not None or doc.after is not None:
             ended = replace(doc, running=None)
         self._remember(kv_key, await self._commit_window(kv_key, ended, revision), ended)
         self._ended_runs.discard(run_id)
@@ -2551,7 +2594,7 @@ class KvDebounceBackend(DebounceBackend):
                 if doc.last <= queued.fired_at and not missed_trailing:
                     self._forget(kv_key)
                     try:
-                        await self._call(self._store.delete, kv_key, last=entry.revision)
+                        await self._commit_window(kv_key, doc.closed(), entry.revision)
                     except RevisionConflict:
                         continue  # a ping landed: try again next heartbeat
                     logger.info("applied the queued delete of %s (run %s)", kv_key, queued.run_id)
@@ -2643,11 +2686,24 @@ class KvDebounceBackend(DebounceBackend):
         except RevisionConflict:
             return 0  # another process won the election
         removed = 0
-        for item in await self._call(self._store.entries, _WINDOW_PREFIX):
+        windows = await self._call(self._store.entries, _WINDOW_PREFIX)
+        # Listed after the windows: a record whose commit made a tombstone listed
+        # above was written before it, so it is in this listing unless completed.
+        records = await self._call(self._store.entries, _FIRE_PREFIX)
+        recorded = set()
+        for item in records:
+            if item.value is not None:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    recorded.add(_FireRecord.decode(item.value).run_id)
+        for item in windows:
             marker = item.revision if item.value is None else None
             if marker is None:
                 doc = self._parse(item)
                 if doc is None or not doc.fired or doc.last > now - self._lease:
+                    continue
+                if doc.run_id in recorded or (doc.after is not None and doc.after[0] in recorded):
+                    # The proof that decides a fire record of its run (or of the run
+                    # before): kept until the record is completed or taken back.
                     continue
                 if doc.fired_order is not None and doc.last > now - _ORDER_LEASES * self._lease:
                     continue  # drop_stale still reads its last fired order key
@@ -2664,7 +2720,7 @@ class KvDebounceBackend(DebounceBackend):
                 self._forget(item.key)  # purged: the key is created anew
             if await self._call(self._store.purge_marker, item.key, revision=marker):
                 removed += 1
-        for item in await self._call(self._store.entries, _FIRE_PREFIX):
+        for item in records:
             if item.value is None and await self._call(
                 self._store.purge_marker, item.key, revision=item.revision
             ):
@@ -2775,14 +2831,11 @@ class KvDebounceBackend(DebounceBackend):
                     await self._remove_record(entry.key, entry.revision)
                 continue
             if (
-                window is not None
-                and window.fired
-                and window.run_id == record.run_id
-                and record.write is not None
-                and window.write != record.write
+                record.write is not None
+                and _commit_landed(window, record.run_id, record.write) is False
             ):
-                # The window's tombstone names another commit (a peer took the fire):
-                # this record's commit never landed.
+                # The run's proof names another commit (a peer took the fire), or is
+                # gone (see _commit_landed): this record's commit never landed.
                 with contextlib.suppress(RevisionConflict):
                     await self._remove_record(entry.key, entry.revision)
                 continue
