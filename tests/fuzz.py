@@ -100,7 +100,7 @@ def _window_docs() -> list[bytes]:
             **{**_fields(base), "fired": True, "running": RunMarker("p", "e", "r", None)}
         ).encode(),
         # opened over a tombstone: the proof of the run before
-        WindowDoc(**{**_fields(base), "after": ("run0", "w9")}).encode(),
+        WindowDoc(**{**_fields(base), "after": (("run1", "w8"), ("run0", "w9"))}).encode(),
     ]
 
 

@@ -22,7 +22,8 @@ from trio_debounce import (
     Outcome,
     open_coordinator,
 )
-from trio_debounce._protocol import WindowDoc
+from trio_debounce._keys import window_key
+from trio_debounce._protocol import _AFTER_KEEP, WindowDoc, _FireRecord
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
 LEASE = 6.0
@@ -587,9 +588,17 @@ async def test_a_takers_fire_that_landed_unseen_is_run_by_its_heartbeat(
 
 
 def _window_key() -> str:
-    from trio_debounce._keys import window_key
-
     return window_key("wf", "k")
+
+
+async def _window(store: MemoryStore) -> WindowDoc | None:
+    entry = await store.get(_window_key())
+    return None if entry is None or entry.value is None else WindowDoc.decode(entry.value)
+
+
+async def _records(store: MemoryStore) -> list[str]:
+    """The run ids of the fire records in the store."""
+    return [_FireRecord.decode(e.value).run_id for e in await store.entries("f.") if e.value]
 
 
 async def _a_taker_with_a_lost_commit(
@@ -643,29 +652,22 @@ async def test_a_record_whose_commit_never_landed_is_taken_back_after_its_tombst
     # stale payload 40 s late): a taker's fire record whose commit never landed
     # outlived the tombstone of the owner's fire of the same run (the sweeper removed
     # it), and a gone window was taken as proof that the record's commit had landed.
-    # Now the sweeper keeps the tombstone while a record of its run exists, and the
-    # record is taken back, not run.
+    # Now the sweeper keeps a key's tombstone while a record of the key exists, and
+    # the record is taken back, not run.
     store = MemoryStore()
     owner, taker, run = await _a_taker_with_a_lost_commit(store, landed=False)
-    # the owner goes on: a second ping, and it fires the latest payload
-    await owner.register(
-        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r2", payload="p2"
-    )
-    fin = await owner.finalize("wf", "k", run, force=True)
-    assert (fin.outcome, fin.payload) == (Finalized.FIRE, "p2")
-    assert fin.fire_id is not None
-    await owner.complete(fin.fire_id)
+    await _owner_fires_the_next_ping(owner, run, "p2")  # the same window, count 2
     await _a_lease_later(owner, taker)
     await owner.sweep()
-    entry = await store.get(_window_key())
-    assert entry is not None and WindowDoc.decode(entry.value or b"").fired  # kept
+    window = await _window(store)
+    assert window is not None
+    assert (window.run_id, window.fired) == (run, True)  # kept
     assert (await taker.adopt_orphans({"wf"})).fires == []
-    assert [e for e in await store.entries("f.") if e.value is not None] == []
+    assert await _records(store) == []
     # the record gone, the next sweep removes the tombstone
     await _a_lease_later(owner, taker)
     await owner.sweep()
-    entry = await store.get(_window_key())
-    assert entry is None or entry.value is None
+    assert await _window(store) is None
 
 
 async def test_a_dead_takers_record_whose_commit_never_landed_is_never_adopted(
@@ -673,57 +675,130 @@ async def test_a_dead_takers_record_whose_commit_never_landed_is_never_adopted(
 ) -> None:
     store = MemoryStore()
     owner, taker, _ = await _a_taker_with_a_lost_commit(store, landed=False)
-    await _owner_fires_the_next_ping(owner, "r1", "p2")  # the same window, count 2
+    await _owner_fires_the_next_ping(owner, "r1", "p2")
     taker.faults.partitioned = True  # the taker dies with its record in the store
     await _a_lease_later(owner)
     await owner.sweep()
     await _a_lease_later(owner)
     orphans = await owner.adopt_orphans({"wf"})
     assert orphans.fires == []
-    assert [e for e in await store.entries("f.") if e.value is not None] == []
+    assert await _records(store) == []
 
 
-async def test_a_new_window_over_the_tombstone_keeps_the_proof(
-    autojump_clock: trio.testing.MockClock,
+@pytest.mark.parametrize("windows", [1, 2, 3])
+async def test_newer_windows_over_the_tombstone_keep_the_proof(
+    autojump_clock: trio.testing.MockClock, windows: int
 ) -> None:
-    # A ping opens a new window over the owner's tombstone before the taker settles:
-    # the new window names the run before and the write that closed it ("after"), so
-    # the taker's record is still taken back, not run with its stale payload.
+    # Pings open newer windows over the owner's tombstone before the taker settles
+    # (the second found by a review): each names the tombstones before it in "after",
+    # so the taker's record is still taken back, not run with its stale payload.
     store = MemoryStore()
     owner, taker, run = await _a_taker_with_a_lost_commit(store, landed=False)
+    await _owner_fires_the_next_ping(owner, run, "p2")
+    for n in range(2, windows + 1):
+        await _owner_fires_the_next_ping(owner, f"r{n}", f"p{n + 1}")
     await owner.register(
-        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r2", payload="p2"
+        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="last", payload="p"
     )
-    fin = await owner.finalize("wf", "k", run, force=True)
-    assert (fin.outcome, fin.payload) == (Finalized.FIRE, "p2")
-    assert fin.fire_id is not None
-    await owner.complete(fin.fire_id)
-    await owner.register(
-        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r3", payload="p3"
-    )
-    entry = await store.get(_window_key())
-    assert entry is not None and entry.value is not None
-    doc = WindowDoc.decode(entry.value)
-    assert doc.run_id == "r3" and doc.after is not None and doc.after[0] == run
+    window = await _window(store)
+    assert window is not None
+    assert window.run_id == "last"
+    assert [proof[0] for proof in window.after] == [f"r{n}" for n in range(windows, 0, -1)]
     await taker.refresh_lease()
     assert (await taker.adopt_orphans({"wf"})).fires == []
 
 
-async def test_a_lost_commit_that_landed_runs_once_after_a_new_window_and_a_sweep(
-    autojump_clock: trio.testing.MockClock,
+@pytest.mark.parametrize("dies", [False, True])
+async def test_a_lost_commit_that_landed_runs_once_after_newer_windows_and_sweeps(
+    autojump_clock: trio.testing.MockClock, dies: bool
 ) -> None:
-    # The other side of the proof: the taker's commit did land. A new window opens
-    # over its tombstone and fires, and a lease later the sweeper runs: the new
-    # window's tombstone is kept (its "after" run has a record), and the taker's
-    # heartbeat runs the fire it committed, once.
+    # The other side of the proof: the taker's commit did land. Two newer windows
+    # open over its tombstone and fire, and the sweeper runs a lease after each: the
+    # key's tombstone is kept while the taker's record exists (a review found the
+    # last one swept, and the record then taken back: a lost fire). The taker's
+    # heartbeat (or, if it died, a survivor) runs the fire it committed, once.
     store = MemoryStore()
     owner, taker, run = await _a_taker_with_a_lost_commit(store, landed=True)
+    if dies:
+        taker.faults.partitioned = True
     assert (await owner.finalize("wf", "k", run)).outcome is Finalized.ABANDONED
-    await _owner_fires_the_next_ping(owner, "r2", "p2")
+    for n, payload in ((2, "p2"), (3, "p3")):
+        await _owner_fires_the_next_ping(owner, f"r{n}", payload)
+        await _a_lease_later(owner)
+        await owner.sweep()
+    window = await _window(store)
+    assert window is not None
+    assert (window.run_id, window.fired) == ("r3", True)
+    runner = owner if dies else taker
+    if dies:
+        await _a_lease_later(owner)
+    else:
+        await taker.refresh_lease()
+    orphans = await runner.adopt_orphans({"wf"})
+    expected_attempt = 2 if dies else 1
+    assert [(f.run_id, f.payload, f.attempt) for f in orphans.fires] == [
+        (run, "p1", expected_attempt)
+    ]
+    await runner.complete(orphans.fires[0].fire_id)
+    assert (await runner.adopt_orphans({"wf"})).fires == []
     await _a_lease_later(owner)
     await owner.sweep()
+    assert await _window(store) is None  # nothing pins it any more
+
+
+async def _two_unconfirmed_fires_of_one_key(owner: MemoryBackend) -> None:
+    """Two windows of one key, each committed with its answer lost: the owner fires
+    both unconfirmed and queues the deletes, the second for the same key."""
+    for run, payload in (("r1", "p1"), ("r2", "p2")):
+        await owner.register(
+            "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id=run, payload=payload
+        )
+        owner.faults.delay_next(0.0, ops=("put",))  # the fire record lands
+        owner.faults.delay_next(3.0, ops=("put",))  # the commit lands, answer late
+        with pytest.raises(BackendUnavailableError):
+            await owner.finalize("wf", "k", run, force=True)  # fires unconfirmed
+        assert not owner._unproven  # lease held: an unconfirmed fire, not unproven
+    await trio.sleep(3.0)
+    owner.faults.clear()
+
+
+async def test_a_replaced_queued_delete_still_deletes_its_fire_record(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by a review: the queued delete of the second window replaced the first's
+    # (they are kept by key), so the first fire record was never deleted. It stayed
+    # for the owner's whole life (peers skip a live owner's records), pinned the key's
+    # tombstone, and ran again once the owner died.
+    store = MemoryStore()
+    owner, peer = backend(store, "B", op_timeout=1.0), backend(store, "A")
+    for b in (owner, peer):
+        await b.refresh_lease()
+    await _two_unconfirmed_fires_of_one_key(owner)
+    await owner.refresh_lease()  # applies the queued deletes
+    assert await _records(store) == []
+    await _a_lease_later(owner, peer)
+    await owner.sweep()
+    assert await _window(store) is None
+    owner.faults.partitioned = True  # the owner dies
+    await _a_lease_later(peer)
+    assert (await peer.adopt_orphans({"wf"})).fires == []
+
+
+async def test_a_record_older_than_the_proofs_a_window_keeps_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The documented limit: a window names _AFTER_KEEP tombstones before it. A record
+    # decided only after more windows of its key has lost its proof and runs
+    # (at-least-once: a duplicate with an older payload, never a lost fire).
+    store = MemoryStore()
+    owner, taker, run = await _a_taker_with_a_lost_commit(store, landed=False)
+    await _owner_fires_the_next_ping(owner, run, "p2")
+    for n in range(2, _AFTER_KEEP + 3):
+        await _owner_fires_the_next_ping(owner, f"r{n}", f"p{n + 1}")
+    window = await _window(store)
+    assert window is not None
+    assert len(window.after) == _AFTER_KEEP
+    assert run not in {proof[0] for proof in window.after}
     await taker.refresh_lease()
     orphans = await taker.adopt_orphans({"wf"})
-    assert [(f.run_id, f.payload, f.attempt) for f in orphans.fires] == [(run, "p1", 1)]
-    await taker.complete(orphans.fires[0].fire_id)
-    assert (await taker.adopt_orphans({"wf"})).fires == []
+    assert [(f.run_id, f.payload) for f in orphans.fires] == [(run, "p1")]

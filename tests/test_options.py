@@ -30,7 +30,7 @@ from trio_debounce import (
     open_coordinator,
 )
 from trio_debounce._keys import window_key
-from trio_debounce._protocol import RunMarker, WindowDoc
+from trio_debounce._protocol import _AFTER_KEEP, RunMarker, WindowDoc
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
 from .conftest import Recorder
@@ -821,18 +821,21 @@ def test_window_documents_with_max_count_are_version_2_and_version_1_still_reads
     assert WindowDoc.decode(collected.encode()) == collected
 
 
-def test_the_proof_of_the_run_before_reads_back_in_every_version() -> None:
+def test_the_proofs_of_the_runs_before_read_back_in_every_version() -> None:
     doc = WindowDoc("p", "e", "r", Mode.TRAILING, 1.0, None, 0.0, 0.0, 1.0, None, 1.0, 1, "w", "w")
+    proofs = (("r1", "w1"), ("r0", "w0"))
     for version_doc in (doc, replace(doc, max_count=3), replace(doc, fired_order=2.0)):
-        after = replace(version_doc, after=("r0", "w0"))
-        assert json.loads(after.encode())["after"] == ["r0", "w0"]
+        after = replace(version_doc, after=proofs)
+        assert json.loads(after.encode())["after"] == [["r1", "w1"], ["r0", "w0"]]
         assert WindowDoc.decode(after.encode()) == after
-    raw = json.loads(replace(doc, after=("r0", "w0")).encode())
-    for bad in (["r0"], ["r0", 1], "r0", ["r0", "w0", "x"], {"run": "r0"}):
+    assert "after" not in json.loads(doc.encode())
+    raw = json.loads(replace(doc, after=proofs).encode())
+    too_many = [["r", "w"]] * (_AFTER_KEEP + 1)
+    for bad in ([], [["r0"]], [["r0", 1]], "r0", ["r0", "w0"], [["r0", "w0", "x"]], too_many):
         raw["after"] = bad
         with pytest.raises(ValueError, match="bad after"):
             WindowDoc.decode(json.dumps(raw).encode())
-    raw["after"] = ["r0", "\ud800"]
+    raw["after"] = [["r0", "\ud800"]]
     with pytest.raises(ValueError, match="after holds a lone surrogate"):
         WindowDoc.decode(json.dumps(raw).encode())
 

@@ -1389,6 +1389,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
                         self._dropped += 1
                         self._close_shared(shared)
                         return
+                    # A commit whose answer was lost is proven (or taken back) by the
+                    # next adopt_orphans: at the next heartbeat, not a reconcile period
+                    # later, while its proof is fresh (see docs/protocol.rst).
+                    self._reconcile_soon = True
                     if not shared.taker and isinstance(exc, LeaseLapsedError):
                         # Paused past our own lease: a peer may own the window now. Do
                         # not fire on our stale view; ask again after a heartbeat (the
@@ -1487,6 +1491,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             )
         except BackendError as exc:
             self._backend_errors += 1
+            self._reconcile_soon = True  # a lost commit is settled at the next heartbeat
             if early:
                 raise
             logger.warning(

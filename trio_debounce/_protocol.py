@@ -84,6 +84,8 @@ _ORDER_LEASES = 10
 _TWIN_LOOKS = 4
 #: Fencing tokens are ``(bucket creation time in ms) << _TOKEN_SHIFT | revision``.
 _TOKEN_SHIFT = 40
+#: How many tombstones before it a window names in ``after``.
+_AFTER_KEEP = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +154,12 @@ class WindowDoc:
     #: The highest order key fired for the key, carried from window to window (and
     #: kept in the tombstone after the last one) for ``drop_stale``.
     fired_order: float | None = None
-    #: The ``(run id, write id)`` of the tombstone this window was opened over: the
-    #: proof of that run's commit, kept (in this window's tombstone too) so that a
-    #: fire record of that run is decided by it after the tombstone is gone (see
-    #: ``_commit_landed``). Any schema version; older readers ignore it.
-    after: tuple[str, str] | None = None
+    #: ``(run id, write id)`` of the tombstones this window's key had before it, the
+    #: latest first (at most ``_AFTER_KEEP``): the proof of how each of those runs was
+    #: committed, kept (in this window's tombstone too) so that a fire record of such
+    #: a run is decided by it after its tombstone is gone (see ``_commit_landed``).
+    #: Any schema version; older readers ignore it.
+    after: tuple[tuple[str, str], ...] = ()
 
     @property
     def has_options(self) -> bool:
@@ -187,7 +190,7 @@ class WindowDoc:
         delete it? Yes when the key's state must outlive the window: the running
         state of a ``queue-latest`` run, the last fired order key, or the proof of
         the commit of the run before (``after``)."""
-        return self.running is not None or self.fired_order is not None or self.after is not None
+        return self.running is not None or self.fired_order is not None or bool(self.after)
 
     def closed(self) -> WindowDoc | None:
         """What closing this window without a fire (cancel, release) writes: its
@@ -229,8 +232,8 @@ class WindowDoc:
             }
         if self.fired_order is not None:
             extra["fired_order"] = self.fired_order
-        if self.after is not None:
-            extra["after"] = list(self.after)
+        if self.after:
+            extra["after"] = [list(proof) for proof in self.after]
         if v3:
             version = WINDOW_SCHEMA_RUNS
         elif self.has_options:
@@ -325,13 +328,18 @@ class WindowDoc:
                     extra["fired_order"] = _order(obj["fired_order"])
         after = obj.get("after")
         if after is not None:
-            if (
-                not isinstance(after, list)
-                or len(after) != 2
-                or not all(isinstance(part, str) for part in after)
-            ):
+            if not isinstance(after, list) or not 0 < len(after) <= _AFTER_KEEP:
                 raise ValueError(f"bad after {after!r}")
-            extra["after"] = (_utf8("after", after[0]), _utf8("after", after[1]))
+            proofs = []
+            for proof in after:
+                if (
+                    not isinstance(proof, list)
+                    or len(proof) != 2
+                    or not all(isinstance(part, str) for part in proof)
+                ):
+                    raise ValueError(f"bad after {after!r}")
+                proofs.append((_utf8("after", proof[0]), _utf8("after", proof[1])))
+            extra["after"] = tuple(proofs)
         doc = cls(
             owner=_str(obj, "owner"),
             epoch=_str(obj, "epoch"),
@@ -660,22 +668,23 @@ def _commit_landed(doc: WindowDoc | None, run_id: str, write: str) -> bool | Non
 
     True or False where the document proves it; None while the run's window is still
     open (its owner fires it). The proof is the run's tombstone (``fired``, naming the
-    write that committed), or, once a ping has opened a new window over it, that
-    window's ``after``. The sweeper keeps a tombstone while any fire record of its run
-    (or of its ``after`` run) exists, so a gone document means the record's commit
-    never landed (the record itself landed after the tombstone was swept). A window
-    two generations on has lost the proof: the record is taken to have committed, and
-    runs (at-least-once; documented in docs/protocol.rst, "Fire records").
+    write that committed) or, once pings have opened newer windows over it, their
+    ``after``, read the same way. The sweeper keeps a key's tombstone while any fire
+    record of the key exists, so a gone document means the record's commit never
+    landed (the record itself landed after the tombstone was swept), as does a run
+    missing from a newer window's ``after`` that holds fewer than ``_AFTER_KEEP``
+    runs (the key had no tombstone before them). A full ``after`` without the run
+    has lost the proof: the record is taken to have committed, and runs
+    (at-least-once; see docs/protocol.rst, "Fire records and their proof").
     """
     if doc is None:
         return False
     if doc.run_id == run_id:
         return doc.write == write if doc.fired else None
-    if doc.after is None:
-        return False
-    if doc.after[0] == run_id:
-        return doc.after[1] == write
-    return True
+    for proof_run, proof_write in doc.after:
+        if proof_run == run_id:
+            return proof_write == write
+    return len(doc.after) >= _AFTER_KEEP
 
 
 def _due_for_good(doc: WindowDoc, now: float) -> bool:
@@ -821,6 +830,8 @@ class KvDebounceBackend(DebounceBackend):
         self._fire_records: dict[str, int] = {}
         #: Fire records whose delete could not reach the store: retried by heartbeats.
         self._queued_completions: set[str] = set()
+        #: Fire records of queued deletes that a later one for the same key replaced.
+        self._queued_record_deletes: set[str] = set()
         #: queue-latest runs of this process whose handlers returned, while their end
         #: is not yet recorded in the store (they block nothing here), and the end
         #: records that could not reach the store, by KV key.
@@ -1313,7 +1324,7 @@ class KvDebounceBackend(DebounceBackend):
                 running=running,
                 max_order=order_key,
                 fired_order=fired_order,
-                after=None if doc is None else (doc.run_id, doc.write),
+                after=() if doc is None else ((doc.run_id, doc.write), *doc.after)[:_AFTER_KEEP],
             )
             return Registered.OPENED, new, None
         if doc.mode is not mode:
@@ -2245,6 +2256,10 @@ class KvDebounceBackend(DebounceBackend):
             # The owner fires unconfirmed; once the store answers, delete the window
             # (unless pings landed since) and the fire record this call may have left
             # (unless it is the proof of a fire the unconfirmed one did not run).
+            replaced = self._queued_deletes.get(kv_key)
+            if replaced is not None and replaced.fire_id is not None:
+                # Its record still goes, with the next heartbeat's deletes.
+                self._queued_record_deletes.add(replaced.fire_id)
             self._queued_deletes[kv_key] = _QueuedDelete(
                 kv_key,
                 run_id,
@@ -2521,7 +2536,7 @@ class KvDebounceBackend(DebounceBackend):
             self._ended_runs.discard(run_id)
             return None
         ended: WindowDoc | None = None
-        if not doc.fired or doc.fired_order is not None or doc.after is not None:
+        if not doc.fired or doc.fired_order is not None or doc.after:
             ended = replace(doc, running=None)
         self._remember(kv_key, await self._commit_window(kv_key, ended, revision), ended)
         self._ended_runs.discard(run_id)
@@ -2605,6 +2620,9 @@ class KvDebounceBackend(DebounceBackend):
                 await self._delete_own_record(queued.fire_id)
             if self._queued_deletes.get(kv_key) is queued:
                 del self._queued_deletes[kv_key]
+        for fire_id in list(self._queued_record_deletes):
+            await self._delete_own_record(fire_id)
+            self._queued_record_deletes.discard(fire_id)
         for fire_id in list(self._queued_completions):
             await self.complete(fire_id)
         for kv_key, run_id in list(self._queued_end_runs.items()):
@@ -2690,20 +2708,22 @@ class KvDebounceBackend(DebounceBackend):
         # Listed after the windows: a record whose commit made a tombstone listed
         # above was written before it, so it is in this listing unless completed.
         records = await self._call(self._store.entries, _FIRE_PREFIX)
-        recorded = set()
+        recorded = set()  # the window keys that fire records name
         for item in records:
             if item.value is not None:
                 with contextlib.suppress(ValueError, KeyError, TypeError):
-                    recorded.add(_FireRecord.decode(item.value).run_id)
+                    record = _FireRecord.decode(item.value)
+                    recorded.add(window_key(record.workflow, record.key))
         for item in windows:
             marker = item.revision if item.value is None else None
             if marker is None:
                 doc = self._parse(item)
                 if doc is None or not doc.fired or doc.last > now - self._lease:
                     continue
-                if doc.run_id in recorded or (doc.after is not None and doc.after[0] in recorded):
-                    # The proof that decides a fire record of its run (or of the run
-                    # before): kept until the record is completed or taken back.
+                if item.key in recorded:
+                    # The proof that decides a fire record of the key (this run's or
+                    # one named in ``after``): kept until the record is completed or
+                    # taken back.
                     continue
                 if doc.fired_order is not None and doc.last > now - _ORDER_LEASES * self._lease:
                     continue  # drop_stale still reads its last fired order key
