@@ -120,10 +120,19 @@ def _unread(fd: int) -> int:
     return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
 
 
+#: Runs the CLI with SIGINT at its default, as a shell gives a foreground job: a test
+#: run started in the background of a non-interactive shell has SIGINT ignored, and a
+#: child inherits that (Python then leaves Ctrl-C ignored, as it should).
+_FOREGROUND = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 def _start(args: list[str], command: str = "run") -> subprocess.Popen[str]:
     # Used as a context manager, which closes the pipes and reaps the process.
     return subprocess.Popen(
-        [*CLI, command, *args],
+        [sys.executable, "-c", _FOREGROUND, *CLI[1:], command, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -802,3 +802,37 @@ async def test_a_record_older_than_the_proofs_a_window_keeps_runs(
     await taker.refresh_lease()
     orphans = await taker.adopt_orphans({"wf"})
     assert [(f.run_id, f.payload) for f in orphans.fires] == [(run, "p1")]
+
+
+async def test_a_stale_record_listing_never_sweeps_the_proof_of_a_committed_fire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The sweeper lists the windows, then the fire records; on NATS a listing may
+    # come from a replica that lags. A record listing that misses a committed fire's
+    # record must not sweep its tombstone (the record would then be taken back: a
+    # lost fire), so the tombstone's own record is read from the store's authority.
+    store = MemoryStore()
+    a, b = backend(store, "A"), backend(store, "B")
+    for p in (a, b):
+        await p.refresh_lease()
+    await a.register(
+        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r1", payload="p1"
+    )
+    fin = await a.finalize("wf", "k", "r1", force=True)
+    assert fin.outcome is Finalized.FIRE
+    a.faults.partitioned = True  # A dies inside the handler
+    entries = b._store.entries
+
+    async def lagging(prefix: str) -> Any:
+        return [] if prefix == "f." else await entries(prefix)
+
+    b._store.entries = lagging  # type: ignore[method-assign]
+    await _a_lease_later(b)
+    await b.sweep()
+    b._store.entries = entries  # type: ignore[method-assign]
+    window = await _window(store)
+    assert window is not None
+    assert window.fired
+    await _a_lease_later(b)
+    orphans = await b.adopt_orphans({"wf"})
+    assert [(f.run_id, f.payload, f.attempt) for f in orphans.fires] == [("r1", "p1", 2)]

@@ -2678,6 +2678,17 @@ class KvDebounceBackend(DebounceBackend):
             )
         return owned
 
+    async def _proves_a_record(self, doc: WindowDoc) -> bool:
+        """Does a fire record whose commit tombstone ``doc`` proves (its own write's, or
+        one in its ``after``) still exist? Read from the store's authority: a listing
+        may come from a replica that lags, and sweeping the proof of a committed
+        record would have it taken back (a lost fire)."""
+        for write in (doc.write, *(proof_write for _, proof_write in doc.after)):
+            entry = await self._call(self._store.get_current, _FIRE_PREFIX + write)
+            if entry is not None and entry.value is not None:
+                return True
+        return False
+
     async def sweep(self) -> int:
         now = self._wall()
         entry = await self._get(SWEEPER_KEY)
@@ -2720,7 +2731,7 @@ class KvDebounceBackend(DebounceBackend):
                 doc = self._parse(item)
                 if doc is None or not doc.fired or doc.last > now - self._lease:
                     continue
-                if item.key in recorded:
+                if item.key in recorded or await self._proves_a_record(doc):
                     # The proof that decides a fire record of the key (this run's or
                     # one named in ``after``): kept until the record is completed or
                     # taken back.

@@ -631,7 +631,9 @@ def twin_process_id(ctx: Context) -> list[Row]:
         killed.append(first.name)
         restarted = fleet.spawn("p0")
         fleet.wait_ready([restarted])
-        time.sleep(ctx.seconds / 2)
+        # Long enough for the restart to adopt what the killed one left (its lease
+        # lapses, then the skew, then a heartbeat), with a second of margin.
+        time.sleep(max(ctx.seconds / 2, LEASE + SKEW + 2 * LEASE / 3 + 1.0))
         fleet.close(restarted)
         hung = fleet.shutdown(timeout=settle_time(max_delay) + OP_TIMEOUT * 3)
     finally:
