@@ -565,22 +565,10 @@ async def test_a_takers_fire_that_landed_unseen_is_run_by_its_heartbeat(
     # finds it gone), so the taker's next adopt_orphans proves the commit by its fire
     # record and returns it to be run, as its first attempt.
     store = MemoryStore()
-    owner, taker = backend(store, "B"), backend(store, "A", op_timeout=1.0)
-    for b in (owner, taker):
-        await b.refresh_lease()
-    await owner.register(
-        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r1", payload="p"
-    )
-    status = await taker.window_status("wf", "k")
-    assert status is not None
-    taker.faults.delay_next(0.0, ops=("put",))  # the fire record
-    taker.faults.delay_next(3.0, ops=("put",))  # the window's commit: answered late
-    with pytest.raises(BackendUnavailableError):
-        await taker.finalize("wf", "k", status.run_id, take=True, force=True)
-    await trio.sleep(3.0)
+    owner, taker, run = await _a_taker_with_a_lost_commit(store, landed=True)
     orphans = await taker.adopt_orphans({"wf"})
-    assert [(f.key, f.payload, f.attempt) for f in orphans.fires] == [("k", "p", 1)]
-    assert (await owner.finalize("wf", "k", status.run_id)).outcome is Finalized.ABANDONED
+    assert [(f.key, f.payload, f.attempt) for f in orphans.fires] == [("k", "p1", 1)]
+    assert (await owner.finalize("wf", "k", run)).outcome is Finalized.ABANDONED
     await taker.complete(orphans.fires[0].fire_id)
     assert [e for e in await store.entries("f.") if e.value is not None] == []
     # Settled once: the next heartbeat returns nothing.
@@ -639,6 +627,14 @@ async def _owner_fires_the_next_ping(owner: MemoryBackend, run_id: str, payload:
         await owner.complete(fin.fire_id)
 
 
+async def _owner_fires_windows(owner: MemoryBackend, run: str, last: int) -> None:
+    """The owner fires ``run`` (with "p2"), then windows r2 .. r<last>, each over the
+    tombstone of the one before."""
+    await _owner_fires_the_next_ping(owner, run, "p2")
+    for n in range(2, last + 1):
+        await _owner_fires_the_next_ping(owner, f"r{n}", f"p{n + 1}")
+
+
 async def _a_lease_later(*backends: MemoryBackend) -> None:
     await trio.sleep(2 * LEASE)
     for b in backends:
@@ -694,9 +690,7 @@ async def test_newer_windows_over_the_tombstone_keep_the_proof(
     # so the taker's record is still taken back, not run with its stale payload.
     store = MemoryStore()
     owner, taker, run = await _a_taker_with_a_lost_commit(store, landed=False)
-    await _owner_fires_the_next_ping(owner, run, "p2")
-    for n in range(2, windows + 1):
-        await _owner_fires_the_next_ping(owner, f"r{n}", f"p{n + 1}")
+    await _owner_fires_windows(owner, run, windows)
     await owner.register(
         "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="last", payload="p"
     )
@@ -792,9 +786,7 @@ async def test_a_record_older_than_the_proofs_a_window_keeps_runs(
     # (at-least-once: a duplicate with an older payload, never a lost fire).
     store = MemoryStore()
     owner, taker, run = await _a_taker_with_a_lost_commit(store, landed=False)
-    await _owner_fires_the_next_ping(owner, run, "p2")
-    for n in range(2, _AFTER_KEEP + 3):
-        await _owner_fires_the_next_ping(owner, f"r{n}", f"p{n + 1}")
+    await _owner_fires_windows(owner, run, _AFTER_KEEP + 2)
     window = await _window(store)
     assert window is not None
     assert len(window.after) == _AFTER_KEEP

@@ -57,6 +57,19 @@ class Report:
     unconfirmed: int = 0
     crashed: list[str] = field(default_factory=list)
 
+    def broken_promises(self) -> tuple[list[str], list[str]]:
+        """The promises outside the table's columns that this report breaks (windows
+        fired by two owners, wrong payloads), and notes naming the first few runs."""
+        problems: list[str] = []
+        notes: list[str] = []
+        if self.two_owners:
+            problems.append(f"{len(self.two_owners)} windows fired by two owners")
+            notes.append(f"two owners: {self.two_owners[:5]}")
+        if self.wrong_payload:
+            problems.append(f"wrong payload in {len(self.wrong_payload)} fires")
+            notes.append(f"wrong payload: {self.wrong_payload[:5]}")
+        return problems, notes
+
     def summary(self) -> str:
         return (
             f"pings {self.pings} (errors {self.errors}), windows {self.windows}, "

@@ -86,12 +86,9 @@ def row(name: str, load: Load, report: Report, op_timeout: float, crashes: int) 
         crashes=crashes + len(report.crashed),
         zero=("lost", "hung_calls", "crashes"),
     )
-    if report.two_owners:
-        out.problems.append(f"{len(report.two_owners)} windows fired by two owners")
-        out.notes.append(f"two owners: {report.two_owners[:5]}")
-    if report.wrong_payload:
-        out.problems.append(f"wrong payload in {len(report.wrong_payload)} fires")
-        out.notes.append(f"wrong payload: {report.wrong_payload[:5]}")
+    problems, notes = report.broken_promises()
+    out.problems += problems
+    out.notes += notes
     longest = max((secs for _, secs in load.store_calls), default=0.0)
     out.notes.append(
         f"{report.summary()}; late commits {len(load.late_commits)}; wrong payloads "

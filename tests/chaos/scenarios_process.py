@@ -196,12 +196,9 @@ def row(label: str, run: FleetRun, zero: tuple[str, ...], *, exit_bound: bool = 
         zero=zero,
     )
     out.notes.append(report.summary())
-    if report.two_owners:
-        out.problems.append(f"{len(report.two_owners)} windows fired by two owners")
-        out.notes.append(f"two owners: {report.two_owners[:5]}")
-    if report.wrong_payload:
-        out.problems.append(f"wrong payload in {len(report.wrong_payload)} fires")
-        out.notes.append(f"wrong payload: {report.wrong_payload[:5]}")
+    problems, notes = report.broken_promises()
+    out.problems += problems
+    out.notes += notes
     if report.lost:
         out.notes.append(f"lost: {report.lost[:5]}")
     if report.fired_twice:
