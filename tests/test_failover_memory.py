@@ -828,3 +828,33 @@ async def test_a_stale_record_listing_never_sweeps_the_proof_of_a_committed_fire
     await _a_lease_later(b)
     orphans = await b.adopt_orphans({"wf"})
     assert [(f.run_id, f.payload, f.attempt) for f in orphans.fires] == [("r1", "p1", 2)]
+
+
+async def test_a_failed_finalize_settles_at_the_next_heartbeat(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A finalize that failed may leave a lost commit (or a record to delete): the
+    # next heartbeat reconciles (adopt_orphans settles it), not the sixth, so its
+    # proof is read while fresh. The store is cut off only between two heartbeats,
+    # so no failed beat is what triggers the reconcile.
+    store, fires = MemoryStore(), Fires()
+    b = backend(store, "A", op_timeout=1.0)
+    async with open_coordinator(handlers={"wf": fires.handler("A")}, backend=b) as c:
+        calls: list[float] = []
+        adopt = b.adopt_orphans
+
+        async def counted(workflows: Any) -> Any:
+            calls.append(trio.current_time())
+            return await adopt(workflows)
+
+        b.adopt_orphans = counted  # type: ignore[method-assign]
+        start = trio.current_time()
+        await c.debounce("wf", "k", "a", delay=2.1)  # due 0.1 s after the first beat
+        await trio.sleep_until(start + BEAT + 0.05)
+        b.faults.partitioned = True  # the finalize fails; the owner fires unconfirmed
+        await trio.sleep_until(start + 2 * BEAT - 0.3)
+        b.faults.partitioned = False
+        assert [f.payload for _, f in fires.log] == ["a"]
+        calls.clear()  # the reconcile at start
+        await trio.sleep_until(start + 2 * BEAT + 0.1)
+        assert calls, "no reconcile at the next heartbeat"
