@@ -20,6 +20,7 @@ from trio_debounce import (
     Finalized,
     Mode,
     Outcome,
+    Registered,
     open_coordinator,
 )
 from trio_debounce._keys import window_key
@@ -858,3 +859,39 @@ async def test_a_failed_finalize_settles_at_the_next_heartbeat(
         calls.clear()  # the reconcile at start
         await trio.sleep_until(start + 2 * BEAT + 0.1)
         assert calls, "no reconcile at the next heartbeat"
+
+
+async def test_an_opening_write_that_landed_unseen_is_not_written_again_after_a_fire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Found by cluster-one-node ("two owners"): a ping's opening write landed but its
+    # answer was lost; before its re-read, a peer took the window over (the pinger's
+    # lease had lapsed) and fired it. The re-read found the tombstone, did not see
+    # its own write in it, and wrote the ping again: a second window with the same
+    # run id, fired a second time. The tombstone still names the opening write.
+    store = MemoryStore()
+    a, b = backend(store, "A", op_timeout=1.0), backend(store, "B")
+    for p in (a, b):
+        await p.refresh_lease()
+    a.faults.delay_next(1.5, ops=("put",))  # the opening write lands; its answer is late
+    results: list[Any] = []
+
+    async def ping() -> None:
+        results.append(
+            await a.register(
+                "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r1",
+                payload="a",
+            )
+        )  # fmt: skip
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ping)
+        await trio.sleep(0.5)  # the write has landed; A re-reads at 1.0
+        fin = await b.finalize("wf", "k", "r1", take=True, force=True)
+        assert (fin.outcome, fin.payload) == (Finalized.FIRE, "a")
+    [result] = results
+    assert (result.outcome, result.run_id) == (Registered.OPENED, "r1")
+    window = await _window(store)
+    assert window is not None
+    assert (window.run_id, window.fired) == ("r1", True)  # no second window
+    assert (await a.finalize("wf", "k", "r1")).outcome is Finalized.ABANDONED

@@ -1585,13 +1585,13 @@ class KvDebounceBackend(DebounceBackend):
                             if ambiguous:
                                 ambiguous = False
                                 assert sent is not None
-                                if (
-                                    doc is not None
-                                    and not doc.fired
-                                    and write in (doc.write, doc.opened_by)
+                                if doc is not None and (
+                                    write == doc.opened_by or (not doc.fired and write == doc.write)
                                 ):
                                     # The write had landed (the window it opened, even
-                                    # if peers have written since; or its revision).
+                                    # if peers have written since, or fired it: its
+                                    # pings are in that fire; or its revision). Writing
+                                    # again would open a second window of the run.
                                     self._settle_batch(
                                         kv_key, sent[0], doc, sent[1], revision, sent[2]
                                     )

@@ -29,6 +29,7 @@ than its bound counts as a hung call, as does a ping longer than its bound.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -70,8 +71,15 @@ def cluster_config(cluster: NatsCluster) -> NatsConfig:
     )
 
 
-def row(name: str, load: Load, report: Report, op_timeout: float, crashes: int) -> Row:
-    """The table's row for a debounce scenario; notes list what is outside the promises."""
+def row(
+    ctx: Context, name: str, load: Load, report: Report, op_timeout: float, crashes: int
+) -> Row:
+    """The table's row for a debounce scenario; notes list what is outside the promises.
+    The merged events are written to ``<name>.events.jsonl`` in the scenario's
+    directory (kept with ``--keep``), for the checker's findings to be traced."""
+    with open(ctx.tmp / f"{name}.events.jsonl", "w", encoding="utf-8") as out_file:
+        for event in load.events:
+            out_file.write(json.dumps(event, default=str) + "\n")
     bound = op_timeout + MARGIN
     slow = [secs for _, secs in load.store_calls if secs > bound]
     out = Row(
@@ -160,7 +168,7 @@ def cluster_one_node(ctx: Context) -> list[Row]:
 
         crashes = run_trio(ctx, "cluster-one-node", main)
     report = reports[0] if reports else load.check(ping_bound=2 * CLUSTER_OP_TIMEOUT + MARGIN)
-    return [row("cluster-one-node", load, report, CLUSTER_OP_TIMEOUT, crashes)]
+    return [row(ctx, "cluster-one-node", load, report, CLUSTER_OP_TIMEOUT, crashes)]
 
 
 @register("cluster-no-quorum", short_seconds=10, full_seconds=60)
@@ -200,7 +208,7 @@ def cluster_no_quorum(ctx: Context) -> list[Row]:
 
         crashes = run_trio(ctx, "cluster-no-quorum", main)
     report = reports[0] if reports else load.check(ping_bound=2 * CLUSTER_OP_TIMEOUT + MARGIN)
-    out = row("cluster-no-quorum", load, report, CLUSTER_OP_TIMEOUT, crashes)
+    out = row(ctx, "cluster-no-quorum", load, report, CLUSTER_OP_TIMEOUT, crashes)
     out.notes.append(f"raise-mode pings during the outage raised after: {', '.join(raised)}")
     out.hung_calls += sum(1 for r in raised if r == "did not raise")
     return [out]
@@ -334,7 +342,7 @@ def stalls(ctx: Context) -> list[Row]:
         with contextlib.suppress(Exception):
             server.stop(timeout=5.0)
     report = reports[0] if reports else load.check(ping_bound=2 * PROXY_OP_TIMEOUT + MARGIN)
-    return [row("stalls", load, report, PROXY_OP_TIMEOUT, crashes)]
+    return [row(ctx, "stalls", load, report, PROXY_OP_TIMEOUT, crashes)]
 
 
 async def fault_server(server: NatsServer, ctx: Context, seconds: float) -> None:
