@@ -590,15 +590,22 @@ async def _records(store: MemoryStore) -> list[str]:
     return [_FireRecord.decode(e.value).run_id for e in await store.entries("f.") if e.value]
 
 
+async def _leased(store: MemoryStore, *names: str, **first: Any) -> list[MemoryBackend]:
+    """Backends named ``names`` on ``store``, each with its lease written; ``first``
+    are keyword arguments of the first one's."""
+    backends = [backend(store, name, **(first if i == 0 else {})) for i, name in enumerate(names)]
+    for b in backends:
+        await b.refresh_lease()
+    return backends
+
+
 async def _a_taker_with_a_lost_commit(
     store: MemoryStore, *, landed: bool
 ) -> tuple[MemoryBackend, MemoryBackend, str]:
     """Owner B's window (run r1, payload "p1"); taker A's at-least-once finalize
     writes its fire record, and its commit either lands with its answer lost
     (``landed``) or never lands; A keeps the commit unproven."""
-    owner, taker = backend(store, "B"), backend(store, "A", op_timeout=1.0)
-    for b in (owner, taker):
-        await b.refresh_lease()
+    taker, owner = await _leased(store, "A", "B", op_timeout=1.0)
     await owner.register(
         "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r1", payload="p1"
     )
@@ -765,9 +772,7 @@ async def test_a_replaced_queued_delete_still_deletes_its_fire_record(
     # for the owner's whole life (peers skip a live owner's records), pinned the key's
     # tombstone, and ran again once the owner died.
     store = MemoryStore()
-    owner, peer = backend(store, "B", op_timeout=1.0), backend(store, "A")
-    for b in (owner, peer):
-        await b.refresh_lease()
+    owner, peer = await _leased(store, "B", "A", op_timeout=1.0)
     await _two_unconfirmed_fires_of_one_key(owner)
     await owner.refresh_lease()  # applies the queued deletes
     assert await _records(store) == []
@@ -805,9 +810,7 @@ async def test_a_stale_record_listing_never_sweeps_the_proof_of_a_committed_fire
     # record must not sweep its tombstone (the record would then be taken back: a
     # lost fire), so the tombstone's own record is read from the store's authority.
     store = MemoryStore()
-    a, b = backend(store, "A"), backend(store, "B")
-    for p in (a, b):
-        await p.refresh_lease()
+    a, b = await _leased(store, "A", "B")
     await a.register(
         "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r1", payload="p1"
     )
@@ -870,9 +873,7 @@ async def test_an_opening_write_that_landed_unseen_is_not_written_again_after_a_
     # its own write in it, and wrote the ping again: a second window with the same
     # run id, fired a second time. The tombstone still names the opening write.
     store = MemoryStore()
-    a, b = backend(store, "A", op_timeout=1.0), backend(store, "B")
-    for p in (a, b):
-        await p.refresh_lease()
+    a, b = await _leased(store, "A", "B", op_timeout=1.0)
     a.faults.delay_next(1.5, ops=("put",))  # the opening write lands; its answer is late
     results: list[Any] = []
 
