@@ -2372,12 +2372,15 @@ class KvDebounceBackend(DebounceBackend):
             # A peer took us for dead and adopted the record: it runs the fire.
             return Finalization(Finalized.ABANDONED)
         self._fire_records[fire_id] = record.revision
-        if doc is not None and doc.run_id == window.run_id and doc.fired:
-            if doc.write != write:
-                # Fired by another write (a peer took it): ours never landed.
-                await self._drop_record(fire_id)
-                return None
-        elif doc is not None and doc.run_id == window.run_id:
+        landed = _commit_landed(doc, window.run_id, write)
+        if landed is False:
+            # The run was closed by another write (a peer took the fire; its tombstone
+            # or a newer window's after names it, or the tombstone is gone): ours
+            # never landed.
+            await self._drop_record(fire_id)
+            return None
+        if landed is None:
+            assert doc is not None  # the run's window, still open
             if doc.write != window.write:
                 # A ping landed after our read, so our commit cannot have: take the
                 # record back and decide again.
@@ -2394,11 +2397,6 @@ class KvDebounceBackend(DebounceBackend):
                 await self._drop_record(fire_id)
                 return None
             self._remember(kv_key, closed, tombstone)
-        elif not _commit_landed(doc, window.run_id, write):
-            # The run was closed by another write (its tombstone is gone, or a new
-            # window names it): ours never landed.
-            await self._drop_record(fire_id)
-            return None
         return self._fire(kv_key, window, fired_at, self._token(record.revision), fire_id)
 
     def _tombstone(self, doc: WindowDoc, write: str, fired_at: float) -> WindowDoc | None:
@@ -2731,15 +2729,16 @@ class KvDebounceBackend(DebounceBackend):
                 doc = self._parse(item)
                 if doc is None or not doc.fired or doc.last > now - self._lease:
                     continue
-                if item.key in recorded or await self._proves_a_record(doc):
-                    # The proof that decides a fire record of the key (this run's or
-                    # one named in ``after``): kept until the record is completed or
-                    # taken back.
-                    continue
                 if doc.fired_order is not None and doc.last > now - _ORDER_LEASES * self._lease:
                     continue  # drop_stale still reads its last fired order key
+                if item.key in recorded:
+                    continue  # the proof that decides a fire record of the key
                 if doc.running is not None and await self._blocked_until(doc.running, now):
                     continue  # its run still blocks the key
+                if await self._proves_a_record(doc):
+                    # The same, for a record the listing missed: kept until the record
+                    # is completed or taken back. Last: up to five leader reads.
+                    continue
                 # An at-most-once tombstone a lease old: its proof is no longer needed.
                 self._forget(item.key)
                 try:
