@@ -3,12 +3,36 @@ fake under MockClock."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import trio
 import trio.testing
 
 from tests.fires import Fires
-from trio_debounce import open_coordinator
+from trio_debounce import Coordinator, open_coordinator
 from trio_debounce.testing import MemoryBackend, MemoryStore
+
+
+@asynccontextmanager
+async def _both_edges_window_of_a_and_b(
+    store: MemoryStore, fires: Fires, delay: float
+) -> AsyncIterator[tuple[Coordinator, MemoryBackend]]:
+    """Coordinators A and B (6 s leases, op_timeout 1 s) and a both-edges window that
+    A's ping opened (its leading fire) and B's ping joined (count 2, so a trailing
+    fire is due); yields A and its backend."""
+    a_backend = MemoryBackend(store, process_id="A", process_lease=6.0, op_timeout=1.0)
+    b_backend = MemoryBackend(store, process_id="B", process_lease=6.0, op_timeout=1.0)
+    async with (
+        open_coordinator(handlers={"wf": fires.handler("A")}, backend=a_backend) as a,
+        open_coordinator(handlers={"wf": fires.handler("B")}, backend=b_backend) as b,
+    ):
+        r = await a.debounce("wf", "k", "a", delay=delay, mode="both")
+        assert r.owner
+        r = await b.debounce("wf", "k", "b", delay=delay, mode="both")
+        assert not r.owner
+        assert r.ping_count == 2
+        yield a, a_backend
 
 
 async def test_concurrent_lease_renewals_apply_a_queued_delete_once(
@@ -60,17 +84,7 @@ async def test_unconfirmed_both_edges_fire_keeps_a_peers_ping(
     # and the trailing edge fires with B's payload.
     fires = Fires()
     store = MemoryStore()
-    a_backend = MemoryBackend(store, process_id="A", process_lease=6.0, op_timeout=1.0)
-    b_backend = MemoryBackend(store, process_id="B", process_lease=6.0, op_timeout=1.0)
-    async with (
-        open_coordinator(handlers={"wf": fires.handler("A")}, backend=a_backend) as a,
-        open_coordinator(handlers={"wf": fires.handler("B")}, backend=b_backend) as b,
-    ):
-        r = await a.debounce("wf", "k", "a", delay=2.0, mode="both")
-        assert r.owner
-        r = await b.debounce("wf", "k", "b", delay=2.0, mode="both")
-        assert not r.owner
-        assert r.ping_count == 2
+    async with _both_edges_window_of_a_and_b(store, fires, 2.0) as (a, a_backend):
         a_backend.faults.partitioned = True
         # A's heartbeat at 2 s fails; its finalize at 2 s fails until 3 s, with its
         # lease (renewed at 0 s) still held.
@@ -93,16 +107,7 @@ async def test_unconfirmed_both_edges_fire_whose_commit_landed_runs_the_trailing
     # commit landed, so the trailing edge runs, once, with B's payload.
     fires = Fires()
     store = MemoryStore()
-    a_backend = MemoryBackend(store, process_id="A", process_lease=6.0, op_timeout=1.0)
-    b_backend = MemoryBackend(store, process_id="B", process_lease=6.0, op_timeout=1.0)
-    async with (
-        open_coordinator(handlers={"wf": fires.handler("A")}, backend=a_backend) as a,
-        open_coordinator(handlers={"wf": fires.handler("B")}, backend=b_backend) as b,
-    ):
-        r = await a.debounce("wf", "k", "a", delay=3.0, mode="both")
-        assert r.owner
-        r = await b.debounce("wf", "k", "b", delay=3.0, mode="both")
-        assert r.ping_count == 2
+    async with _both_edges_window_of_a_and_b(store, fires, 3.0) as (a, a_backend):
         await trio.sleep(2.5)  # past A's heartbeat at 2 s; the fire is due at 3 s
         # A commits against the revision of its own last write: its first commit
         # conflicts (B's ping), it takes its record back and reads again; then its
