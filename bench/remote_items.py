@@ -22,8 +22,9 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import trio
@@ -176,6 +177,19 @@ async def count_requests(url: str, delivery: str, keys: int = 10) -> dict[str, A
 # ----------------------------------------------------------------- item 6
 
 
+async def _timed(ping: Callable[[], Awaitable[Any]], pings: int, warm: int) -> list[float]:
+    """Seconds of each of ``pings`` awaits of ``ping()``, after ``warm`` untimed ones.
+    Loop-agnostic: it only awaits ``ping``, so it runs under Trio or plain asyncio."""
+    for _ in range(warm):
+        await ping()
+    out = []
+    for _ in range(pings):
+        t0 = time.perf_counter()
+        await ping()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 async def ping_latencies(url: str, pings: int, warm: int = 20) -> list[float]:
     """Seconds of each of ``pings`` owner pings (``await debounce``) into one window,
     through the NATS backend on a fresh Trio loop (run with ``trio.run``)."""
@@ -185,14 +199,8 @@ async def ping_latencies(url: str, pings: int, warm: int = 20) -> list[float]:
             handlers={WF: _noop}, backend=backend, on_exit="cancel"
         ) as coordinator,
     ):
-        for _ in range(warm + 1):
-            await coordinator.debounce(WF, "k", {"n": 1}, delay=3600.0)
-        out = []
-        for _ in range(pings):
-            t0 = time.perf_counter()
-            await coordinator.debounce(WF, "k", {"n": 1}, delay=3600.0)
-            out.append(time.perf_counter() - t0)
-        return out
+        ping = partial(coordinator.debounce, WF, "k", {"n": 1}, delay=3600.0)
+        return await _timed(ping, pings, warm + 1)  # the first opens the window
 
 
 async def store_latencies(
@@ -218,14 +226,7 @@ async def store_latencies(
                 else:
                     rev = await store.put("w.raw", values[size], last=rev)
 
-        for _ in range(warm):
-            await ping()
-        out = []
-        for _ in range(pings):
-            t0 = time.perf_counter()
-            await ping()
-            out.append(time.perf_counter() - t0)
-        return out
+        return await _timed(ping, pings, warm)
 
 
 def raw_latencies(url: str, ops: list[tuple[str, int]], pings: int, warm: int = 20) -> list[float]:
@@ -252,13 +253,7 @@ def raw_latencies(url: str, ops: list[tuple[str, int]], pings: int, warm: int = 
                     else:
                         rev = await kv.update("w.raw", values[size], last=rev)
 
-            for _ in range(warm):
-                await ping()
-            out = []
-            for _ in range(pings):
-                t0 = time.perf_counter()
-                await ping()
-                out.append(time.perf_counter() - t0)
+            out = await _timed(ping, pings, warm)
             await js.delete_key_value(bucket)
             return out
         finally:
