@@ -20,7 +20,7 @@ if sys.version_info < (3, 11):
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-from . import _options, _validate
+from . import _engine, _options, _validate
 from ._backend import (
     DebounceBackend,
     Delivery,
@@ -558,7 +558,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             _validate.name("workflow", workflow)
             _validate.name("key", key)
             raise
-        if window is not None and (window.opts is not None or now >= window.deadline):
+        if window is not None and (window.opts is not None or _engine.is_due(window, now)):
             if window.opts is not None:
                 # A window with options (or a due "queue-latest" one that may wait).
                 return self._debounce_ext(
@@ -575,31 +575,26 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 )
             if on_fire is None and window.on_fire is None and workflow not in self._handlers:
                 raise self._no_handler(workflow)
-            window.count += 1
-            window.payload = payload
+            armed = window.deadline
+            if _engine.absorb(window, now, payload, delay=delay):
+                self._pending_added()
             if on_fire is not None:
                 window.on_fire = on_fire
-            deadline = now + delay
-            if deadline > window.cap:
-                deadline = window.cap
-            if deadline < window.deadline and window.scope is not None:
+            if window.deadline < armed and window.scope is not None:
                 # The rare move to an earlier time wakes the sleeping task earlier.
-                window.scope.deadline = deadline
-            window.deadline = deadline
-            if window.trailing:
-                scheduled_at: float | None = deadline
-            elif window.mode is _BOTH:
-                window.trailing = True
-                self._pending += 1
-                if self._wake_exit_on_pending:
-                    self._idle_lot.unpark_all()
-                scheduled_at = deadline
-            else:
-                scheduled_at = None
+                window.scope.deadline = window.deadline
             self._pings += 1
             self._coalesced += 1
             return _new_tuple(
-                DebounceResult, (_COALESCE, window.run_id, scheduled_at, window.count, True, True)
+                DebounceResult,
+                (
+                    _COALESCE,
+                    window.run_id,
+                    _engine.scheduled_at(window),
+                    window.count,
+                    True,
+                    True,
+                ),
             )
         return self._open_window(ident, now, payload, delay, max_delay, mode, run_id, on_fire)
 
@@ -742,9 +737,9 @@ class Coordinator(metaclass=_NoPublicConstructor):
         if window is not None and window.opts is not None:
             if window.opts.queue:
                 self._settle(window, now)  # it may wait, and absorb this ping
-            elif window.trailing and now >= window.deadline:
+            elif window.trailing and _engine.is_due(window, now):
                 self._note_fired(window)  # due: it fired at its deadline
-        if window is not None and (window.state != OPEN or now >= window.deadline):
+        if window is not None and (window.state != OPEN or _engine.is_due(window, now)):
             window = None
         if window is not None:
             if mode is not window.mode:
@@ -759,12 +754,11 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 raise self._no_handler(workflow)
         if drop_stale:
             assert order is not None
-            last = self._fired_order.get(ident)
-            if last is not None and order <= last:
+            if _engine.is_stale(order, self._fired_order.get(ident)):
                 self._stale += 1
                 if window is None:
                     return _new_tuple(DebounceResult, (_STALE, "", None, 0, True, True))
-                scheduled = window.deadline if window.trailing and not window.waiting else None
+                scheduled = _engine.scheduled_at(window)
                 return _new_tuple(
                     DebounceResult, (_STALE, window.run_id, scheduled, window.count, True, True)
                 )
@@ -782,7 +776,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire
             )
         opts = window.opts
-        if _options.full(window):
+        if _engine.is_full(window):
             # overflow="fire-early": the window fires now with what it holds (even
             # while a "queue-latest" run executes), and this ping opens the next one.
             # What may raise (no handler, the reducer) runs before anything changes.
@@ -791,7 +785,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             prepared = None
             if opts.reducer:
                 reducer = self._reducers[opts.payload_policy]
-                prepared = (reducer, _options.fold_first(reducer, payload))
+                prepared = (reducer, _engine.first_value(reducer, payload))
             self._due_now(window, now)
             return self._open_ext(
                 ident, now, payload, delay, max_delay, mode, run_id, on_fire, opts, order, prepared
@@ -799,27 +793,16 @@ class Coordinator(metaclass=_NoPublicConstructor):
         folded: Any = None
         if opts.reducer:
             folded = window.reducer[0](window.acc, payload)  # may raise: nothing changed
-        window.count += 1
-        _options.absorb(window, payload, order, folded)
+        armed = window.deadline
+        if _engine.absorb(window, now, payload, delay=delay, order=order, value=folded):
+            self._pending_added()
         if on_fire is not None:
             window.on_fire = on_fire
-        if not window.waiting:
-            deadline = now + delay
-            if deadline > window.cap:
-                deadline = window.cap
-            if opts.max_count is not None and window.count >= opts.max_count:
-                deadline = now
-            if deadline < window.deadline and window.scope is not None:
-                window.scope.deadline = deadline
-            window.deadline = deadline
-            if not window.trailing and window.mode is _BOTH:
-                window.trailing = True
-                self._pending += 1
-                if self._wake_exit_on_pending:
-                    self._idle_lot.unpark_all()
-            if opts.queue and deadline <= now:
-                self._queue_due(window, now)
-        scheduled_at = window.deadline if window.trailing and not window.waiting else None
+        if window.deadline < armed and window.scope is not None:
+            window.scope.deadline = window.deadline
+        if opts.queue and not window.waiting and _engine.is_due(window, now):
+            self._queue_due(window, now)
+        scheduled_at = _engine.scheduled_at(window)
         self._pings += 1
         self._coalesced += 1
         return _new_tuple(
@@ -851,32 +834,23 @@ class Coordinator(metaclass=_NoPublicConstructor):
             reducer, acc = prepared
         elif opts.reducer:
             reducer = self._reducers[opts.payload_policy]
-            acc = _options.fold_first(reducer, payload)  # may raise: nothing changed yet
+            acc = _engine.first_value(reducer, payload)  # may raise: nothing changed yet
         if run_id is None:
             run_id = uuid.uuid4().hex
-        cap = _INF if max_delay is None else now + max_delay
-        deadline = now + delay
-        if deadline > cap:
-            deadline = cap
-        if opts.max_count == 1:
-            deadline = now
-        trailing = mode is _TRAILING
-        window = Window(ident, mode, trailing, now, deadline, cap, payload, run_id, on_fire)
-        _options.start(window, opts, payload, order)
+        window = Window.open(
+            ident, run_id, on_fire, now, payload, delay, max_delay, mode, opts, order, acc
+        )
         if reducer is not None:
             window.reducer = reducer
-            window.acc = acc
         # A due window still in the table is replaced; its task still fires it.
         self._windows[ident] = window
         self._nursery.start_soon(self._window_task, window)
         self._pings += 1
-        if trailing:
-            self._pending += 1
-            if self._wake_exit_on_pending:
-                self._idle_lot.unpark_all()
-            if opts.queue and deadline <= now:
+        if window.trailing:
+            self._pending_added()
+            if opts.queue and _engine.is_due(window, now):
                 self._queue_due(window, now)
-            scheduled_at = None if window.waiting else deadline
+            scheduled_at = _engine.scheduled_at(window)
             return _new_tuple(
                 DebounceResult, (_SCHEDULE_TRAILING, run_id, scheduled_at, 1, True, True)
             )
@@ -890,6 +864,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._running += 1
         self._nursery.start_soon(self._call_handler, handler, fire)
         return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1, True, True))
+
+    def _pending_added(self) -> None:
+        """A trailing fire became pending (the exit may be waiting to see one)."""
+        self._pending += 1
+        if self._wake_exit_on_pending:
+            self._idle_lot.unpark_all()
 
     def _note_order(self, ident: tuple[str, str], order: float) -> None:
         last = self._fired_order.get(ident)
@@ -911,23 +891,21 @@ class Coordinator(metaclass=_NoPublicConstructor):
             self._note_fired(window)
         if window.scope is not None:
             window.scope.deadline = now
-        window.deadline = now
+        _engine.commit(window, now)
 
     def _settle(self, window: Window, now: float) -> None:
         """Settle by time a due "queue-latest" window whose task has not run yet at
         this instant: it waits (a later deadline, absorbing pings) or is committed."""
         if window.opts is not None and window.opts.queue:
-            while window.state == OPEN and now >= window.deadline:
+            while window.state == OPEN and _engine.is_due(window, now):
                 self._queue_due(window, window.deadline)
 
     def _queue_due(self, window: Window, at: float) -> None:
         """A "queue-latest" window is due at ``at``: it waits while a run of its key
         blocks (absorbing pings until the run ends or times out), else it fires."""
         run = self._key_runs.get(window.ident)
-        if run is not None and at < run.block_until:
-            window.waiting = True
+        if run is not None and _engine.wait_for_run(window, at, run.block_until):
             run.waiter = window
-            window.deadline = run.block_until
             return
         self._commit_queue(window, at)
 
@@ -940,8 +918,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
             del self._windows[ident]
         window.state = FLUSHED
         window.flushed_at = at
-        window.deadline = at
-        window.waiting = False
+        _engine.commit(window, at)
         previous = self._key_runs.get(ident)
         if previous is not None and previous.waiter is window:
             previous.waiter = None
@@ -980,22 +957,17 @@ class Coordinator(metaclass=_NoPublicConstructor):
             raise self._no_handler(workflow)
         if run_id is None:
             run_id = uuid.uuid4().hex
-        cap = _INF if max_delay is None else now + max_delay
-        deadline = now + delay
-        if deadline > cap:
-            deadline = cap
-        trailing = mode is _TRAILING
-        window = Window(ident, mode, trailing, now, deadline, cap, payload, run_id, on_fire)
+        window = Window.open(ident, run_id, on_fire, now, payload, delay, max_delay, mode)
         # A due window still in the table (its task has not run at this instant) is
         # replaced here; its task still fires it with its own state.
         self._windows[ident] = window
         self._nursery.start_soon(self._window_task, window)
         self._pings += 1
-        if trailing:
-            self._pending += 1
-            if self._wake_exit_on_pending:
-                self._idle_lot.unpark_all()
-            return _new_tuple(DebounceResult, (_SCHEDULE_TRAILING, run_id, deadline, 1, True, True))
+        if window.trailing:
+            self._pending_added()
+            return _new_tuple(
+                DebounceResult, (_SCHEDULE_TRAILING, run_id, window.deadline, 1, True, True)
+            )
         handler = on_fire if on_fire is not None else self._handlers[workflow]
         self._fires += 1
         # The fencing token: this coordinator's fire counter; 0 for a fail-open window
@@ -2034,9 +2006,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
         handler = window.on_fire
         if handler is None:
             handler = self._handlers.get(workflow)
-        payload = window.payload
+        payload = _engine.fire_payload(window)
         if window.opts is not None:
-            payload = _options.fire_payload(window)
             self._note_fired(window)
         fire = Fire(
             workflow,

@@ -1,15 +1,16 @@
-"""The window options of issue 8: ``max_count``, payload policies, ``overlap`` and ``order_key``.
+"""The window options: ``max_count``, payload policies, ``overlap`` and ``order_key``.
 
 A window opened with the default options (``payload_policy="last"``, no ``max_count``,
 ``overlap="allow"``, no ``order_key``) never reaches this module: its pings stay on the
 coordinator's fast path. Everything here is for windows that use at least one option.
 Like ``mode``, the options belong to the window and are fixed by its first ping; they
 are kept as one frozen :class:`WindowOptions`, compared as a whole on every later ping.
+This module validates and normalizes them; what they do to a window is the engine's
+(``_engine``).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -203,7 +204,6 @@ class DebounceOptions(TypedDict, total=False):
 
 
 _NAMES = frozenset(DebounceOptions.__annotations__)
-_DEFAULTS: dict[str, object] = {"payload_policy": LAST, "overlap": ALLOW, "drop_stale": False}
 
 
 def check_names(options: Mapping[str, object]) -> None:
@@ -211,11 +211,6 @@ def check_names(options: Mapping[str, object]) -> None:
     for name in options:
         if name not in _NAMES:
             raise TypeError(f"debounce() got an unexpected keyword argument {name!r}")
-
-
-def first_non_default(options: Mapping[str, object]) -> str | None:
-    """The name of the first option that differs from its default, or None."""
-    return next((name for name, value in options.items() if value != _DEFAULTS.get(name)), None)
 
 
 def mismatch(ident: tuple[str, str], window: WindowOptions, ping: WindowOptions) -> ValueError:
@@ -237,91 +232,3 @@ def mismatch(ident: tuple[str, str], window: WindowOptions, ping: WindowOptions)
                 f"open window {ident!r}"
             )
     raise AssertionError("the options do not differ")  # pragma: no cover
-
-
-# ------------------------------------------------------------------ accumulation
-
-
-def start(window: Window, opts: WindowOptions, payload: Any, order: float | None) -> None:
-    """Set up the accumulation state of a window opened by a ping with options.
-
-    For a reducer, ``window.reducer`` must be set and its initial value computed by
-    the caller (see :func:`fold_first`).
-    """
-    window.opts = opts
-    window.seq = 1
-    window.best = order
-    window.max_order = order
-    window.waiting = False
-    window.run = None
-    if opts.payload_policy == COLLECT:
-        window.acc = [(0 if order is None else order, 0, payload)]
-        window.held = 1
-    elif opts.reducer:
-        window.held = 1
-    else:
-        window.held = 0
-
-
-def fold_first(reducer: tuple[Reducer, InitialFactory | None], payload: Any) -> Any:
-    """The accumulated value after a window's first ping (a fresh initial per window)."""
-    fn, initial = reducer
-    if initial is None:
-        return payload
-    return fn(initial(), payload)
-
-
-def absorb(window: Window, payload: Any, order: float | None, folded: Any) -> None:
-    """Add a later ping's payload to an open window (``folded``: the reducer's new
-    value, computed by the caller before any state changed)."""
-    opts = window.opts
-    assert opts is not None
-    seq = window.seq
-    window.seq = seq + 1
-    if order is not None and (window.max_order is None or order > window.max_order):
-        window.max_order = order
-    policy = opts.payload_policy
-    if policy == LAST:
-        # The latest: the highest order key, ties broken by arrival (the later wins).
-        if order is None or window.best is None or order >= window.best:
-            window.payload = payload
-            window.best = order
-    elif policy == FIRST:
-        # The first: the lowest order key, ties broken by arrival (the earlier wins).
-        if order is not None and window.best is not None and order < window.best:
-            window.payload = payload
-            window.best = order
-    elif policy == COLLECT:
-        # (order key, arrival) is unique, so payloads themselves are never compared.
-        item = (0 if order is None else order, seq, payload)
-        if order is None:
-            window.acc.append(item)
-        else:
-            bisect.insort(window.acc, item, key=_rank)
-        if len(window.acc) > (opts.max_items or 0):
-            del window.acc[0]  # drop-oldest: the lowest (order key, arrival)
-        window.held = len(window.acc)
-    else:
-        window.acc = folded
-        window.held += 1
-
-
-def _rank(item: tuple[Any, int, Any]) -> tuple[Any, int]:
-    return item[0], item[1]
-
-
-def full(window: Window) -> bool:
-    """Is the window's accumulation at ``max_items``, under ``overflow="fire-early"``?"""
-    opts = window.opts
-    assert opts is not None
-    return opts.overflow == FIRE_EARLY and window.held >= (opts.max_items or 0)
-
-
-def fire_payload(window: Window) -> Any:
-    """The payload a window's trailing fire carries, per its payload policy."""
-    opts = window.opts
-    if opts is None or opts.payload_policy in (LAST, FIRST):
-        return window.payload
-    if opts.payload_policy == COLLECT:
-        return [item[2] for item in window.acc]
-    return window.acc

@@ -1,8 +1,9 @@
-"""The state of one open debounce window.
+"""The local side of a debounce window: the engine's state plus its task's state.
 
 A window is a plain slotted object owned by the coordinator's table; its task (see
 ``Coordinator._window_task``) only sleeps until the window is due and then fires it.
-A ping that lands in an open window writes a few attributes here and nothing else.
+A ping that lands in an open window changes it through the engine (``_engine``) and
+nothing else.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from . import _engine
+from ._engine import WindowState
+
 if TYPE_CHECKING:
     import trio
 
-    from ._options import KeyRun, Reducer, WindowOptions
+    from ._options import InitialFactory, KeyRun, Reducer, WindowOptions
     from ._types import Handler, Mode
 
 # Window states. ``OPEN`` windows fire when their deadline is reached; ``FLUSHED`` ones
@@ -23,78 +27,74 @@ FLUSHED = 1
 CLOSED = 2
 
 
-class Window:
-    """One debounce window, identified by ``(workflow, key)``."""
+class Window(WindowState):
+    """One local debounce window, identified by ``(workflow, key)``.
+
+    The rule state (due time, cap, count, payload and accumulation) is the engine's
+    :class:`~trio_debounce._engine.WindowState`; this class adds what the local table
+    and the window's task need: the identity, the run id, the handler, the cancel scope
+    the task sleeps in and the task's state.
+    """
 
     __slots__ = (
-        "acc",
-        "best",
-        "cap",
-        "count",
-        "deadline",
-        "first_ping_at",
         "flushed_at",
-        "held",
         "ident",
-        "max_order",
-        "mode",
         "on_fire",
-        "opts",
-        "payload",
         "reducer",
         "run",
         "run_id",
         "scope",
-        "seq",
         "state",
-        "trailing",
-        "waiting",
     )
 
-    # Set by _options.start() on windows opened with options (``opts`` is not None);
-    # a default window never has them.
-    acc: Any  # "collect": [(order key, arrival, payload)]; a reducer: its value
-    best: float | None  # the order key of ``payload`` ("last" and "first")
-    held: int  # payloads accumulated ("collect" and reducers), for max_items
-    max_order: float | None  # the highest order key of the window's pings
-    reducer: tuple[Reducer, Any]  # (fn, initial factory) of a reducer window
+    ident: tuple[str, str]
+    run_id: str
+    on_fire: Handler | None
+    scope: trio.CancelScope | None
+    state: int
+    #: The time a flush committed the fire at (state FLUSHED).
+    flushed_at: float
+    reducer: tuple[Reducer, InitialFactory | None]  # (fn, initial factory) of a reducer window
     run: KeyRun | None  # the run of a committed "queue-latest" fire
-    seq: int  # the arrival number of the next ping
-    waiting: bool  # a due "queue-latest" window waiting for its key's run to end
 
-    def __init__(
-        self,
+    @classmethod
+    def open(
+        cls,
         ident: tuple[str, str],
-        mode: Mode,
-        trailing: bool,
-        now: float,
-        deadline: float,
-        cap: float,
-        payload: Any,
         run_id: str,
         on_fire: Handler | None,
-    ) -> None:
-        self.ident = ident
-        self.mode = mode
-        #: True while a trailing fire is pending: always in trailing mode, from the
-        #: second ping in both mode, never in leading mode.
-        self.trailing = trailing
-        self.first_ping_at = now
-        #: When the window is due, on Trio's clock: min(t + delay, first_ping_at + cap).
-        self.deadline = deadline
-        #: first_ping_at + max_delay, or inf.
-        self.cap = cap
-        self.payload = payload
-        self.count = 1
-        self.run_id = run_id
+        t: float,
+        payload: Any,
+        delay: float,
+        max_delay: float | None,
+        mode: Mode,
+        opts: WindowOptions | None = None,
+        order: float | None = None,
+        value: Any = None,
+    ) -> Window:
+        """The window a ping at ``t`` opens (see :func:`_engine.open_window`)."""
+        window = _engine.open_window(
+            t,
+            payload,
+            delay=delay,
+            max_delay=max_delay,
+            mode=mode,
+            opts=opts,
+            order=order,
+            value=value,
+            state=cls.__new__(cls),
+        )
+        assert isinstance(window, cls)
+        window.ident = ident
+        window.run_id = run_id
         #: The latest non-None on_fire among the window's pings.
-        self.on_fire = on_fire
+        window.on_fire = on_fire
         #: The cancel scope the window's task is sleeping in, while it sleeps.
-        self.scope: trio.CancelScope | None = None
-        self.state = OPEN
-        self.flushed_at = 0.0
-        #: The window's options (issue 8), or None for the defaults (the fast path).
-        self.opts: WindowOptions | None = None
+        window.scope = None
+        window.state = OPEN
+        window.flushed_at = 0.0
+        window.run = None
+        return window
 
     def __repr__(self) -> str:
         return (
