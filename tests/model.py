@@ -1,5 +1,5 @@
-"""A small pure-Python reference model of the debounce rules (the foundation issue and
-issue 8's options: max_count, payload policies, one run at a time per key, order keys).
+"""A small pure-Python reference model of the debounce rules (the modes, and the window
+options: max_count, payload policies, one run at a time per key, order keys).
 
 It knows nothing of Trio: it is fed operations in time order and, before it applies an
 operation at time t, it processes every event due by t in time order (a window's

@@ -4,7 +4,7 @@ Times and durations are drawn on a grid of 1/4 so every float sum is exact, and 
 comparison is to the float: every result of every ping, cancel and flush, and every
 fire (time, key, payload, ping count, edge, run id, first ping time).
 
-The second property adds issue 8's options (max_count, payload policies with bounds
+The second property adds the window options (max_count, payload policies with bounds
 and reducers, overlap="queue-latest" with run timeouts, order keys and drop_stale).
 There, handlers of runs take 1/1024 s off the grid (sums stay exact), so a run never
 ends at the same instant as a ping, a cancel or a flush: the one tie the scheduler
@@ -257,7 +257,7 @@ def test_model_and_coordinator_agree_on_a_known_burst(mode: str) -> None:
         assert (f.fired_at, f.payload, f.ping_count) == (4.0, 2, 3)
 
 
-# ------------------------------------------------------------------ issue 8's options
+# ------------------------------------------------------------------ window options
 
 #: Handler times of runs: off the 1/4 grid by a few 1/1024 (see the module docstring).
 RUN_TIMES = (1 / 1024, 0.5 + 1 / 1024, 1.75 + 1 / 1024, 4.0 + 3 / 1024)

@@ -26,7 +26,6 @@ from ._errors import DocumentTooLargeError as DocumentTooLargeError
 from ._errors import LeaseLapsedError as LeaseLapsedError
 from ._errors import ProcessIdTakenError as ProcessIdTakenError
 from ._errors import RevisionConflict as RevisionConflict
-from ._options import DebounceOptions as DebounceOptions
 from ._payload import JsonSerializer as JsonSerializer
 from ._payload import PayloadSerializer as PayloadSerializer
 from ._run_store import RunState as RunState
@@ -41,6 +40,7 @@ from ._run_types import ScheduledRun as ScheduledRun
 from ._sqlite import SqliteRunStore as SqliteRunStore
 from ._sqlite import open_sqlite_run_store as open_sqlite_run_store
 from ._types import CoordinatorStatistics as CoordinatorStatistics
+from ._types import DebounceOptions as DebounceOptions
 from ._types import DebounceResult as DebounceResult
 from ._types import Edge as Edge
 from ._types import ErrorCallback as ErrorCallback

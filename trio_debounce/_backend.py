@@ -14,8 +14,7 @@ from typing import Any, Literal, NamedTuple
 
 import trio
 
-from ._options import InitialFactory, Reducer
-from ._types import Mode
+from ._types import InitialFactory, Mode, Reducer
 
 #: The values of ``open_coordinator(delivery=...)``.
 Delivery = Literal["at-least-once", "at-most-once"]

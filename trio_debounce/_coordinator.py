@@ -10,7 +10,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, final
 
 import trio
 from trio.lowlevel import disable_ki_protection, enable_ki_protection
@@ -40,7 +40,7 @@ from ._errors import (
     LeaseLapsedError,
 )
 from ._invoke import invoke
-from ._options import DebounceOptions, InitialFactory, KeyRun, Reducer
+from ._options import InitialFactory, KeyRun, Reducer
 from ._run_store import ANY, RunState, RunStore, _Any
 from ._run_types import (
     ExpiredCallback,
@@ -52,6 +52,7 @@ from ._run_types import (
 from ._runs import RunScheduler
 from ._types import (
     CoordinatorStatistics,
+    DebounceOptions,
     DebounceResult,
     Edge,
     ErrorCallback,
@@ -60,6 +61,7 @@ from ._types import (
     Mode,
     Outcome,
 )
+from ._util import NoPublicConstructor
 from ._wallclock import trio_to_wall, wall_to_trio
 from ._window import CLOSED, FLUSHED, OPEN, SharedWindow, Window
 
@@ -94,19 +96,6 @@ _STALE = Outcome.STALE
 _new_tuple = tuple.__new__
 
 
-class _NoPublicConstructor(type):
-    """Metaclass that refuses ``Cls(...)``; the library builds instances via ``_create``."""
-
-    def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
-        raise TypeError(
-            f"{cls.__module__}.{cls.__qualname__} has no public constructor; "
-            "use trio_debounce.open_coordinator()"
-        )
-
-    def _create(cls, *args: Any, **kwargs: Any) -> Any:
-        return super().__call__(*args, **kwargs)
-
-
 @disable_ki_protection
 def _report(on_error: ErrorCallback, fire: Fire, exc: Exception) -> None:
     """Run a user's on_error callback without the coordinator's KI protection."""
@@ -139,7 +128,8 @@ _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
 
 
-class Coordinator(metaclass=_NoPublicConstructor):
+@final
+class Coordinator(metaclass=NoPublicConstructor):
     """Debounce windows keyed by ``(workflow, key)``, each a task in a private nursery.
 
     Get one from :func:`open_coordinator`; it cannot be constructed directly. All
@@ -220,7 +210,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         self._takeovers = 0
         self._refires = 0
         self._dropped = 0
-        # Issue 8's options: reducers by name; the blocking run of each
+        # Window options: reducers by name; the blocking run of each
         # "queue-latest" key; the highest order key fired per key (for drop_stale).
         self._reducers: dict[str, tuple[Reducer, InitialFactory | None]] = {}
         self._key_runs: dict[tuple[str, str], KeyRun] = {}
@@ -699,7 +689,7 @@ class Coordinator(metaclass=_NoPublicConstructor):
         order_key: float | None,
         drop_stale: bool,
     ) -> DebounceResult:
-        """A ping with options (issue 8), or any ping into a window with options.
+        """A ping with options, or any ping into a window with options.
 
         Everything is validated before any state changes. Never on the fast path.
         """

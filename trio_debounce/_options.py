@@ -12,12 +12,16 @@ This module validates and normalizes them; what they do to a window is the engin
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING
 
 from . import _validate
-from ._types import Mode
+from ._types import DebounceOptions, Mode
+from ._types import InitialFactory as InitialFactory
+from ._types import Overflow as Overflow
+from ._types import Overlap as Overlap
+from ._types import Reducer as Reducer
 
 if TYPE_CHECKING:
     from ._window import Window
@@ -37,16 +41,6 @@ _OVERLAPS = (ALLOW, QUEUE_LATEST)
 
 #: ``max_items`` of a ``"collect"`` or reducer window when the caller gives none.
 DEFAULT_MAX_ITEMS = 1000
-
-#: The values of ``debounce(overflow=...)``.
-Overflow = Literal["fire-early", "drop-oldest"]
-#: The values of ``debounce(overlap=...)``.
-Overlap = Literal["allow", "queue-latest"]
-
-#: A reducer: ``fn(accumulated, new) -> accumulated``.
-Reducer = Callable[[Any, Any], Any]
-#: A reducer's factory of fresh initial values, called once per window.
-InitialFactory = Callable[[], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,27 +174,6 @@ def window_options(
             "folds payloads in arrival order (put the order key in the payload instead)"
         )
     return WindowOptions(limit, payload_policy, items, how, str(overlap), timeout, ordered)
-
-
-class DebounceOptions(TypedDict, total=False):
-    """The window options :meth:`Coordinator.debounce` and
-    :meth:`~Coordinator.debounce_nowait` take as keywords (``**options``); every key is
-    optional. See :meth:`Coordinator.debounce_nowait` for each one.
-
-    Keys: ``max_count`` (int | None), ``payload_policy`` (str), ``max_items`` (int |
-    None), ``overflow`` (``"fire-early"`` | ``"drop-oldest"`` | None), ``overlap``
-    (``"allow"`` | ``"queue-latest"``), ``run_timeout`` (float | None, seconds),
-    ``order_key`` (float | None), ``drop_stale`` (bool).
-    """
-
-    max_count: int | None
-    payload_policy: str
-    max_items: int | None
-    overflow: Overflow | None
-    overlap: Overlap
-    run_timeout: float | None
-    order_key: float | None
-    drop_stale: bool
 
 
 _NAMES = frozenset(DebounceOptions.__annotations__)

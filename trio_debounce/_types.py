@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, TypedDict
 
 
 class Mode(str, enum.Enum):
@@ -261,3 +261,37 @@ class CoordinatorStatistics:
     dropped_fires: int = 0
     runs: RunStatistics = RunStatistics()
     stale_pings: int = 0
+
+
+# ------------------------------------------------------------------ window options
+
+#: The values of ``debounce(overflow=...)``.
+Overflow = Literal["fire-early", "drop-oldest"]
+#: The values of ``debounce(overlap=...)``.
+Overlap = Literal["allow", "queue-latest"]
+
+#: A reducer: ``fn(accumulated, new) -> accumulated``.
+Reducer = Callable[[Any, Any], Any]
+#: A reducer's factory of fresh initial values, called once per window.
+InitialFactory = Callable[[], Any]
+
+
+class DebounceOptions(TypedDict, total=False):
+    """The window options :meth:`Coordinator.debounce` and
+    :meth:`~Coordinator.debounce_nowait` take as keywords (``**options``); every key is
+    optional. See :meth:`Coordinator.debounce_nowait` for each one.
+
+    Keys: ``max_count`` (int | None), ``payload_policy`` (str), ``max_items`` (int |
+    None), ``overflow`` (``"fire-early"`` | ``"drop-oldest"`` | None), ``overlap``
+    (``"allow"`` | ``"queue-latest"``), ``run_timeout`` (float | None, seconds),
+    ``order_key`` (float | None), ``drop_stale`` (bool).
+    """
+
+    max_count: int | None
+    payload_policy: str
+    max_items: int | None
+    overflow: Overflow | None
+    overlap: Overlap
+    run_timeout: float | None
+    order_key: float | None
+    drop_stale: bool
