@@ -521,7 +521,7 @@ def test_replay_order_field_must_be_a_number_on_every_line(
     st.sampled_from([None, 1, 2, 3]),
     st.sampled_from(["last", "first", "collect"]),
     st.sampled_from(["allow", "queue-latest"]),
-    st.sampled_from([0.0, 1 / 1024, 3 + 1 / 1024, 8 + 1 / 1024]),
+    st.sampled_from([0.0, 1 / 1024, 3 + 1 / 1024, 8 + 1 / 1024, 1.0, 3.0]),
     st.booleans(),
     st.sampled_from(BATCHES),
 )
@@ -535,8 +535,8 @@ def test_replay_with_options_matches_the_model(
     ordered: bool,
     batch: int,
 ) -> None:
-    # Integer times; runs end off the integer grid (a run's end is an event, not a
-    # deadline, so it must not tie with a ping).
+    # Integer times; runs end off the integer grid, or on it (1.0, 3.0): the replay
+    # decides a run's end by time, before a ping at the same instant, as the model does.
     events = [
         Event(float(ts), key, {"n": i, "seq": seq}, i + 1)
         for i, (ts, key, seq) in enumerate(sorted(raw))
