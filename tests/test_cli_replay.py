@@ -738,3 +738,29 @@ def test_queue_latest_replay_on_a_grid_of_ties_is_by_time(
     )
     assert first == second
     assert first == _by_time(events, delay, run_time)
+
+
+@pytest.mark.parametrize(
+    ("run_time", "expected"),
+    [
+        # Each event is due at once (max_count 1) and its run ends at once: each run
+        # has ended before the next event at the same instant, which fires on its own.
+        (0, [(0, "a", 0, 1, 0), (0, "a", 0, 1, 1), (0, "a", 0, 1, 2)]),
+        # The first run lasts until 2: the second event's window is due at once and
+        # waits, the third joins it, and it fires when the run ends.
+        (2, [(0, "a", 0, 1, 0), (2, "a", 0, 2, 2)]),
+    ],
+)
+def test_queue_latest_events_at_one_instant_follow_runs_ended_by_then(
+    run_time: float, expected: list[QueueFire]
+) -> None:
+    events = _events([(0, "a"), (0, "a"), (0, "a")])
+    outputs = {
+        tuple(
+            _queue_latest_fires(
+                replay(events, delay=1, max_count=1, overlap="queue-latest", run_time=run_time)
+            )
+        )
+        for _ in range(50)
+    }
+    assert outputs == {tuple(expected)}
