@@ -6,6 +6,7 @@ import io
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -582,6 +583,15 @@ def _queue_latest_fires(result: _replay.ReplayResult) -> list[QueueFire]:
     return [(f.fired_at, f.key, f.first_ping_at, f.pings, f.payload["n"]) for f in result.fires]
 
 
+@dataclass
+class _RefWindow:
+    first: float
+    deadline: float
+    order: int  # index of the event that opened it
+    pings: int = 1
+    n: int = 0  # the latest event's "n"
+
+
 def _by_time(events: list[Event], delay: float, run_time: float) -> list[QueueFire]:
     """A tiny by-time reference of trailing ``queue-latest`` with payload "last".
 
@@ -591,28 +601,29 @@ def _by_time(events: list[Event], delay: float, run_time: float) -> list[QueueFi
     while the run goes on waits, and an event joins it without moving its deadline.
     """
     fires: list[tuple[float, str, int, QueueFire]] = []
-    windows: dict[str, list[Any]] = {}  # key -> [first, deadline, pings, n, order]
+    windows: dict[str, _RefWindow] = {}
     run_end: dict[str, float] = {}
 
-    def fire(key: str) -> float:
-        first, deadline, pings, n, order = windows.pop(key)
-        at = max(deadline, run_end.get(key, -math.inf))
+    def fire_at(key: str) -> float:
+        return max(windows[key].deadline, run_end.get(key, -math.inf))
+
+    def fire(key: str) -> None:
+        at = fire_at(key)
+        w = windows.pop(key)
         run_end[key] = at + run_time
-        fires.append((at, key, order, (at, key, first, pings, n)))
-        return at
+        fires.append((at, key, w.order, (at, key, w.first, w.pings, w.n)))
 
     for i, e in enumerate(events):
-        w = windows.get(e.key)
-        if w is not None and max(w[1], run_end.get(e.key, -math.inf)) <= e.ts:
+        if e.key in windows and fire_at(e.key) <= e.ts:
             fire(e.key)
-            w = None
+        w = windows.get(e.key)
         if w is None:
-            windows[e.key] = [e.ts, e.ts + delay, 1, e.payload["n"], i]
+            windows[e.key] = _RefWindow(e.ts, e.ts + delay, i, n=e.payload["n"])
             continue
-        w[2] += 1
-        w[3] = e.payload["n"]
-        if w[1] > e.ts:  # not due yet: the ping moves the deadline
-            w[1] = e.ts + delay
+        w.pings += 1
+        w.n = e.payload["n"]
+        if w.deadline > e.ts:  # not due yet: the ping moves the deadline
+            w.deadline = e.ts + delay
     for key in list(windows):
         fire(key)
     return [f for *_, f in sorted(fires)]
