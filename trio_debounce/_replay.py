@@ -161,7 +161,8 @@ class ReplayClock(trio.abc.Clock):
     deadline; a replayed ping would then happen later than its event's time, and the
     time rule (a ping at a window's deadline opens a new window) could flip. This clock
     sets its time to the deadline itself, so every ping happens at its event's exact
-    time, in the input's own epoch (negative times included).
+    time, in the input's own epoch (negative times included). While :meth:`settle`
+    waits, it jumps no further than the settle's time.
     """
 
     def __init__(self, start: float) -> None:
