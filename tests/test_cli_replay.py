@@ -6,6 +6,7 @@ import io
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -521,7 +522,7 @@ def test_replay_order_field_must_be_a_number_on_every_line(
     st.sampled_from([None, 1, 2, 3]),
     st.sampled_from(["last", "first", "collect"]),
     st.sampled_from(["allow", "queue-latest"]),
-    st.sampled_from([0.0, 1 / 1024, 3 + 1 / 1024, 8 + 1 / 1024]),
+    st.sampled_from([0.0, 1 / 1024, 3 + 1 / 1024, 8 + 1 / 1024, 1.0, 3.0]),
     st.booleans(),
     st.sampled_from(BATCHES),
 )
@@ -535,8 +536,8 @@ def test_replay_with_options_matches_the_model(
     ordered: bool,
     batch: int,
 ) -> None:
-    # Integer times; runs end off the integer grid (a run's end is an event, not a
-    # deadline, so it must not tie with a ping).
+    # Integer times; runs end off the integer grid, or on it (1.0, 3.0): the replay
+    # decides a run's end by time, before a ping at the same instant, as the model does.
     events = [
         Event(float(ts), key, {"n": i, "seq": seq}, i + 1)
         for i, (ts, key, seq) in enumerate(sorted(raw))
@@ -570,3 +571,207 @@ def test_replay_with_options_matches_the_model(
         for f in result.fires
     )
     assert got == expected
+
+
+# ------------------------------------------- queue-latest with run times: ties by time
+
+#: (fired_at, key, first_ping_at, pings, payload "n") of one fire.
+QueueFire = tuple[float, str, float, int, int]
+
+
+def _queue_latest_fires(result: _replay.ReplayResult) -> list[QueueFire]:
+    return [(f.fired_at, f.key, f.first_ping_at, f.pings, f.payload["n"]) for f in result.fires]
+
+
+@dataclass
+class _RefWindow:
+    first: float
+    deadline: float
+    order: int  # index of the event that opened it
+    pings: int = 1
+    n: int = 0  # the latest event's "n"
+
+
+def _by_time(events: list[Event], delay: float, run_time: float) -> list[QueueFire]:
+    """A tiny by-time reference of trailing ``queue-latest`` with payload "last".
+
+    A window fires at max(its deadline, the end of its key's run), and a run ends at
+    its fire time + ``run_time``. A fire at or before an event's time happens before
+    the event (the event then opens the next window); a window whose deadline has come
+    while the run goes on waits, and an event joins it without moving its deadline.
+    """
+    fires: list[tuple[float, str, int, QueueFire]] = []
+    windows: dict[str, _RefWindow] = {}
+    run_end: dict[str, float] = {}
+
+    def fire_at(key: str) -> float:
+        return max(windows[key].deadline, run_end.get(key, -math.inf))
+
+    def fire(key: str) -> None:
+        at = fire_at(key)
+        w = windows.pop(key)
+        run_end[key] = at + run_time
+        fires.append((at, key, w.order, (at, key, w.first, w.pings, w.n)))
+
+    for i, e in enumerate(events):
+        if e.key in windows and fire_at(e.key) <= e.ts:
+            fire(e.key)
+        w = windows.get(e.key)
+        if w is None:
+            windows[e.key] = _RefWindow(e.ts, e.ts + delay, i, n=e.payload["n"])
+            continue
+        w.pings += 1
+        w.n = e.payload["n"]
+        if w.deadline > e.ts:  # not due yet: the ping moves the deadline
+            w.deadline = e.ts + delay
+    for key in list(windows):
+        fire(key)
+    return [f for *_, f in sorted(fires)]
+
+
+def _events(timeline: list[tuple[float, str]]) -> list[Event]:
+    return [Event(float(ts), key, {"n": i}, i + 1) for i, (ts, key) in enumerate(timeline)]
+
+
+# Each case: delay 1, run time 2, one or more keys, ties of an event with a run's end.
+QUEUE_LATEST_TIES = [
+    pytest.param(
+        [(0, "a"), (1.5, "a"), (3, "a")],
+        [
+            # 0 opens a window, due at 1: it fires at 1, and its run lasts until 3.
+            (1, "a", 0, 1, 0),
+            # 1.5 opens a window, due at 2.5 while the run goes on: it waits, and fires
+            # when the run ends at 3, before the event at 3. Its run lasts until 5.
+            (3, "a", 1.5, 1, 1),
+            # The event at 3 opens the next window (due at 4), which waits until 5.
+            (5, "a", 3, 1, 2),
+        ],
+        id="event-at-the-end-of-a-run-with-a-waiting-window",
+    ),
+    pytest.param(
+        [(0, "a"), (2, "a"), (3, "a")],
+        [
+            (1, "a", 0, 1, 0),  # the run: 1 to 3
+            # 2 opens a window due at 3, the instant the run ends: it fires at 3, before
+            # the event at 3 (its deadline and the run's end both come first).
+            (3, "a", 2, 1, 1),  # the run: 3 to 5
+            (5, "a", 3, 1, 2),  # the event at 3: due at 4, waits until 5
+        ],
+        id="event-at-a-deadline-and-the-end-of-a-run",
+    ),
+    pytest.param(
+        [(0, "a"), (1, "a")],
+        [
+            # The window is due at 1: it fires at 1, before the event at 1.
+            (1, "a", 0, 1, 0),  # the run: 1 to 3
+            (3, "a", 1, 1, 1),  # the event at 1: due at 2, waits until 3
+        ],
+        id="event-at-a-deadline",
+    ),
+    pytest.param(
+        [(0, "a"), (1.5, "a"), (3, "a"), (3, "a"), (4.5, "a")],
+        [
+            (1, "a", 0, 1, 0),  # the run: 1 to 3
+            (3, "a", 1.5, 1, 1),  # waited from 2.5; fires at 3; the run: 3 to 5
+            # Both events at 3 come after that fire: the first opens a window (due at
+            # 4), the second joins it; it waits from 4, the event at 4.5 joins it too,
+            # and it fires when the run ends at 5.
+            (5, "a", 3, 3, 4),
+        ],
+        id="two-events-at-the-end-of-a-run",
+    ),
+    pytest.param(
+        [(0, "a"), (0, "b"), (1.5, "a"), (1.5, "b"), (3, "b"), (3, "a"), (3, "c")],
+        [
+            # a and b each follow the first case, at the same instants; c has no run.
+            (1, "a", 0, 1, 0),
+            (1, "b", 0, 1, 1),
+            (3, "a", 1.5, 1, 2),
+            (3, "b", 1.5, 1, 3),
+            (4, "c", 3, 1, 6),
+            (5, "a", 3, 1, 5),
+            (5, "b", 3, 1, 4),
+        ],
+        id="several-keys",
+    ),
+]
+
+
+@pytest.mark.parametrize(("timeline", "expected"), QUEUE_LATEST_TIES)
+def test_queue_latest_run_end_ties_replay_one_by_time_output(
+    timeline: list[tuple[float, str]], expected: list[QueueFire]
+) -> None:
+    # A run ends at its fire time + run time, and that end (with the fire of the window
+    # waiting for it) comes before an event at the same instant, on every replay: Trio
+    # runs tasks woken at one instant in a random order, so replay many times.
+    events = _events(timeline)
+    outputs = {
+        tuple(_queue_latest_fires(replay(events, delay=1, overlap="queue-latest", run_time=2)))
+        for _ in range(50)
+    }
+    assert outputs == {tuple(expected)}
+    assert expected == _by_time(events, 1, 2)
+
+
+def test_queue_latest_run_end_tie_cli_prints_one_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = write_lines(tmp_path / "e.jsonl", [{"ts": t, "key": "a"} for t in (0, 1.5, 3)])
+    args = ["replay", str(log), "--delay", "1", "--overlap", "queue-latest", "--run-time", "2"]
+    outputs = set()
+    for _ in range(50):
+        code, out, err = run_cli(args, capsys)
+        assert (code, err) == (0, "")
+        outputs.add(out)
+    assert len(outputs) == 1
+    assert [(f["fired_at"], f["first_ping_at"], f["pings"]) for f in _lines(outputs.pop())] == [
+        (1, 0, 1),
+        (3, 1.5, 1),
+        (5, 3, 1),
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 12), st.sampled_from("ab")), min_size=1, max_size=12),
+    st.sampled_from([1, 2, 3]),
+    st.sampled_from([0, 1, 2, 3]),
+)
+def test_queue_latest_replay_on_a_grid_of_ties_is_by_time(
+    raw: list[tuple[int, str]], delay: int, run_time: int
+) -> None:
+    # Integer times, delays and run times: runs end, windows fall due and events come
+    # at the same instants. Two replays agree, and with the by-time reference.
+    events = _events(sorted(raw))
+    first, second = (
+        _queue_latest_fires(replay(events, delay=delay, overlap="queue-latest", run_time=run_time))
+        for _ in range(2)
+    )
+    assert first == second
+    assert first == _by_time(events, delay, run_time)
+
+
+@pytest.mark.parametrize(
+    ("run_time", "expected"),
+    [
+        # Each event is due at once (max_count 1) and its run ends at once: each run
+        # has ended before the next event at the same instant, which fires on its own.
+        (0, [(0, "a", 0, 1, 0), (0, "a", 0, 1, 1), (0, "a", 0, 1, 2)]),
+        # The first run lasts until 2: the second event's window is due at once and
+        # waits, the third joins it, and it fires when the run ends.
+        (2, [(0, "a", 0, 1, 0), (2, "a", 0, 2, 2)]),
+    ],
+)
+def test_queue_latest_events_at_one_instant_follow_runs_ended_by_then(
+    run_time: float, expected: list[QueueFire]
+) -> None:
+    events = _events([(0, "a"), (0, "a"), (0, "a")])
+    outputs = {
+        tuple(
+            _queue_latest_fires(
+                replay(events, delay=1, max_count=1, overlap="queue-latest", run_time=run_time)
+            )
+        )
+        for _ in range(50)
+    }
+    assert outputs == {tuple(expected)}

@@ -18,8 +18,16 @@ task has not run, and a fire carries its deadline as ``fired_at``). A task that 
 late also finds its window's deadline moved by more of its pings, so it wakes fewer
 times: on a log of 1,000,000 events over 100,000 keys this replays about 40,000 events
 a second on a slow 2-core machine, against 7,000 when sleeping until each event.
-Only a handler's own timing is not stated by time: with ``run_time`` or
-``overlap="queue-latest"`` every event sleeps until its time, exactly.
+
+Only a handler's own timing is not stated by time: the end of a run is the handler's
+return, an event. With ``run_time`` or ``overlap="queue-latest"`` the replay therefore
+decides by time itself. Each run ends at its fire time + ``run_time`` (the handler
+sleeps until then), and before each event the driver *settles* at the event's time
+(:meth:`ReplayClock.settle`): it runs every task due by then, in time order, and pings
+only once every other task is blocked at that instant. A run ending at the event's time
+has then returned and the window that waited for it has fired; the event opens the
+next window. Without the settle, the driver's wake-up and the handler's would be two
+tasks woken at the same instant, which Trio runs in a random order.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+import trio.testing
 
 from . import _options, _validate
 from ._coordinator import open_coordinator
@@ -152,11 +161,14 @@ class ReplayClock(trio.abc.Clock):
     deadline; a replayed ping would then happen later than its event's time, and the
     time rule (a ping at a window's deadline opens a new window) could flip. This clock
     sets its time to the deadline itself, so every ping happens at its event's exact
-    time, in the input's own epoch (negative times included).
+    time, in the input's own epoch (negative times included). While :meth:`settle`
+    waits, it jumps no further than the settle's time.
     """
 
     def __init__(self, start: float) -> None:
         self._now = start
+        #: While :meth:`settle` waits: the time the clock must not pass.
+        self._limit: float | None = None
 
     def start_clock(self) -> None:
         pass
@@ -176,8 +188,30 @@ class ReplayClock(trio.abc.Clock):
         if when > self._now:
             self._now = when
 
+    async def settle(self, when: float) -> None:
+        """Run every task due by ``when``, in time order; return at ``when`` (if that is
+        later than now) once every other task is blocked.
+
+        Trio runs the tasks woken at one instant in a random order. Waiting until no
+        task can run (``wait_all_tasks_blocked``) lets each of them, and everything they
+        start or wake at that instant, finish first. Meanwhile the clock jumps only to
+        deadlines at or before ``when``: past them it stops at ``when`` and reports an
+        unbounded sleep, so Trio wakes the waiter instead of a later deadline.
+        """
+        self._limit = max(when, self._now)
+        try:
+            await trio.testing.wait_all_tasks_blocked()
+        finally:
+            self._limit = None
+
     def deadline_to_sleep_time(self, deadline: float) -> float:
         # Trio asks only when no task is runnable: jump, and sleep not at all.
+        limit = self._limit
+        if limit is not None and deadline > limit:
+            # settle(): nothing is due by the limit. Stop there and let Trio see an
+            # idle loop (an unbounded sleep, which wait_all_tasks_blocked cuts to 0).
+            self._now = limit
+            return math.inf
         if deadline == math.inf:
             return math.inf
         if deadline > self._now:
@@ -263,13 +297,15 @@ def replay(
     async def record(fire: Fire) -> None:
         fires.append(fire)
         if run_seconds:
-            await trio.sleep(run_seconds)
+            # A run ends at its fire time + run_time, by time.
+            await trio.sleep_until(fire.fired_at + run_seconds)
 
     # When a handler's timing matters (a run that lasts, or "queue-latest", whose
-    # waiting windows fire when a run ends), every event sleeps until its time, so
-    # every task runs exactly in time. Otherwise nothing depends on when a task runs:
-    # the clock is set to each event's time directly and the tasks run every
-    # _BATCH events (see the module docstring).
+    # waiting windows fire when a run ends), the driver settles at each event's time
+    # before it pings: every run ending by then has returned, and the window that
+    # waited for it has fired (see the module docstring). Otherwise nothing depends on
+    # when a task runs: the clock is set to each event's time directly and the tasks
+    # run every _BATCH events.
     exact = run_seconds > 0 or overlap != _options.ALLOW
 
     async def main() -> None:
@@ -281,7 +317,7 @@ def replay(
                 if max_delay is not None:
                     _check_resolution(event, max_delay, "max delay")
                 if exact:
-                    await trio.sleep_until(event.ts)
+                    await clock.settle(event.ts)
                 else:
                     clock.advance_to(event.ts)
                     if count % _BATCH == 0:
