@@ -14,6 +14,7 @@ import trio.testing
 
 import trio_debounce
 from trio_debounce import Coordinator, Fire, Outcome, open_coordinator
+from trio_debounce._firing import Ledger
 
 from .conftest import Recorder
 
@@ -610,13 +611,13 @@ async def test_bookkeeping_is_ki_protected_and_user_code_is_not(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: dict[str, list[bool]] = {"handler": [], "on_error": [], "bookkeeping": []}
-    original = Coordinator._check_idle
+    original = Ledger.check_idle
 
-    def spy(self: Coordinator) -> None:
+    def spy(self: Ledger) -> None:
         seen["bookkeeping"].append(trio.lowlevel.currently_ki_protected())
         original(self)
 
-    monkeypatch.setattr(Coordinator, "_check_idle", spy)
+    monkeypatch.setattr(Ledger, "check_idle", spy)
 
     async def handler(fire: Fire) -> None:
         seen["handler"].append(trio.lowlevel.currently_ki_protected())

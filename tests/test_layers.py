@@ -61,6 +61,8 @@ LAYERS: dict[str, int] = {
     "nats": BACKENDS,
     "testing": BACKENDS,
     "_window": PARTS,
+    "_firing": PARTS,
+    "_local": PARTS,
     "_runs": PARTS,
     "_coordinator": FACADE,
     "": TOP,  # trio_debounce/__init__.py
@@ -72,17 +74,13 @@ LAYERS: dict[str, int] = {
 }
 
 #: Upward imports still to remove, as (importer, imported).
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    # KeyRun (a local window's blocking run) still lives in _options, typed against
-    # Window: it moves to _window.
-    ("_options", "_window"),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 #: Modules (by dotted name under the package) and classes ("module:Class") still past
 #: the size guide, with their lines of code today as a ceiling.
 OVERSIZED: dict[str, int] = {
-    "_coordinator": 1909,
-    "_coordinator:Coordinator": 1646,
+    "_coordinator": 1420,
+    "_coordinator:Coordinator": 1160,
     "_protocol": 2348,
     "_protocol:KvDebounceBackend": 1821,
     "_runs": 1133,

@@ -7,20 +7,19 @@ import logging
 import math
 import random
 import sys
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal, final
 
 import trio
-from trio.lowlevel import disable_ki_protection, enable_ki_protection
+from trio.lowlevel import enable_ki_protection
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-from . import _engine, _options, _validate
+from . import _options, _validate
 from ._backend import (
     DebounceBackend,
     Delivery,
@@ -39,8 +38,10 @@ from ._errors import (
     BackendUnavailableError,
     LeaseLapsedError,
 )
-from ._invoke import invoke
-from ._options import InitialFactory, KeyRun, Reducer
+from ._firing import Handlers, Ledger
+from ._firing import closed_error as _closed_error
+from ._local import LocalWindows
+from ._options import InitialFactory, Reducer
 from ._run_store import ANY, RunState, RunStore, _Any
 from ._run_types import (
     ExpiredCallback,
@@ -96,19 +97,16 @@ _STALE = Outcome.STALE
 _new_tuple = tuple.__new__
 
 
-@disable_ki_protection
-def _report(on_error: ErrorCallback, fire: Fire, exc: Exception) -> None:
-    """Run a user's on_error callback without the coordinator's KI protection."""
-    on_error(fire, exc)
+def _ledger_field(name: str) -> Any:
+    """A Coordinator attribute that reads and writes the ledger's field ``name``."""
 
+    def get(self: Coordinator) -> Any:
+        return getattr(self._ledger, name)
 
-def _abort_sleep(_: Any) -> trio.lowlevel.Abort:
-    """The abort function of a window task's sleep: any cancellation ends it."""
-    return trio.lowlevel.Abort.SUCCEEDED
+    def set_(self: Coordinator, value: Any) -> None:
+        setattr(self._ledger, name, value)
 
-
-def _closed_error() -> trio.ClosedResourceError:
-    return trio.ClosedResourceError("this coordinator's async with block has exited")
+    return property(get, set_)
 
 
 def _uuid4_hex() -> str:
@@ -178,31 +176,25 @@ class Coordinator(metaclass=NoPublicConstructor):
         self._release_runs: set[str] = set()
         self._reconcile_soon = False
         self._sweeping = False
-        self._handlers: dict[str, Handler] = dict(handlers)
-        self._on_error = on_error
-        self._windows: dict[tuple[str, str], Window] = {}
-        self._closed = False
-        # Set when the block raised or was cancelled, and when.
-        self._aborted = False
-        self._aborted_at = 0.0
-        # Set while a normal exit with on_exit="flush"/"cancel" waits: a new pending
-        # trailing fire must wake the exit loop, which flushes or cancels it.
-        self._wake_exit_on_pending = False
-        self._idle_lot = trio.lowlevel.ParkingLot()
         # The run's clock, bound once: trio.current_time() looks the run up in a
         # thread-local on every call, which would double the cost of a ping.
         self._now = trio.lowlevel.current_clock().current_time
-        # Counters behind statistics().
-        self._pending = 0
-        self._running = 0
-        self._pings = 0
-        self._coalesced = 0
-        # Pings taken by debounce_nowait's inlined hot path: counted in both of the
-        # above by statistics() (one increment per ping instead of two).
+        #: The counters, the idle lot and the lifecycle flags, shared by the parts.
+        self._ledger = ledger = Ledger()
+        #: The handlers, the reducers and the error policy.
+        self._fire_handlers = Handlers(handlers, on_error, ledger)
+        self._on_error = on_error
+        #: The local windows; without a backend, all of them.
+        self._local = LocalWindows(
+            nursery, self._now, ledger, self._fire_handlers, self._abort, fencing=backend is None
+        )
+        # The tables debounce_nowait's inlined hot path reads (the same objects).
+        self._windows = self._local.windows
+        self._handlers = self._fire_handlers.by_workflow
+        self._reducers = self._fire_handlers.reducers
+        # Pings taken by debounce_nowait's inlined hot path: counted in pings and
+        # coalesced by statistics() (one increment per ping instead of two).
         self._hot_pings = 0
-        self._fires = 0
-        self._cancelled = 0
-        self._handler_errors = 0
         self._backend_errors = 0
         self._fail_open = 0
         self._unconfirmed = 0
@@ -210,12 +202,31 @@ class Coordinator(metaclass=NoPublicConstructor):
         self._takeovers = 0
         self._refires = 0
         self._dropped = 0
-        # Window options: reducers by name; the blocking run of each
-        # "queue-latest" key; the highest order key fired per key (for drop_stale).
-        self._reducers: dict[str, tuple[Reducer, InitialFactory | None]] = {}
-        self._key_runs: dict[tuple[str, str], KeyRun] = {}
-        self._fired_order: dict[tuple[str, str], float] = {}
-        self._stale = 0
+
+    # The ledger's counters and flags under the names the shared windows' code uses
+    # (it moves to a part of its own, as the local windows did, and these go).
+    _pending = _ledger_field("pending")
+    _running = _ledger_field("running")
+    _pings = _ledger_field("pings")
+    _coalesced = _ledger_field("coalesced")
+    _fires = _ledger_field("fires")
+    _cancelled = _ledger_field("cancelled")
+    _stale = _ledger_field("stale")
+    _handler_errors = _ledger_field("handler_errors")
+    _closed = _ledger_field("closed")
+    _aborted = _ledger_field("aborted")
+    _aborted_at = _ledger_field("aborted_at")
+    _wake_exit_on_pending = _ledger_field("wake_exit_on_pending")
+
+    @property
+    def _idle_lot(self) -> trio.lowlevel.ParkingLot:
+        return self._ledger.idle_lot
+
+    def _check_idle(self) -> None:
+        self._ledger.check_idle()
+
+    def _no_handler(self, workflow: str) -> LookupError:
+        return self._fire_handlers.missing(workflow)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -332,7 +343,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         if options and self._backend is None:
-            result = self._debounce_options(
+            result = self._local.ping_with_options(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
             )
             await trio.lowlevel.cancel_shielded_checkpoint()
@@ -470,7 +481,7 @@ class Coordinator(metaclass=NoPublicConstructor):
                     "debounce_nowait() cannot reach the backend (it does no I/O); with "
                     "open_coordinator(backend=...) use await coordinator.debounce()"
                 )
-            return self._debounce_options(
+            return self._local.ping_with_options(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
             )
         # The hot path, inlined (no second frame): a ping with a float delay and no
@@ -512,7 +523,7 @@ class Coordinator(metaclass=NoPublicConstructor):
                 return _new_tuple(
                     DebounceResult, (_COALESCE, window.run_id, deadline, count, True, True)
                 )
-        return self._debounce_local(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)
+        return self._local.ping(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)
 
     def _debounce_local(
         self,
@@ -525,68 +536,8 @@ class Coordinator(metaclass=NoPublicConstructor):
         run_id: str | None,
         on_fire: Handler | None,
     ) -> DebounceResult:
-        """A ping of an in-memory window (the body of debounce_nowait)."""
-        if self._closed:
-            raise _closed_error()
-        if type(delay) is not float or not 0.0 <= delay < _INF:
-            delay = _validate.duration("delay", delay)
-        if max_delay is not None:
-            if type(max_delay) is not float or not 0.0 <= max_delay < _INF:
-                max_delay = _validate.duration("max_delay", max_delay)
-            if max_delay < delay:
-                raise _validate.max_delay_below_delay(max_delay, delay)
-        if run_id is not None and (type(run_id) is not str or not run_id):
-            _validate.run_id(run_id)
-        if on_fire is not None:
-            _validate.handler("on_fire", on_fire)
-
-        now = self._now()
-        ident = (workflow, key)
-        try:
-            window = self._windows.get(ident)
-        except TypeError:  # unhashable: say which argument is bad
-            _validate.name("workflow", workflow)
-            _validate.name("key", key)
-            raise
-        if window is not None and (window.opts is not None or _engine.is_due(window, now)):
-            if window.opts is not None:
-                # A window with options (or a due "queue-latest" one that may wait).
-                return self._debounce_ext(
-                    workflow, key, payload, delay, max_delay, mode, run_id, on_fire,
-                    None, _options.LAST, None, None, _options.ALLOW, None, None, False,
-                )  # fmt: skip
-            window = None
-        if window is not None:
-            # The ping lands in an open window: O(1) attribute writes.
-            if mode is not window.mode and mode != window.mode:
-                raise ValueError(
-                    f"mode {_validate.mode(mode).value!r} differs from the mode "
-                    f"{window.mode.value!r} of the open window {ident!r}"
-                )
-            if on_fire is None and window.on_fire is None and workflow not in self._handlers:
-                raise self._no_handler(workflow)
-            armed = window.deadline
-            if _engine.absorb(window, now, payload, delay=delay):
-                self._pending_added()
-            if on_fire is not None:
-                window.on_fire = on_fire
-            if window.deadline < armed and window.scope is not None:
-                # The rare move to an earlier time wakes the sleeping task earlier.
-                window.scope.deadline = window.deadline
-            self._pings += 1
-            self._coalesced += 1
-            return _new_tuple(
-                DebounceResult,
-                (
-                    _COALESCE,
-                    window.run_id,
-                    _engine.scheduled_at(window),
-                    window.count,
-                    True,
-                    True,
-                ),
-            )
-        return self._open_window(ident, now, payload, delay, max_delay, mode, run_id, on_fire)
+        """A ping of a local window without options (see LocalWindows.ping)."""
+        return self._local.ping(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)
 
     # ------------------------------------------------------- windows with options
 
@@ -648,326 +599,10 @@ class Coordinator(metaclass=NoPublicConstructor):
         on_fire: Handler | None,
         options: Mapping[str, Any],
     ) -> DebounceResult:
-        """A ping with keyword options: check their names, then _debounce_ext."""
-        _options.check_names(options)
-        get = options.get
-        return self._debounce_ext(
-            workflow,
-            key,
-            payload,
-            delay,
-            max_delay,
-            mode,
-            run_id,
-            on_fire,
-            get("max_count"),
-            get("payload_policy", _options.LAST),
-            get("max_items"),
-            get("overflow"),
-            get("overlap", _options.ALLOW),
-            get("run_timeout"),
-            get("order_key"),
-            get("drop_stale", False),
+        """A ping of a local window with options (see LocalWindows.ping_with_options)."""
+        return self._local.ping_with_options(
+            workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
         )
-
-    def _debounce_ext(
-        self,
-        workflow: str,
-        key: str,
-        payload: Any,
-        delay: float,
-        max_delay: float | None,
-        mode: Mode | str,
-        run_id: str | None,
-        on_fire: Handler | None,
-        max_count: int | None,
-        payload_policy: str,
-        max_items: int | None,
-        overflow: str | None,
-        overlap: str,
-        run_timeout: float | None,
-        order_key: float | None,
-        drop_stale: bool,
-    ) -> DebounceResult:
-        """A ping with options, or any ping into a window with options.
-
-        Everything is validated before any state changes. Never on the fast path.
-        """
-        if self._closed:
-            raise _closed_error()
-        delay = _validate.duration("delay", delay)
-        if max_delay is not None:
-            max_delay = _validate.duration("max_delay", max_delay)
-            if max_delay < delay:
-                raise _validate.max_delay_below_delay(max_delay, delay)
-        _validate.run_id(run_id)
-        _validate.handler("on_fire", on_fire)
-        _validate.name("workflow", workflow)
-        _validate.name("key", key)
-        mode = _validate.mode(mode)
-        order = None if order_key is None else _options.order_key(order_key)
-        if not isinstance(drop_stale, bool):
-            raise TypeError(f"drop_stale must be a bool, not {drop_stale!r}")
-        if drop_stale and order is None:
-            raise ValueError("drop_stale=True needs an order_key on the ping")
-        opts = _options.window_options(
-            mode,
-            max_count,
-            payload_policy,
-            max_items,
-            overflow,
-            overlap,
-            run_timeout,
-            order is not None,
-            self._reducers,
-        )
-        now = self._now()
-        ident = (workflow, key)
-        window = self._windows.get(ident)
-        if window is not None and window.opts is not None:
-            if window.opts.queue:
-                self._settle(window, now)  # it may wait, and absorb this ping
-            elif window.trailing and _engine.is_due(window, now):
-                self._note_fired(window)  # due: it fired at its deadline
-        if window is not None and (window.state != OPEN or _engine.is_due(window, now)):
-            window = None
-        if window is not None:
-            if mode is not window.mode:
-                raise ValueError(
-                    f"mode {mode.value!r} differs from the mode {window.mode.value!r} of "
-                    f"the open window {ident!r}"
-                )
-            window_opts = window.opts or _options.DEFAULT
-            if window_opts != opts:
-                raise _options.mismatch(ident, window_opts, opts)
-            if on_fire is None and window.on_fire is None and workflow not in self._handlers:
-                raise self._no_handler(workflow)
-        if drop_stale:
-            assert order is not None
-            if _engine.is_stale(order, self._fired_order.get(ident)):
-                self._stale += 1
-                if window is None:
-                    return _new_tuple(DebounceResult, (_STALE, "", None, 0, True, True))
-                scheduled = _engine.scheduled_at(window)
-                return _new_tuple(
-                    DebounceResult, (_STALE, window.run_id, scheduled, window.count, True, True)
-                )
-        if window is None:
-            if order is None and opts == _options.DEFAULT:
-                return self._open_window(
-                    ident, now, payload, delay, max_delay, mode, run_id, on_fire
-                )
-            return self._open_ext(
-                ident, now, payload, delay, max_delay, mode, run_id, on_fire, opts, order
-            )
-        if window.opts is None:
-            # A default window, and a ping whose options turned out to be the defaults.
-            return self._debounce_local(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
-            )
-        opts = window.opts
-        if _engine.is_full(window):
-            # overflow="fire-early": the window fires now with what it holds (even
-            # while a "queue-latest" run executes), and this ping opens the next one.
-            # What may raise (no handler, the reducer) runs before anything changes.
-            if on_fire is None and workflow not in self._handlers:
-                raise self._no_handler(workflow)
-            prepared = None
-            if opts.reducer:
-                reducer = self._reducers[opts.payload_policy]
-                prepared = (reducer, _engine.first_value(reducer, payload))
-            self._due_now(window, now)
-            return self._open_ext(
-                ident, now, payload, delay, max_delay, mode, run_id, on_fire, opts, order, prepared
-            )
-        folded: Any = None
-        if opts.reducer:
-            folded = window.reducer[0](window.acc, payload)  # may raise: nothing changed
-        armed = window.deadline
-        if _engine.absorb(window, now, payload, delay=delay, order=order, value=folded):
-            self._pending_added()
-        if on_fire is not None:
-            window.on_fire = on_fire
-        if window.deadline < armed and window.scope is not None:
-            window.scope.deadline = window.deadline
-        if opts.queue and not window.waiting and _engine.is_due(window, now):
-            self._queue_due(window, now)
-        scheduled_at = _engine.scheduled_at(window)
-        self._pings += 1
-        self._coalesced += 1
-        return _new_tuple(
-            DebounceResult, (_COALESCE, window.run_id, scheduled_at, window.count, True, True)
-        )
-
-    def _open_ext(
-        self,
-        ident: tuple[str, str],
-        now: float,
-        payload: Any,
-        delay: float,
-        max_delay: float | None,
-        mode: Mode,
-        run_id: str | None,
-        on_fire: Handler | None,
-        opts: _options.WindowOptions,
-        order: float | None,
-        prepared: tuple[tuple[Reducer, InitialFactory | None], Any] | None = None,
-    ) -> DebounceResult:
-        """Open a window with options (arguments validated by _debounce_ext;
-        ``prepared``: the reducer and its first fold, if the caller computed them)."""
-        workflow, key = ident
-        if on_fire is None and workflow not in self._handlers:
-            raise self._no_handler(workflow)
-        acc: Any = None
-        reducer = None
-        if prepared is not None:
-            reducer, acc = prepared
-        elif opts.reducer:
-            reducer = self._reducers[opts.payload_policy]
-            acc = _engine.first_value(reducer, payload)  # may raise: nothing changed yet
-        if run_id is None:
-            run_id = uuid.uuid4().hex
-        window = Window.open(
-            ident, run_id, on_fire, now, payload, delay, max_delay, mode, opts, order, acc
-        )
-        if reducer is not None:
-            window.reducer = reducer
-        # A due window still in the table is replaced; its task still fires it.
-        self._windows[ident] = window
-        self._nursery.start_soon(self._window_task, window)
-        self._pings += 1
-        if window.trailing:
-            self._pending_added()
-            if opts.queue and _engine.is_due(window, now):
-                self._queue_due(window, now)
-            scheduled_at = _engine.scheduled_at(window)
-            return _new_tuple(
-                DebounceResult, (_SCHEDULE_TRAILING, run_id, scheduled_at, 1, True, True)
-            )
-        handler = on_fire if on_fire is not None else self._handlers[workflow]
-        self._fires += 1
-        if order is not None:
-            self._note_order(ident, order)
-        token = self._fires if self._backend is None else 0
-        # A leading fire carries its ping's own payload, whatever the policy.
-        fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING, 1, token)
-        self._running += 1
-        self._nursery.start_soon(self._call_handler, handler, fire)
-        return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1, True, True))
-
-    def _pending_added(self) -> None:
-        """A trailing fire became pending (the exit may be waiting to see one)."""
-        self._pending += 1
-        if self._wake_exit_on_pending:
-            self._idle_lot.unpark_all()
-
-    def _note_order(self, ident: tuple[str, str], order: float) -> None:
-        last = self._fired_order.get(ident)
-        if last is None or order > last:
-            self._fired_order[ident] = order
-
-    def _note_fired(self, window: Window) -> None:
-        """Remember the highest order key of a window whose trailing fire is committed."""
-        if window.opts is not None and window.max_order is not None:
-            self._note_order(window.ident, window.max_order)
-
-    def _due_now(self, window: Window, now: float) -> None:
-        """Make an open window with options due at ``now`` (overflow="fire-early")."""
-        assert window.opts is not None
-        if window.opts.queue:
-            self._commit_queue(window, now)
-            return
-        if window.trailing:
-            self._note_fired(window)
-        if window.scope is not None:
-            window.scope.deadline = now
-        _engine.commit(window, now)
-
-    def _settle(self, window: Window, now: float) -> None:
-        """Settle by time a due "queue-latest" window whose task has not run yet at
-        this instant: it waits (a later deadline, absorbing pings) or is committed."""
-        if window.opts is not None and window.opts.queue:
-            while window.state == OPEN and _engine.is_due(window, now):
-                self._queue_due(window, window.deadline)
-
-    def _queue_due(self, window: Window, at: float) -> None:
-        """A "queue-latest" window is due at ``at``: it waits while a run of its key
-        blocks (absorbing pings until the run ends or times out), else it fires."""
-        run = self._key_runs.get(window.ident)
-        if run is not None and _engine.wait_for_run(window, at, run.block_until):
-            run.waiter = window
-            return
-        self._commit_queue(window, at)
-
-    def _commit_queue(self, window: Window, at: float) -> None:
-        """Commit a "queue-latest" window's fire at ``at``: its run blocks the key's
-        next fire from now on, even before the window's task starts the handler."""
-        assert window.opts is not None
-        ident = window.ident
-        if self._windows.get(ident) is window:
-            del self._windows[ident]
-        window.state = FLUSHED
-        window.flushed_at = at
-        _engine.commit(window, at)
-        previous = self._key_runs.get(ident)
-        if previous is not None and previous.waiter is window:
-            previous.waiter = None
-        timeout = window.opts.run_timeout
-        run = KeyRun(_INF if timeout is None else at + timeout)
-        self._key_runs[ident] = run
-        window.run = run
-        self._note_fired(window)
-        if window.scope is not None:
-            window.scope.cancel()
-
-    def _run_ended(self, ident: tuple[str, str], run: KeyRun) -> None:
-        """A "queue-latest" run returned: the window waiting for it fires now."""
-        if self._key_runs.get(ident) is run:
-            del self._key_runs[ident]
-        waiter, run.waiter = run.waiter, None
-        if waiter is not None and waiter.state == OPEN and waiter.waiting and not self._aborted:
-            self._commit_queue(waiter, self._now())
-
-    def _open_window(
-        self,
-        ident: tuple[str, str],
-        now: float,
-        payload: Any,
-        delay: float,
-        max_delay: float | None,
-        mode: Mode | str,
-        run_id: str | None,
-        on_fire: Handler | None,
-    ) -> DebounceResult:
-        workflow, key = ident
-        _validate.name("workflow", workflow)
-        _validate.name("key", key)
-        mode = _validate.mode(mode)
-        if on_fire is None and workflow not in self._handlers:
-            raise self._no_handler(workflow)
-        if run_id is None:
-            run_id = uuid.uuid4().hex
-        window = Window.open(ident, run_id, on_fire, now, payload, delay, max_delay, mode)
-        # A due window still in the table (its task has not run at this instant) is
-        # replaced here; its task still fires it with its own state.
-        self._windows[ident] = window
-        self._nursery.start_soon(self._window_task, window)
-        self._pings += 1
-        if window.trailing:
-            self._pending_added()
-            return _new_tuple(
-                DebounceResult, (_SCHEDULE_TRAILING, run_id, window.deadline, 1, True, True)
-            )
-        handler = on_fire if on_fire is not None else self._handlers[workflow]
-        self._fires += 1
-        # The fencing token: this coordinator's fire counter; 0 for a fail-open window
-        # of a coordinator with a backend (outside the shared order, like an
-        # unconfirmed fire).
-        token = self._fires if self._backend is None else 0
-        fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING, 1, token)
-        self._running += 1
-        self._nursery.start_soon(self._call_handler, handler, fire)
-        return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1, True, True))
 
     # ------------------------------------------------------------ shared windows
 
@@ -1763,12 +1398,6 @@ class Coordinator(metaclass=NoPublicConstructor):
         self._set_trailing(shared, True)
         self._nursery.start_soon(self._fire_shared, shared, result)
 
-    def _no_handler(self, workflow: str) -> LookupError:
-        return LookupError(
-            f"no handler for workflow {workflow!r}: pass on_fire=, or register one with "
-            "set_handler() or open_coordinator(handlers=...)"
-        )
-
     # ------------------------------------------------------------ cancel / flush
 
     @enable_ki_protection
@@ -1795,14 +1424,7 @@ class Coordinator(metaclass=NoPublicConstructor):
             raise _closed_error()
         _validate.name("workflow", workflow)
         _validate.name("key", key)
-        window = self._windows.get((workflow, key))
-        if window is not None and window.opts is not None:
-            self._settle(window, self._now())
-        cancelled = window is not None and self._now() < window.deadline
-        if cancelled:
-            assert window is not None
-            self._cancel_window(window)
-            self._cancelled += 1
+        cancelled = self._local.cancel((workflow, key))
         if self._backend is not None:
             shared = self._shared.get((workflow, key))
             if shared is not None:
@@ -1848,13 +1470,7 @@ class Coordinator(metaclass=NoPublicConstructor):
             raise _closed_error()
         _validate.name("workflow", workflow)
         _validate.name("key", key)
-        now = self._now()
-        window = self._windows.get((workflow, key))
-        flushed = False
-        if window is not None and window.opts is not None:
-            self._settle(window, now)
-        if window is not None and now < window.deadline:
-            flushed = self._flush_window(window, now)
+        flushed = self._local.flush((workflow, key))
         shared = self._shared.get((workflow, key))
         if shared is not None:
             flushed = self._flush_shared(shared) or flushed
@@ -1862,15 +1478,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         return flushed
 
     def _cancel_window(self, window: Window) -> None:
-        """Close an open window without firing it (pending fire dropped)."""
-        del self._windows[window.ident]
-        window.state = CLOSED
-        if window.trailing:
-            window.trailing = False
-            self._pending -= 1
-            self._check_idle()
-        if window.scope is not None:
-            window.scope.cancel()
+        self._local.close(window)
 
     def _flush_shared(self, shared: SharedWindow) -> bool:
         """Make a shared window's task finalize it now (forced); True if it had a
@@ -1884,136 +1492,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         # with one known ping is finalized too, but fires only if peers pinged it.
         return _trailing_pending(shared.mode, shared.count)
 
-    def _flush_window(self, window: Window, now: float) -> bool:
-        """Detach an open window; its task fires it at ``now`` if a fire is pending.
-
-        A "queue-latest" window is made due at ``now`` instead: it fires at once, or
-        waits for its key's run (it stays in the table, absorbing pings).
-        """
-        if window.opts is not None:
-            if window.opts.queue:
-                if not window.waiting:
-                    self._queue_due(window, now)
-                return True
-            if window.trailing:
-                self._note_fired(window)
-        del self._windows[window.ident]
-        if window.trailing:
-            window.state = FLUSHED
-            window.flushed_at = now
-        else:
-            window.state = CLOSED
-        if window.scope is not None:
-            window.scope.cancel()
-        return window.state == FLUSHED
-
     # ---------------------------------------------------------------- the tasks
-
-    @enable_ki_protection
-    async def _window_task(self, window: Window) -> None:
-        # Sleep until the window is due. A ping that moves the deadline later only
-        # writes window.deadline; we notice when we wake and sleep again.
-        try:
-            while window.state == OPEN:
-                deadline = window.deadline
-                if self._now() >= deadline:
-                    if window.opts is not None and window.opts.queue:
-                        # Waits (a later deadline) or is committed (FLUSHED).
-                        self._queue_due(window, deadline)
-                        continue
-                    break
-                with trio.CancelScope(deadline=deadline) as scope:
-                    window.scope = scope
-                    # trio.sleep_forever() without its coroutine frame and abort
-                    # closure: most of an open window's memory is its sleeping task.
-                    await trio.lowlevel.wait_task_rescheduled(_abort_sleep)
-                window.scope = None
-        except trio.Cancelled:
-            # The coordinator is going down: its nursery was cancelled (an abort, or the
-            # final close, when nothing is pending), or an enclosing cancel scope was,
-            # which reaches this task before the block's own abort may have run.
-            window.scope = None
-            if not self._closed:
-                self._abort()
-            committed = self._settle_after_abort(window)
-            if committed is not None:
-                self._nursery.start_soon(self._call_handler, *committed)
-            raise
-        if self._aborted:
-            committed = self._settle_after_abort(window)
-            if committed is not None:
-                await self._call_handler(*committed)
-            return
-        if window.state == CLOSED:
-            return
-        if window.state == OPEN:
-            # Due at its deadline. A ping at this instant may already have replaced
-            # the window in the table.
-            fired_at = window.deadline
-            if self._windows.get(window.ident) is window:
-                del self._windows[window.ident]
-        else:
-            fired_at = window.flushed_at
-        if not window.trailing:
-            window.state = CLOSED
-            return  # leading-only: the window closes without a fire
-        handler, fire = self._start_trailing(window, fired_at)
-        await self._call_handler(handler, fire, None, None if window.opts is None else window.run)
-
-    def _settle_after_abort(self, window: Window) -> tuple[Handler | None, Fire] | None:
-        """Decide, by time, what an abort does to a window's pending trailing fire.
-
-        A fire that was due when the block aborted (its deadline reached) or committed
-        by :meth:`flush` still starts, under the cancelled nursery, exactly as if its
-        task had run before the body raised; a fire whose time had not come is dropped
-        and counted as cancelled. Returns ``(handler, fire)`` for a fire to start.
-        """
-        if not self._aborted or window.state == CLOSED or not window.trailing:
-            return None
-        if window.state == FLUSHED:
-            return self._start_trailing(window, window.flushed_at)
-        if window.deadline <= self._aborted_at:
-            return self._start_trailing(window, window.deadline)
-        window.state = CLOSED
-        window.trailing = False
-        self._pending -= 1
-        self._cancelled += 1
-        self._check_idle()
-        return None
-
-    def _start_trailing(self, window: Window, fired_at: float) -> tuple[Handler | None, Fire]:
-        """Close a window whose trailing fire is pending and turn it into a running fire.
-
-        Moves the fire from pending to running in one step (so wait_idle never sees
-        both at zero in between) and returns ``(handler, fire)`` for _call_handler.
-        """
-        window.state = CLOSED
-        window.trailing = False
-        self._pending -= 1
-        self._running += 1
-        self._fires += 1
-        workflow, key = window.ident
-        handler = window.on_fire
-        if handler is None:
-            handler = self._handlers.get(workflow)
-        payload = _engine.fire_payload(window)
-        if window.opts is not None:
-            self._note_fired(window)
-        fire = Fire(
-            workflow,
-            key,
-            payload,
-            window.run_id,
-            window.count,
-            window.first_ping_at,
-            fired_at,
-            Edge.TRAILING,
-            1,
-            # the fencing token: this coordinator's fire counter (0 for a fail-open
-            # window of a coordinator with a backend)
-            self._fires if self._backend is None else 0,
-        )
-        return handler, fire
 
     @enable_ki_protection
     async def _call_handler(
@@ -2021,58 +1500,29 @@ class Coordinator(metaclass=NoPublicConstructor):
         handler: Handler | None,
         fire: Fire,
         fire_id: str | None = None,
-        run: KeyRun | None = None,
         *,
         shared_run: bool = False,
     ) -> None:
+        """Run a shared window's fire (counted as running by the caller), then its
+        after-steps: ``fire_id``, an at-least-once fire record, is deleted once the
+        handler has returned or raised (not if it was cancelled: a peer runs it again),
+        before the handler counts as finished, so an exit cannot cut the delete short;
+        ``shared_run``: a "queue-latest" run, ended in the key's shared record."""
         # KI-protected, so Ctrl-C cannot land between the counters and the try; the
-        # handler and on_error run unprotected (see _invoke.invoke and _report).
-        # ``fire_id``: an at-least-once fire record, deleted once the handler has
-        # returned or raised (not if it was cancelled: a peer runs it again), before
-        # the handler counts as finished, so an exit cannot cut the delete short.
+        # handler and on_error run unprotected (see _invoke.invoke and _firing.report).
         finished = False
         try:
-            if handler is None:
-                raise LookupError(
-                    f"no handler for workflow {fire.workflow!r} when its window "
-                    f"{fire.key!r} fired (run {fire.run_id})"
-                )
-            await invoke(handler, fire)
-            finished = True
-        except Exception as exc:
-            finished = True
-            self._handler_errors += 1
-            logger.error(
-                "handler for workflow %r key %r (run %s, %s edge) raised",
-                fire.workflow,
-                fire.key,
-                fire.run_id,
-                fire.edge.value,
-                exc_info=exc,
-            )
-            if self._on_error is not None:
-                try:
-                    _report(self._on_error, fire, exc)
-                except Exception as callback_exc:
-                    logger.error(
-                        "on_error callback raised while reporting run %s",
-                        fire.run_id,
-                        exc_info=callback_exc,
-                    )
+            finished = await self._fire_handlers.call(handler, fire)
         finally:
             if finished and fire_id is not None:
                 with trio.CancelScope(shield=True):  # bounded by the op deadline
                     await self._complete(fire_id)
-            if run is not None:
-                # A "queue-latest" run: the window waiting for it fires now.
-                self._run_ended((fire.workflow, fire.key), run)
             if shared_run and finished:
                 # The same across processes, through the key's shared record. (A
                 # cancelled run keeps blocking until its run_timeout or our lease.)
                 with trio.CancelScope(shield=True):  # bounded by the op deadline
                     await self._end_shared_run((fire.workflow, fire.key), fire.run_id)
-            self._running -= 1
-            self._check_idle()
+            self._ledger.handler_ended()
 
     def _hands_off(self, on_exit: OnExit, *, aborted: bool) -> bool:
         """Does leaving the block hand the shared windows off (instead of deleting
@@ -2083,10 +1533,6 @@ class Coordinator(metaclass=NoPublicConstructor):
         if on_exit == "handoff":
             return True
         return self._delivery == "at-least-once" and (aborted or on_exit == "cancel")
-
-    def _check_idle(self) -> None:
-        if self._pending == 0 and self._running == 0:
-            self._idle_lot.unpark_all()
 
     # -------------------------------------------------------------- inspection
 
@@ -2100,13 +1546,10 @@ class Coordinator(metaclass=NoPublicConstructor):
           TypeError: ``workflow`` or ``key`` is unhashable (so cannot name a window).
         """
         try:
-            window = self._windows.get((workflow, key))
+            if self._local.is_open((workflow, key)):
+                return True
         except TypeError:
             raise TypeError(f"workflow and key must be str, got {workflow!r} and {key!r}") from None
-        if window is not None and window.opts is not None:
-            self._settle(window, self._now())
-        if window is not None and self._now() < window.deadline:
-            return True
         shared = self._shared.get((workflow, key))
         return shared is not None and shared.state == OPEN and not shared.taker
 
@@ -2177,11 +1620,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         the coordinator is idle; it does not raise after the coordinator has closed.
         Do not call it from a handler: it would wait for that handler to return.
         """
-        if self._pending == 0 and self._running == 0:
-            await trio.lowlevel.checkpoint()
-            return
-        while self._pending or self._running:
-            await self._idle_lot.park()
+        await self._ledger.wait_idle()
 
     # ------------------------------------------------------------------- deferred runs
 
@@ -2353,19 +1792,12 @@ class Coordinator(metaclass=NoPublicConstructor):
         self._wake_exit_on_pending = on_exit != "wait"
         while True:
             if on_exit == "flush":
-                now = self._now()
-                for window in list(self._windows.values()):
-                    if window.trailing and now < window.deadline:
-                        self._flush_window(window, now)
+                self._local.flush_all()
                 for shared in list(self._shared.values()):
                     if shared.trailing:
                         self._flush_shared(shared)
             elif on_exit == "cancel":
-                now = self._now()
-                for window in list(self._windows.values()):
-                    if window.trailing and now < window.deadline:
-                        self._cancelled += 1
-                        self._cancel_window(window)
+                self._local.cancel_all()
             if self._hands_off(on_exit, aborted=False):
                 for shared in list(self._shared.values()):
                     # Left in the store for a live peer (or the next coordinator); a
@@ -2387,7 +1819,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         # windows with nothing to fire. Close them now; their documents are deleted by
         # the release, so that peers' next pings open fresh windows.
         self._closed = True
-        self._windows.clear()
+        self._local.clear()
         self._release_runs.update(s.run_id for s in self._shared.values() if not s.taker)
         self._nursery.cancel_scope.cancel()
 
@@ -2404,7 +1836,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         self._closed = True
         self._aborted = True
         self._aborted_at = self._now()
-        self._windows.clear()
+        self._local.clear()
         # Without a hand-off, the release deletes the shared windows open here (their
         # pending fires are dropped).
         self._release_runs.update(s.run_id for s in self._shared.values() if not s.taker)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
 from . import _validate
 from ._types import DebounceOptions, Mode
@@ -22,9 +21,6 @@ from ._types import InitialFactory as InitialFactory
 from ._types import Overflow as Overflow
 from ._types import Overlap as Overlap
 from ._types import Reducer as Reducer
-
-if TYPE_CHECKING:
-    from ._window import Window
 
 LAST = "last"
 FIRST = "first"
@@ -66,19 +62,6 @@ class WindowOptions:
 
 
 DEFAULT = WindowOptions()
-
-
-class KeyRun:
-    """A run (a trailing fire's handler) of a ``queue-latest`` key, while it blocks the
-    key's next fire: until its handler returns, or until ``block_until``."""
-
-    __slots__ = ("block_until", "waiter")
-
-    def __init__(self, block_until: float) -> None:
-        #: Trio time after which the run no longer blocks (start + run_timeout), or inf.
-        self.block_until = block_until
-        #: The window of the key waiting for this run to end, if any.
-        self.waiter: Window | None = None
 
 
 def count(name: str, value: object) -> int:

@@ -17,7 +17,7 @@ from ._engine import WindowState
 if TYPE_CHECKING:
     import trio
 
-    from ._options import InitialFactory, KeyRun, Reducer, WindowOptions
+    from ._options import InitialFactory, Reducer, WindowOptions
     from ._types import Handler, Mode
 
 # Window states. ``OPEN`` windows fire when their deadline is reached; ``FLUSHED`` ones
@@ -165,3 +165,16 @@ class SharedWindow:
             f"<SharedWindow {self.ident!r} {role} run={self.run_id} pings={self.count} "
             f"deadline={self.deadline!r} state={self.state}>"
         )
+
+
+class KeyRun:
+    """A run (a trailing fire's handler) of a ``queue-latest`` key, while it blocks the
+    key's next fire: until its handler returns, or until ``block_until``."""
+
+    __slots__ = ("block_until", "waiter")
+
+    def __init__(self, block_until: float) -> None:
+        #: Trio time after which the run no longer blocks (start + run_timeout), or inf.
+        self.block_until = block_until
+        #: The window of the key waiting for this run to end, if any.
+        self.waiter: Window | None = None
