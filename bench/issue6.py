@@ -56,6 +56,8 @@ class Params:
 
     rounds: int = 15
     item1_loops: dict[str, int] = field(default_factory=dict)
+    #: Pings per round of the keyed ping (a multiple of 1,000 windows).
+    keyed_loops: int = 100_000
     scale_sizes: tuple[int, ...] = (10, 1_000, 100_000)
     #: The size ``--huge`` adds to item 2.
     huge_size: int = 1_000_000
@@ -86,14 +88,16 @@ class Params:
                 "naive-trio": 2_000,
                 "ping-async": 20_000,
                 "checkpoint": 20_000,
-            }
+            },
+            keyed_loops=100_000,
         )
 
     @classmethod
     def tiny(cls) -> Params:
         return cls(
             rounds=2,
-            item1_loops={name: 20 for name in pyperf_local.BENCHES},
+            item1_loops={name: 20 for name in pyperf_local.BENCHES if "keyed" not in name},
+            keyed_loops=2_000,
             scale_sizes=(10, 1_000, 1_200),
             huge_size=1_500,
             scale_loops=100,
@@ -237,6 +241,61 @@ def item1_rows(values: dict[str, list[float]]) -> list[dict[str, Any]]:
     return rows
 
 
+#: The keyed coalescing ping and its baselines.
+KEYED = ("ping-keyed", "asyncio-call-later-keyed", "floor-keyed")
+
+
+def keyed_rows(values: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """The keyed ping's report lines from the seconds per ping of each variant."""
+    ours = values["ping-keyed"]
+    floor = values["floor-keyed"]
+    cost = ratio(ours, floor)
+    return [
+        speedup_row(
+            "keyed: debounce_nowait on 1,000 open windows pinged in turn (max_delay set) "
+            "vs asyncio call_later re-armed on 1,000 handles",
+            ours,
+            values["asyncio-call-later-keyed"],
+            "call_later x 1,000",
+            3.0,
+            scale=1e9,
+            unit="ns",
+        ),
+        row(
+            "keyed: the same pings vs their floor (a dict lookup on (workflow, key), "
+            "three attribute writes, min against the cap, a result tuple, inline)",
+            quantiles(ours)["median"] * 1e9,
+            "ns",
+            baseline="floor",
+            base=quantiles(floor)["median"] * 1e9,
+            stats=cost,
+            ratio_label="cost ratio (ours / floor)",
+            target="<= 1.8x",
+            met=cost["median"] <= 1.8,
+            gap="" if cost["median"] <= 1.8 else f"{cost['median'] / 1.8:.2f}x over",
+        ),
+    ]
+
+
+def _timed_in_rounds(
+    ctx: Context, loops: dict[str, int], pyperf_json: str
+) -> dict[str, list[float]]:
+    """Seconds per loop of each of ``loops``' benchmarks, by round: pyperf worker
+    processes with ``--workers``, else fresh event loops in this process."""
+    if ctx.workers:
+        tasks = {name: (pyperf_local.TASK[name], loops[name]) for name in loops}
+        values, _ = harness.paired_pyperf(
+            BENCH / "pyperf_local.py", tasks, ctx.params.rounds, warmups=1
+        )
+        return values
+    values, _ = harness.paired_timefuncs(
+        {name: (pyperf_local.BENCHES[name], loops[name]) for name in loops},
+        ctx.params.rounds,
+        (ctx.out_dir or ctx.tmp) / pyperf_json,
+    )
+    return values
+
+
 def item1(ctx: Context) -> dict[str, Any]:
     loops = ctx.params.item1_loops
     if ctx.workers:
@@ -253,6 +312,11 @@ def item1(ctx: Context) -> dict[str, Any]:
             (ctx.out_dir or ctx.tmp) / "item1-pyperf.json",
         )
     rows = item1_rows(values)
+    keyed_loops = dict.fromkeys(KEYED, ctx.params.keyed_loops)
+    keyed = _timed_in_rounds(ctx, keyed_loops, "item1-keyed-pyperf.json")
+    rows += keyed_rows(keyed)
+    values.update(keyed)
+    loops = {**loops, **keyed_loops}
     return {
         "title": "1. Coalescing ping (in memory)",
         "rows": rows,

@@ -155,6 +155,102 @@ def throttlebounce_debounce(loops: int) -> float:
     return asyncio.run(main())
 
 
+# ----------------------------------------------------------------- keyed ping
+
+#: The keyed coalescing ping: this many open windows, pinged in turn.
+KEYED_WINDOWS = 1_000
+KEYED_MAX_DELAY = 2 * DELAY
+
+
+def _keyed(loops: int) -> tuple[list[str], int]:
+    """The keys of the keyed ping and how many passes over them make ``loops`` pings
+    (``loops`` must be a multiple of :data:`KEYED_WINDOWS`)."""
+    if loops % KEYED_WINDOWS:
+        raise ValueError(f"loops ({loops}) must be a multiple of {KEYED_WINDOWS}")
+    return [f"k{i}" for i in range(KEYED_WINDOWS)], loops // KEYED_WINDOWS
+
+
+def ping_keyed(loops: int) -> float:
+    """``debounce_nowait`` into 1,000 open trailing windows (``max_delay`` set), pinged
+    in turn, each ping a different key than the last: ``loops`` pings."""
+    keys, passes = _keyed(loops)
+
+    async def main() -> float:
+        async with trio_debounce.open_coordinator(
+            handlers={WF: _noop}, on_exit="cancel"
+        ) as coordinator:
+            ping = coordinator.debounce_nowait
+            for key in keys:
+                ping(WF, key, None, delay=DELAY, max_delay=KEYED_MAX_DELAY)
+            t0 = time.perf_counter()
+            for _ in range(passes):
+                for key in keys:
+                    ping(WF, key, None, delay=DELAY, max_delay=KEYED_MAX_DELAY)
+            return time.perf_counter() - t0
+
+    return trio.run(main)
+
+
+def asyncio_call_later_keyed(loops: int) -> float:
+    """Baseline of the keyed ping: 1,000 asyncio ``call_later`` handles in a dict keyed
+    by ``(workflow, key)``, pinged in turn; a ping cancels its key's handle and arms a
+    new one (on a fresh stdlib loop)."""
+    keys, passes = _keyed(loops)
+
+    def fire() -> None:
+        pass
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        later = loop.call_later
+        handles = {(WF, key): later(DELAY, fire) for key in keys}
+        t0 = time.perf_counter()
+        for _ in range(passes):
+            for key in keys:
+                k = (WF, key)
+                handles[k].cancel()
+                handles[k] = later(DELAY, fire)
+        elapsed = time.perf_counter() - t0
+        for handle in handles.values():
+            handle.cancel()
+        return elapsed
+
+    return asyncio.run(main())
+
+
+class _FloorWindow:
+    __slots__ = ("cap", "count", "deadline", "payload", "run_id")
+
+    def __init__(self, run_id: str, deadline: float, cap: float) -> None:
+        self.run_id = run_id
+        self.deadline = deadline
+        self.cap = cap
+        self.payload: object = None
+        self.count = 1
+
+
+def floor_keyed(loops: int) -> float:
+    """The floor of the keyed ping: the least CPython can do for it, inline in the
+    loop: one dict lookup on the ``(workflow, key)`` tuple, three attribute writes
+    (deadline, payload, count), a ``min`` against the window's cap and a result
+    tuple. The clock is read once, outside the loop (a ping reads it each time)."""
+    keys, passes = _keyed(loops)
+    now = time.perf_counter()
+    table = {(WF, key): _FloorWindow(key, now + DELAY, now + KEYED_MAX_DELAY) for key in keys}
+    t0 = time.perf_counter()
+    for _ in range(passes):
+        for key in keys:
+            w = table[(WF, key)]
+            deadline = min(now + DELAY, w.cap)
+            w.deadline = deadline
+            w.payload = None
+            w.count = count = w.count + 1
+            result = (w.run_id, deadline, count)
+    elapsed = time.perf_counter() - t0
+    del result
+    return elapsed
+
+
 # ----------------------------------------------------------------- item 2
 
 

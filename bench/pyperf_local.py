@@ -26,6 +26,9 @@ BENCHES = {
     "naive-trio": local_items.naive_trio,
     "asyncio-call-later": local_items.asyncio_call_later,
     "throttlebounce": local_items.throttlebounce_debounce,
+    "ping-keyed": local_items.ping_keyed,
+    "asyncio-call-later-keyed": local_items.asyncio_call_later_keyed,
+    "floor-keyed": local_items.floor_keyed,
 }
 
 TASK = {name: index for index, name in enumerate(BENCHES)}
