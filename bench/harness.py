@@ -40,19 +40,31 @@ def load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def machine() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU model: ``lscpu``'s "Model name", else ``/proc/cpuinfo``'s, else
+    :func:`platform.processor`."""
+    try:
+        done = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10)
+        for line in done.stdout.splitlines():
+            if line.strip().startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    """The machine a report names: CPU model (``lscpu``), cores, Python, load average."""
     import trio
 
     return {
-        "cpu": model,
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
@@ -136,7 +148,7 @@ def paired_pyperf(
                     check=True,
                     timeout=timeout,
                     stdout=subprocess.DEVNULL,
-                    env={**os.environ, "PYTHONPATH": _pythonpath()},
+                    env={**os.environ, "PYTHONPATH": pythonpath()},
                 )
                 bench = pyperf.Benchmark.load(str(out))
                 if bench.get_name() != name:
@@ -199,22 +211,24 @@ def paired_inprocess(
     return out
 
 
-def _pythonpath() -> str:
-    parts = [str(ROOT)]
+def pythonpath(root: Path = ROOT) -> str:
+    """``PYTHONPATH`` for a worker process: ``root`` (the tree whose ``trio_debounce``
+    it imports) first."""
+    parts = [str(root)]
     if os.environ.get("PYTHONPATH"):
         parts.append(os.environ["PYTHONPATH"])
     return os.pathsep.join(parts)
 
 
-def run_json(args: Sequence[str], timeout: float = 600.0) -> Any:
-    """Run ``python args...`` (a bench helper that prints one JSON document) and parse
-    its output."""
+def run_json(args: Sequence[str], timeout: float = 600.0, root: Path = ROOT) -> Any:
+    """Run ``python args...`` (a bench helper that prints one JSON document) with
+    ``root``'s ``trio_debounce`` first on its path, and parse its output."""
     done = subprocess.run(
         [sys.executable, *args],
         check=True,
         timeout=timeout,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": _pythonpath()},
+        env={**os.environ, "PYTHONPATH": pythonpath(root)},
     )
     return json.loads(done.stdout.strip().splitlines()[-1])

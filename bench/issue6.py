@@ -752,7 +752,7 @@ def _procs(ctx: Context) -> dict[str, Any]:
             ],
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONPATH": harness._pythonpath()},
+            env={**os.environ, "PYTHONPATH": harness.pythonpath()},
         )
         for _ in range(ctx.params.procs)
     ]

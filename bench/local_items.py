@@ -327,6 +327,7 @@ def scale_process(
     rounds: int,
     first: int,
     done: Callable[[dict[str, Any]], None],
+    floor: bool = True,
 ) -> None:
     """Item 2's windows side, in a process of its own (``python bench/local_items.py
     scale SIZES LOOPS ROUNDS FIRST``): one coordinator per size in ``sizes``, each
@@ -338,7 +339,9 @@ def scale_process(
     :func:`_small` open windows to all of them. The collector is off while windows
     open (as for :func:`tasks_process`'s tasks) and runs a full collection before each
     RSS reading. ``done(result)`` is called inside the loop (the caller may
-    ``os._exit`` there rather than tear 100,000s of windows down)."""
+    ``os._exit`` there rather than tear 100,000s of windows down). ``floor=False``
+    skips the floor (which reads the coordinator's private window table: the
+    before/after comparison runs this against older revisions)."""
     keys = [f"k{i}" for i in range(max(sizes))]
     rng = random.Random(first)
 
@@ -360,7 +363,8 @@ def scale_process(
                     trio_debounce.open_coordinator(handlers={WF: _noop}, on_exit="cancel")
                 )
                 ping = pings[size] = coordinator.debounce_nowait
-                tables[size] = coordinator._windows
+                if floor:
+                    tables[size] = coordinator._windows
                 for key in keys[:size]:
                     ping(WF, key, None, delay=DELAY)
                 await trio.testing.wait_all_tasks_blocked()
@@ -389,6 +393,8 @@ def scale_process(
                     for i in range(loops):
                         ping(WF, sample[i % n], None, delay=DELAY)
                     out["ping"][str(size)].append((time.perf_counter() - t0) / loops)
+                    if not floor:
+                        continue
                     # The floor at this size: the memory a coalescing ping cannot
                     # avoid touching (the table entry, its key and its window), with
                     # nothing else: look the window up, store the payload, read the
