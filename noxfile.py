@@ -47,12 +47,12 @@ def bench(session: nox.Session) -> None:
     --huge`` adds the 1,000,000-window point (minutes more, several GB), ``-- --items
     1,3`` runs some items only, ``-- --tiny -o DIR/results.json`` a quick smoke run
     elsewhere. The older per-area scripts (bench_core.py, bench_shared.py,
-    bench_runs.py, contention.py) still run by hand.
+    runs.py, contention.py) still run by hand.
     """
     # bench: the harness and the baselines; test: the nats-server binary and
     # tests/nats_server.py, which starts it (it imports pytest).
     session.install("-e", ".[bench,test]")
-    session.run("python", "bench/issue6.py", *session.posargs)
+    session.run("python", "bench/suite.py", *session.posargs)
 
 
 @nox.session

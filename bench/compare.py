@@ -44,8 +44,8 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-import harness  # noqa: E402
-from harness import load, log, quantiles, ratio  # noqa: E402
+import _harness as harness  # noqa: E402
+from _harness import load, log, quantiles, ratio  # noqa: E402
 
 #: The default items, in run order.
 ITEMS = ("ping-local", "ping-keyed", "scale", "owner-ping", "hot-key")
@@ -117,19 +117,19 @@ def _worker(item: str, args: list[str]) -> dict[str, Any]:
     import trio
 
     if item == "ping-local":
-        import local_items
+        import ping_local
 
         loops = int(args[0])
-        local_items.ping_nowait(max(1, loops // 10))  # warm-up, not kept
-        return {"ping": local_items.ping_nowait(loops) / loops}
+        ping_local.ping_nowait(max(1, loops // 10))  # warm-up, not kept
+        return {"ping": ping_local.ping_nowait(loops) / loops}
     if item == "ping-keyed":
-        import local_items
+        import ping_local
 
         loops = int(args[0])
-        local_items.ping_keyed(local_items.KEYED_WINDOWS)  # warm-up, not kept
-        return {"ping": local_items.ping_keyed(loops) / loops}
+        ping_local.ping_keyed(ping_local.KEYED_WINDOWS)  # warm-up, not kept
+        return {"ping": ping_local.ping_keyed(loops) / loops}
     if item == "scale":
-        import local_items
+        import ping_local
 
         sizes = [int(x) for x in args[0].split(",")]
         loops, first = int(args[1]), int(args[2])
@@ -140,18 +140,18 @@ def _worker(item: str, args: list[str]) -> dict[str, Any]:
             print(json.dumps({**result, **_imported()}), flush=True)
             os._exit(0)  # tearing 100,000 windows down would take longer than building them
 
-        local_items.scale_process(sizes, loops, 1, first, done, floor=False)
+        ping_local.scale_process(sizes, loops, 1, first, done, floor=False)
         raise AssertionError("scale_process returned")
     if item == "owner-ping":
-        import remote_items
+        import ping_shared
 
         url, pings = args[0], int(args[1])
-        return remote_items.summarize(trio.run(remote_items.ping_latencies, url, pings))
+        return ping_shared.summarize(trio.run(ping_shared.ping_latencies, url, pings))
     if item == "hot-key":
-        import remote_items
+        import ping_shared
 
         url, tasks, pings, cap = args[0], int(args[1]), int(args[2]), float(args[3])
-        got = trio.run(remote_items.hot_key, url, tasks, max(pings, 2 * tasks), None, None, cap)
+        got = trio.run(ping_shared.hot_key, url, tasks, max(pings, 2 * tasks), None, None, cap)
         return {"per_s": got["per_s"], "errors": got["errors"], "unstored": got["unstored"]}
     raise SystemExit(f"unknown item {item!r}")
 

@@ -1,4 +1,4 @@
-"""The benchmark suite still runs: ``bench/issue6.py --tiny`` runs every benchmark of
+"""The benchmark suite still runs: ``bench/suite.py --tiny`` runs every benchmark of
 issue 6 once with tiny counts (real nats-server, DBOS on SQLite) and writes its report.
 
 Nothing here asserts a time: the figures of a tiny run mean nothing. The benchmarks
@@ -30,7 +30,7 @@ def test_issue6_bench_runs_every_item(tmp_path: Path) -> None:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "issue6.py"), "--tiny", "-o", str(out)],
+        [sys.executable, str(ROOT / "bench" / "suite.py"), "--tiny", "-o", str(out)],
         capture_output=True,
         text=True,
         timeout=580,

@@ -1,13 +1,13 @@
 """Issue 6's benchmark suite: items 1-8, each against its baseline, and the report.
 
-``nox -s bench`` runs it (or ``python bench/issue6.py``); it writes
-``docs/benchmarks/results.json``, then ``bench/report6.py`` turns that into
+``nox -s bench`` runs it (or ``python bench/suite.py``); it writes
+``docs/benchmarks/results.json``, then ``bench/report.py`` turns that into
 ``docs/benchmarks/index.rst`` and its figures. Options: ``--huge`` adds item 2's
 1,000,000-window point (minutes, GBs); ``--items 1,3`` runs some items only;
 ``--rounds N`` (default 15) paired rounds per figure; ``--tiny`` runs every benchmark
 with tiny counts (the smoke test's mode: checks that it runs, measures nothing).
 
-Pairing (see ``bench/harness.py``): every figure is the median of ``--rounds`` rounds
+Pairing (see ``bench/_harness.py``): every figure is the median of ``--rounds`` rounds
 (15 by default, as issue 6 asks; no item stops early), each running all variants of
 its comparison once in rotated order on fresh event loops or processes with fixed
 operation counts, and ratios are taken per round. Item 2 splits its passes so that
@@ -34,11 +34,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import harness
-import local_items
+import _harness as harness
+import ping_local
+import ping_shared
 import pyperf_local
-import remote_items
-from harness import load, log, quantiles, ratio
+from _harness import load, log, quantiles, ratio
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -333,11 +333,11 @@ def item2(ctx: Context) -> dict[str, Any]:
     """Three passes, so that every figure gets its paired rounds without building
     100,000 windows per round: the tracemalloc memory pass (one process, a fresh loop
     per measurement), then ``scale_procs`` pairs of processes, a windows process
-    (``local_items.scale_process``: one coordinator per size, the ping rounds reuse
+    (``ping_local.scale_process``: one coordinator per size, the ping rounds reuse
     the windows) and a tasks process (the RSS baseline), in alternating order."""
     sizes = list(ctx.params.scale_sizes) + ([ctx.params.huge_size] if ctx.huge else [])
     rounds = ctx.params.rounds
-    script = str(BENCH / "local_items.py")
+    script = str(BENCH / "ping_local.py")
     log("item 2: memory (tracemalloc)")
     memory = harness.run_json([script, "memory-rounds", "1000", str(rounds)], timeout=3600)
     procs = max(1, min(ctx.params.scale_procs, rounds))
@@ -379,7 +379,7 @@ def item2(ctx: Context) -> dict[str, Any]:
             gap="" if ours_traced <= 3584 else f"{ours_traced - 3584:.0f} B over",
         )
     )
-    small = local_items._small(sizes)
+    small = ping_local._small(sizes)
     if all(w.get("rss_per_window", 0) > 0 for w in windows) and all(
         t.get("rss_per_task", 0) > 0 for t in tasks
     ):
@@ -466,7 +466,7 @@ def item2(ctx: Context) -> dict[str, Any]:
 def item3(ctx: Context) -> dict[str, Any]:
     n = ctx.params.fire_n
     out: dict[str, Any] = {"title": "3. Fire accuracy (real clock)", "rows": [], "cases": {}}
-    leads = [local_items.default_lead(n)]  # seconds from the start to the first due time
+    leads = [ping_local.default_lead(n)]  # seconds from the start to the first due time
     for case, spread in (("uniform over 1 s", 1.0), ("burst within 0.1 s", 0.1)):
         got: dict[str, list[dict[str, float]]] = {"windows": [], "sleep_until": []}
         samples: dict[str, list[float]] = {}
@@ -477,7 +477,7 @@ def item3(ctx: Context) -> dict[str, Any]:
                 lead = leads[-1]
                 runs = {}
                 for kind in order:
-                    runs[kind] = local_items.fire_lateness(kind, n, spread, seed=r, lead=lead)
+                    runs[kind] = ping_local.fire_lateness(kind, n, spread, seed=r, lead=lead)
                 slowest = max(setup for _, setup in runs.values())
                 if slowest <= 0.8 * lead:
                     break
@@ -486,7 +486,7 @@ def item3(ctx: Context) -> dict[str, Any]:
                 leads.append(round(2 * slowest, 2))
                 log(f"item 3: set-up took {slowest:.2f} s of a {lead:.2f} s lead; again")
             for kind, (late, _) in runs.items():
-                got[kind].append(local_items.percentiles(late))
+                got[kind].append(ping_local.percentiles(late))
                 # A sample for the report's plot (every run's own percentiles are above).
                 samples.setdefault(kind, []).extend(late[:: max(1, len(late) // 200)])
 
@@ -525,19 +525,19 @@ def item3(ctx: Context) -> dict[str, Any]:
 def item4(ctx: Context) -> dict[str, Any]:
     small = ctx.tmp / "replay-small.jsonl"
     full = ctx.tmp / "replay-full.jsonl"
-    local_items.generate(small, *ctx.params.replay_small)
-    script = str(BENCH / "local_items.py")
+    ping_local.generate(small, *ctx.params.replay_small)
+    script = str(BENCH / "ping_local.py")
     rates: dict[str, list[float]] = {"cli": [], "naive": []}
     events = ctx.params.replay_small[0]
 
     def cli(path: Path) -> tuple[float, dict[str, Any]]:
         t0 = time.perf_counter()
-        summary = harness.run_json(local_items.cli_replay_args(path), timeout=3600)
+        summary = harness.run_json(ping_local.cli_replay_args(path), timeout=3600)
         return time.perf_counter() - t0, summary
 
     def cli_full(path: Path) -> tuple[float, dict[str, Any]]:
         t0 = time.perf_counter()
-        summary = harness.run_json(local_items.cli_replay_args(path), timeout=FULL_REPLAY_TIMEOUT)
+        summary = harness.run_json(ping_local.cli_replay_args(path), timeout=FULL_REPLAY_TIMEOUT)
         return time.perf_counter() - t0, summary
 
     def one(r: int) -> None:
@@ -553,7 +553,7 @@ def item4(ctx: Context) -> dict[str, Any]:
 
     n = run_rounds(ctx, 4, one)
     log(f"item 4: generating {ctx.params.replay_full[0]:,} events")
-    local_items.generate(full, *ctx.params.replay_full)
+    ping_local.generate(full, *ctx.params.replay_full)
     log("item 4: CLI replay of the full log")
     t0 = time.perf_counter()
     try:
@@ -607,7 +607,7 @@ def item5(ctx: Context) -> dict[str, Any]:
         "other-ping": (2, "<= 2"),
     }
     for delivery in ("at-most-once", "at-least-once"):
-        result = trio.run(remote_items.count_requests, ctx.url, delivery, ctx.params.count_keys)
+        result = trio.run(ping_shared.count_requests, ctx.url, delivery, ctx.params.count_keys)
         counts[delivery] = result
         fin = (1, "1") if delivery == "at-most-once" else (3, "<= 3")
         for op, (limit, text) in [*targets.items(), ("finalize", fin)]:
@@ -642,12 +642,12 @@ def item6(ctx: Context, ops: list[tuple[str, int]]) -> dict[str, Any]:
         k = r % len(variants)
         for what in variants[k:] + variants[:k]:
             if what == "ours":
-                lat = trio.run(remote_items.ping_latencies, ctx.url, pings)
+                lat = trio.run(ping_shared.ping_latencies, ctx.url, pings)
             elif what == "store":
-                lat = trio.run(remote_items.store_latencies, ctx.url, ops, pings)
+                lat = trio.run(ping_shared.store_latencies, ctx.url, ops, pings)
             else:
-                lat = remote_items.raw_latencies(ctx.url, ops, pings)
-            got[what].append(remote_items.summarize(lat))
+                lat = ping_shared.raw_latencies(ctx.url, ops, pings)
+            got[what].append(ping_shared.summarize(lat))
 
     n = run_rounds(ctx, 6, one)
     rows = []
@@ -697,7 +697,7 @@ class DbosProcess:
 
     def __init__(self, directory: Path) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(BENCH / "dbos_worker.py"), str(directory)],
+            [sys.executable, str(BENCH / "baselines" / "dbos_worker.py"), str(directory)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -741,7 +741,7 @@ def _procs(ctx: Context) -> dict[str, Any]:
         subprocess.Popen(
             [
                 sys.executable,
-                str(BENCH / "remote_items.py"),
+                str(BENCH / "ping_shared.py"),
                 "hot-proc",
                 ctx.url,
                 bucket,
@@ -791,7 +791,7 @@ def item7(ctx: Context) -> dict[str, Any]:
             else:
                 tasks = int(name.split("-")[1])
                 pings = max(ctx.params.hot_pings, 2 * tasks)
-                result = trio.run(remote_items.hot_key, ctx.url, tasks, pings, None, None, cap)
+                result = trio.run(ping_shared.hot_key, ctx.url, tasks, pings, None, None, cap)
             got.setdefault(name, []).append(result)
 
     n = run_rounds(ctx, 7, one)
@@ -831,12 +831,12 @@ def item7(ctx: Context) -> dict[str, Any]:
 
 
 def item8(ctx: Context) -> dict[str, Any]:
-    import bench_runs
+    import runs
 
     assert ctx.dbos is not None
     dbos = ctx.dbos
-    bench_runs.URL[:] = [ctx.url]
-    bench_runs.TIME_CALLS_BUDGET = 1.5
+    runs.URL[:] = [ctx.url]
+    runs.TIME_CALLS_BUDGET = 1.5
     out: dict[str, Any] = {"title": "8. Deferred runs", "rows": [], "schedule": {}, "heartbeat": {}}
     rounds = ctx.params.rounds
 
@@ -850,7 +850,7 @@ def item8(ctx: Context) -> dict[str, Any]:
         batch = ctx.params.schedule_batch[kind]
         log(f"item 8: schedule {kind}")
         figures = trio.run(
-            bench_runs.bench_schedule,
+            runs.bench_schedule,
             kind,
             str(ctx.tmp),
             rounds,
@@ -889,7 +889,7 @@ def item8(ctx: Context) -> dict[str, Any]:
         for pending in (0, ctx.params.pending[kind]):
             log(f"item 8: heartbeat {kind} {pending:,} pending")
             h = trio.run(
-                bench_runs.bench_heartbeat,
+                runs.bench_heartbeat,
                 kind,
                 str(ctx.tmp),
                 pending,
@@ -1035,9 +1035,9 @@ def main() -> None:
     run(items, params, args.huge, args.output, args.workers)
     log(f"results written to {args.output}")
     if not args.no_report:
-        import report6
+        import report
 
-        report6.write(args.output, args.output.parent)
+        report.write(args.output, args.output.parent)
 
 
 if __name__ == "__main__":

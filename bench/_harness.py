@@ -1,4 +1,4 @@
-"""The pairing harness of the issue-6 benchmark suite (``bench/issue6.py``).
+"""The pairing harness of the issue-6 benchmark suite (``bench/suite.py``).
 
 Every figure is the median of ``rounds`` paired runs: in each round every variant of a
 comparison runs once, in an order rotated from round to round (A B, B A, ...), each on a

@@ -9,7 +9,7 @@
   owner ping does (taken from the counter: the sequence of KV subjects it touched);
   :func:`store_latencies`, the same operations through the backend's store alone,
   splits the gap between the bridge and the coordinator.
-* item 7, :func:`hot_key`: tasks pinging one key; ``python bench/remote_items.py
+* item 7, :func:`hot_key`: tasks pinging one key; ``python bench/ping_shared.py
   hot-proc URL BUCKET TASKS PINGS START CAP`` is one of the processes of the 4-process case.
 """
 

@@ -1,7 +1,7 @@
 """Scheduling and heartbeat throughput of each deferred-run store, against baselines in
 the same run.
 
-Run with ``nox -s bench`` (or ``python bench/bench_runs.py -o bench-runs.json``). The
+Run with ``nox -s bench`` (or ``python bench/runs.py -o bench-runs.json``). The
 stores: ``memory`` (``MemoryRunStore``, the in-process fake), ``sqlite``
 (``open_sqlite_run_store`` on a temporary file) and ``nats`` (``open_nats_run_store``
 on a real ``nats-server -js``, started on a free loopback port with a temporary store,
@@ -378,7 +378,7 @@ async def bench_schedule(
 # ----------------------------------------------------------------- 2. heartbeat
 
 
-#: Seconds :func:`_time_calls` spends on one figure (bench/issue6.py lowers it).
+#: Seconds :func:`_time_calls` spends on one figure (bench/suite.py lowers it).
 TIME_CALLS_BUDGET = 4.0
 
 

@@ -1,5 +1,5 @@
 """The DBOS baseline process (items 7 and 8): DBOS on SQLite, launched once, driven by
-``bench/issue6.py`` through stdin and stdout so that its rounds alternate with ours.
+``bench/suite.py`` through stdin and stdout so that its rounds alternate with ours.
 
 Commands, one a line: ``debounce N`` (N coalescing pings into one key's open window
 through ``dbos.Debouncer``, sequential, one caller), ``enqueue N`` (N workflow

@@ -1,7 +1,7 @@
 """Write issue 6's benchmark report: ``docs/benchmarks/index.rst`` and its figures
-(matplotlib, PNG), from the JSON ``bench/issue6.py`` wrote.
+(matplotlib, PNG), from the JSON ``bench/suite.py`` wrote.
 
-``python bench/report6.py [docs/benchmarks/results.json]`` regenerates the page alone.
+``python bench/report.py [docs/benchmarks/results.json]`` regenerates the page alone.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ DESCRIPTIONS = {
         "ours minus baseline, in ms."
     ),
     "4": (
-        "A deterministic log (``bench/local_items.py generate``: each key's events in a "
+        "A deterministic log (``bench/ping_local.py generate``: each key's events in a "
         "burst at exponential intervals of mean 0.25 s, replayed with ``--delay 1 "
         "--max-delay 10``). The 1,000,000-event replay runs once (too long to repeat 15 "
         "times); the paired rounds use a smaller log of the same "
@@ -226,7 +226,7 @@ DESCRIPTIONS = {
         "key's window, in a process launched once (``bench/dbos_worker.py``)."
     ),
     "8": (
-        "``bench/bench_runs.py``'s figures: sequential ``schedule(..., after=3600, "
+        "``bench/runs.py``'s figures: sequential ``schedule(..., after=3600, "
         "persist=True)`` of new ids (and from 10 tasks) on each store, against DBOS "
         "``Queue.enqueue`` of a workflow delayed by an hour on SQLite, in the same "
         "rotation; then a coordinator's heartbeat with 100,000 runs pending far in the "
@@ -246,7 +246,7 @@ def write(results_path: Path, out: Path = OUT) -> Path:
         "==========",
         "",
         "Issue 6's figures, each against a baseline measured in the same run, written by "
-        "``nox -s bench`` (``bench/issue6.py``, then ``bench/report6.py``; the numbers "
+        "``nox -s bench`` (``bench/suite.py``, then ``bench/report.py``; the numbers "
         "below are in ``results.json`` beside this page). The machine is shared and "
         "noisy: compare the ratios, which are taken round by round, rather than the "
         "absolute figures.",

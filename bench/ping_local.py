@@ -4,7 +4,7 @@ Item 1's timed micro-benchmarks are pyperf time functions, registered by
 ``bench/pyperf_local.py``; each takes a fixed ``loops`` and runs its own fresh event
 loop. The rest (item 2's memory and ping cost, item 3's fire lateness, item 4's
 replays) are plain functions returning their figure, run in fresh loops or processes
-by ``bench/issue6.py``; ``python bench/local_items.py
+by ``bench/suite.py``; ``python bench/ping_local.py
 scale|tasks|memory|memory-rounds|naive-replay|generate ...`` runs one of them in a
 process of its own and prints JSON.
 """
@@ -329,7 +329,7 @@ def scale_process(
     done: Callable[[dict[str, Any]], None],
     floor: bool = True,
 ) -> None:
-    """Item 2's windows side, in a process of its own (``python bench/local_items.py
+    """Item 2's windows side, in a process of its own (``python bench/ping_local.py
     scale SIZES LOOPS ROUNDS FIRST``): one coordinator per size in ``sizes``, each
     holding that many open windows (opened in increasing size order), then ``rounds``
     rounds of coalescing pings, numbered from ``first`` (the rounds of earlier
@@ -414,7 +414,7 @@ def scale_process(
 
 def tasks_process(sizes: list[int], done: Callable[[dict[str, Any]], None]) -> None:
     """The baseline of :func:`scale_process`'s RSS figure, in a process of its own
-    (``python bench/local_items.py tasks SIZES``): the RSS growth per bare sleeping Trio
+    (``python bench/ping_local.py tasks SIZES``): the RSS growth per bare sleeping Trio
     task from :func:`_small` started tasks to ``sum(sizes)``, the collector off while
     they start (as for the windows)."""
     first, total = _small(sizes), sum(sizes)
@@ -453,7 +453,7 @@ def default_lead(n: int) -> float:
     """Seconds from a fire-accuracy run's start to its first due time for ``n``
     timers: 0.3 s + 0.1 s per 1,000, about twice the set-up of 10,000 windows on an
     idle 2-core machine (a run whose set-up takes longer is run again with a longer
-    lead, see ``bench/issue6.py``)."""
+    lead, see ``bench/suite.py``)."""
     return 0.3 + 1e-4 * n
 
 
