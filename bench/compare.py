@@ -44,7 +44,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-import _harness as harness  # noqa: E402
+import _harness  # noqa: E402
 from _harness import load, log, quantiles, ratio  # noqa: E402
 
 #: The default items, in run order.
@@ -226,7 +226,7 @@ def compare(
         if item not in FIGURES:
             raise SystemExit(f"unknown item {item!r}; known: {', '.join(FIGURES)}")
     results: dict[str, Any] = {
-        "machine": harness.machine(),
+        "machine": _harness.machine(),
         "rev": rev,
         "rounds": counts.rounds,
         "items": {},
@@ -256,7 +256,7 @@ def compare(
                     for side in order:
                         args = [str(BENCH / "compare.py"), "--worker", item]
                         args += worker_args(item, counts, url, r)
-                        out = harness.run_json(args, timeout=3600, root=sides[side])
+                        out = _harness.run_json(args, timeout=3600, root=sides[side])
                         if Path(out["imported"]) != sides[side].resolve():
                             raise RuntimeError(
                                 f"the {side} worker imported trio_debounce from "

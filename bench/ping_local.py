@@ -1,12 +1,27 @@
-"""Issue 6, items 1-4: the in-memory coordinator against its baselines.
+"""The coalescing ping in memory: one open window, 1,000 windows pinged in turn, an
+opening ping, and the memory and ping cost of many open windows.
 
-Item 1's timed micro-benchmarks are pyperf time functions, registered by
-``bench/pyperf_local.py``; each takes a fixed ``loops`` and runs its own fresh event
-loop. The rest (item 2's memory and ping cost, item 3's fire lateness, item 4's
-replays) are plain functions returning their figure, run in fresh loops or processes
-by ``bench/suite.py``; ``python bench/ping_local.py
-scale|tasks|memory|memory-rounds|naive-replay|generate ...`` runs one of them in a
-process of its own and prints JSON.
+Three items of ``bench/suite.py``:
+
+* ``ping-local`` (:func:`ping_item`): ``debounce_nowait`` into an open trailing window
+  against (a) a naive Trio debouncer, (b) asyncio's ``call_later`` re-armed, (c)
+  ``throttlebounce``; ``debounce_nowait`` and ``await debounce()`` against a bare
+  checkpoint; ``await debounce()`` through ``MemoryBackend`` (the shared protocol's
+  CPU cost) against the same without a backend; and opening a window against
+  spawning a task that sleeps on a deadline.
+* ``ping-keyed`` (:func:`keyed_item`): 1,000 open windows (``max_delay`` set) pinged
+  in turn, against asyncio ``call_later`` re-armed on 1,000 handles and against the
+  least CPython can do for such a ping (its floor).
+* ``scale`` (:func:`scale_item`): bytes per open window against a sleeping task
+  (tracemalloc, and RSS), and the coalescing ping on random keys at 10, 1,000 and
+  100,000 windows, with its memory floor.
+
+The timed functions take a fixed ``loops`` and run their own fresh event loop. Run by
+hand, ``python bench/ping_local.py`` is an ordinary pyperf script over them (it
+calibrates its loop counts, so it is NOT how the report's figures are taken; the suite
+runs it as pyperf worker processes with ``--workers``); ``python bench/ping_local.py
+scale|tasks|memory|memory-rounds ...`` runs one step of the scale item in a process of
+its own and prints JSON.
 """
 
 from __future__ import annotations
@@ -25,18 +40,30 @@ from typing import Any
 
 import trio
 import trio.testing
+from _harness import (
+    Context,
+    cost_row,
+    log,
+    quantiles,
+    ratio,
+    row,
+    run_json,
+    speedup_row,
+    timed_in_rounds,
+)
 
 import trio_debounce
 
 WF = "wf"
 DELAY = 3600.0
+SCRIPT = Path(__file__).resolve()
 
 
 async def _noop(fire: trio_debounce.Fire) -> None:
     pass
 
 
-# ----------------------------------------------------------------- item 1
+# ----------------------------------------------------------------- one open window
 
 
 def ping_nowait(loops: int) -> float:
@@ -155,6 +182,65 @@ def throttlebounce_debounce(loops: int) -> float:
     return asyncio.run(main())
 
 
+def shared_ping_memory(loops: int) -> float:
+    """``await debounce()`` into a shared window this process owns, through
+    ``MemoryBackend``: the shared protocol's own CPU cost, no network."""
+    from trio_debounce.testing import MemoryBackend, MemoryStore
+
+    async def main() -> float:
+        async with trio_debounce.open_coordinator(
+            handlers={WF: _noop}, backend=MemoryBackend(MemoryStore()), on_exit="cancel"
+        ) as coordinator:
+            ping = coordinator.debounce
+            await ping(WF, "k", None, delay=DELAY)
+            t0 = time.perf_counter()
+            for _ in range(loops):
+                await ping(WF, "k", None, delay=DELAY)
+            return time.perf_counter() - t0
+
+    return trio.run(main)
+
+
+def open_window(loops: int) -> float:
+    """``debounce_nowait`` opening ``loops`` new trailing windows, until their tasks
+    sleep."""
+    keys = [str(i) for i in range(loops)]
+
+    async def main() -> float:
+        async with trio_debounce.open_coordinator(
+            handlers={WF: _noop}, on_exit="cancel"
+        ) as coordinator:
+            ping = coordinator.debounce_nowait
+            t0 = time.perf_counter()
+            for key in keys:
+                ping(WF, key, None, delay=DELAY)
+            await trio.testing.wait_all_tasks_blocked()
+            return time.perf_counter() - t0
+
+    return trio.run(main)
+
+
+def spawn_sleeper(loops: int) -> float:
+    """Baseline of :func:`open_window`: ``nursery.start_soon`` of ``loops`` tasks that
+    sleep on a deadline, until they sleep."""
+
+    async def sleeper() -> None:
+        with trio.CancelScope(deadline=trio.current_time() + DELAY):
+            await trio.sleep_forever()
+
+    async def main() -> float:
+        async with trio.open_nursery() as nursery:
+            t0 = time.perf_counter()
+            for _ in range(loops):
+                nursery.start_soon(sleeper)
+            await trio.testing.wait_all_tasks_blocked()
+            elapsed = time.perf_counter() - t0
+            nursery.cancel_scope.cancel()
+        return elapsed
+
+    return trio.run(main)
+
+
 # ----------------------------------------------------------------- keyed ping
 
 #: The keyed coalescing ping: this many open windows, pinged in turn.
@@ -251,7 +337,7 @@ def floor_keyed(loops: int) -> float:
     return elapsed
 
 
-# ----------------------------------------------------------------- item 2
+# ----------------------------------------------------------------- many open windows
 
 
 SCALE_PINGS_KEYS = 65_536  # random key draws, cycled
@@ -301,7 +387,7 @@ def memory_per(kind: str, n: int) -> dict[str, float]:
 
 
 def memory_rounds(n: int, rounds: int) -> dict[str, list[float]]:
-    """Item 2's memory pass, in one process: bytes per open window and per bare
+    """The scale item's memory pass, in one process: bytes per open window and per bare
     sleeping task at ``n`` of each (:func:`memory_per`'s tracemalloc figure), in
     ``rounds`` paired rounds (window, task; then task, window; ...), each measurement
     on a fresh loop, after one warm-up pair that is not kept (the first loop of a
@@ -317,7 +403,7 @@ def memory_rounds(n: int, rounds: int) -> dict[str, list[float]]:
 
 def _small(sizes: list[int]) -> int:
     """How many windows (tasks) are open before the RSS is taken: the sizes up to
-    1,000 (item 2's RSS figure is the growth per window from there to all sizes)."""
+    1,000 (the scale item's RSS figure is the growth per window from there to all sizes)."""
     return sum(s for s in sizes if s <= 1000)
 
 
@@ -329,7 +415,7 @@ def scale_process(
     done: Callable[[dict[str, Any]], None],
     floor: bool = True,
 ) -> None:
-    """Item 2's windows side, in a process of its own (``python bench/ping_local.py
+    """The scale item's windows side, in a process of its own (``python bench/ping_local.py
     scale SIZES LOOPS ROUNDS FIRST``): one coordinator per size in ``sizes``, each
     holding that many open windows (opened in increasing size order), then ``rounds``
     rounds of coalescing pings, numbered from ``first`` (the rounds of earlier
@@ -441,152 +527,269 @@ def tasks_process(sizes: list[int], done: Callable[[dict[str, Any]], None]) -> N
     trio.run(main)
 
 
-# ----------------------------------------------------------------- item 3
+# ----------------------------------------------------------------- the items
+
+#: name -> time function ``(loops) -> seconds``, in pyperf registration order (the
+#: worker task index is the position in this dict).
+BENCHES: dict[str, Callable[[int], float]] = {
+    "ping-nowait": ping_nowait,
+    "ping-async": ping_async,
+    "checkpoint": checkpoint,
+    "naive-trio": naive_trio,
+    "asyncio-call-later": asyncio_call_later,
+    "throttlebounce": throttlebounce_debounce,
+    "shared-ping-memory": shared_ping_memory,
+    "open-window": open_window,
+    "spawn-sleeper": spawn_sleeper,
+    "ping-keyed": ping_keyed,
+    "asyncio-call-later-keyed": asyncio_call_later_keyed,
+    "floor-keyed": floor_keyed,
+}
+#: The keyed ping and its baselines.
+KEYED = ("ping-keyed", "asyncio-call-later-keyed", "floor-keyed")
 
 
-def _due_times(n: int, spread: float, lead: float, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    return sorted(lead + rng.uniform(0.0, spread) for _ in range(n))
+def ping_rows(values: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """The ping-local report lines from the seconds per ping of each variant, by round."""
+    ours = values["ping-nowait"]
+    rows = [
+        speedup_row(
+            "debounce_nowait vs (b) asyncio call_later re-arm",
+            ours,
+            values["asyncio-call-later"],
+            "call_later",
+            3.0,
+        ),
+        speedup_row(
+            "debounce_nowait vs (c) throttlebounce.async_debounce",
+            ours,
+            values["throttlebounce"],
+            "throttlebounce",
+            4.0,
+        ),
+        speedup_row(
+            "debounce_nowait vs (a) naive Trio (cancel scope + task per ping)",
+            ours,
+            values["naive-trio"],
+            "naive Trio",
+            None,
+        ),
+    ]
+    for name, label in (("ping-async", "await debounce()"), ("ping-nowait", "debounce_nowait")):
+        rows.append(
+            row(
+                f"{label} vs a bare checkpoint (the ratio: its cost in checkpoints)",
+                quantiles(values[name])["median"] * 1e6,
+                "µs",
+                baseline="checkpoint",
+                base=quantiles(values["checkpoint"])["median"] * 1e6,
+                stats=ratio(values[name], values["checkpoint"]),
+                ratio_label="ours / baseline",
+            )
+        )
+    rows.append(
+        cost_row(
+            "await debounce() through MemoryBackend (a shared window this process owns) "
+            "vs without a backend: the shared protocol's CPU cost",
+            values["shared-ping-memory"],
+            values["ping-async"],
+            "local await debounce()",
+        )
+    )
+    rows.append(
+        cost_row(
+            "debounce_nowait opening a window, until its task sleeps, vs nursery.start_soon "
+            "of a task sleeping on a deadline",
+            values["open-window"],
+            values["spawn-sleeper"],
+            "spawn a sleeper",
+        )
+    )
+    return rows
 
 
-def default_lead(n: int) -> float:
-    """Seconds from a fire-accuracy run's start to its first due time for ``n``
-    timers: 0.3 s + 0.1 s per 1,000, about twice the set-up of 10,000 windows on an
-    idle 2-core machine (a run whose set-up takes longer is run again with a longer
-    lead, see ``bench/suite.py``)."""
-    return 0.3 + 1e-4 * n
-
-
-def fire_lateness(
-    kind: str, n: int, spread: float, seed: int = 3, lead: float | None = None
-) -> tuple[list[float], float]:
-    """Seconds late of each of ``n`` timers due uniformly over ``spread`` seconds on the
-    real clock, the first ``lead`` seconds (:func:`default_lead` when None) after the
-    run starts: windows of the coordinator (``kind="windows"``; lateness from
-    the due time to the handler's start) or bare ``trio.sleep_until`` tasks
-    (``"sleep_until"``), set in random order. Also returns the set-up time: from the
-    start until every window's or task's task is blocked; a set-up longer than ``lead``
-    makes the lateness meaningless (the caller retries with a longer lead)."""
-    if lead is None:
-        lead = default_lead(n)
-    offsets = _due_times(n, spread, lead, seed)
-    late: list[float] = []
-    all_fired = trio.Event()
-    setup = 0.0
-
-    async def handler(fire: trio_debounce.Fire) -> None:
-        late.append(trio.current_time() - fire.payload)
-        if len(late) == n:
-            all_fired.set()
-
-    async def sleeper(due: float) -> None:
-        await trio.sleep_until(due)
-        late.append(trio.current_time() - due)
-
-    async def main() -> None:
-        nonlocal setup
-        t0 = trio.current_time()
-        dues = [t0 + off for off in offsets]
-        order = list(range(n))
-        random.Random(seed + 1).shuffle(order)  # set in random order, not due order
-        if kind == "windows":
-            async with trio_debounce.open_coordinator(
-                handlers={WF: handler}, on_exit="cancel"
-            ) as coordinator:
-                for i in order:
-                    due = dues[i]
-                    # A window set after its due time (a slow machine) is due at once.
-                    delay = max(0.0, due - trio.current_time())
-                    coordinator.debounce_nowait(WF, f"k{i}", due, delay=delay)
-                await trio.testing.wait_all_tasks_blocked()
-                setup = trio.current_time() - t0
-                with trio.fail_after(lead + spread + 60):
-                    await all_fired.wait()
-        else:
-            async with trio.open_nursery() as nursery:
-                for i in order:
-                    nursery.start_soon(sleeper, dues[i])
-                await trio.testing.wait_all_tasks_blocked()
-                setup = trio.current_time() - t0
-
-    trio.run(main)
-    if len(late) != n:
-        raise RuntimeError(f"{len(late)} of {n} timers fired")
-    return late, setup
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    n = len(ordered)
-    return {
-        "p50": ordered[n // 2],
-        "p99": ordered[min(n - 1, int(0.99 * n))],
-        "max": ordered[-1],
-    }
-
-
-# ----------------------------------------------------------------- item 4
-
-REPLAY_DELAY = 1.0
-REPLAY_MAX_DELAY = 10.0
-
-
-def generate(path: Path, events: int, keys: int, seed: int = 6) -> None:
-    """A JSON-lines log of ``events`` events over ``keys`` keys (``events // keys``
-    each), deterministic: each key's events start at a uniform random time over
-    ``events / 1000`` seconds and follow at exponential intervals of mean 0.25 s
-    (bursts, which ``delay=1``, ``max_delay=10`` coalesce); sorted by time."""
-    rng = random.Random(seed)
-    per = events // keys
-    span = events / 1000.0
-    rows: list[tuple[float, int]] = []
-    for k in range(keys):
-        t = rng.uniform(0.0, span)
-        for _ in range(per):
-            rows.append((round(t, 4), k))
-            t += rng.expovariate(4.0)
-    rows.sort()
-    with open(path, "w") as out:
-        out.writelines(f'{{"ts": {t}, "key": "k{k:06d}"}}\n' for t, k in rows)
-
-
-def cli_replay_args(path: Path) -> list[str]:
+def keyed_rows(values: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """The keyed ping's report lines from the seconds per ping of each variant."""
+    ours = values["ping-keyed"]
+    floor = values["floor-keyed"]
     return [
-        "-m",
-        "trio_debounce",
-        "replay",
-        str(path),
-        "--delay",
-        str(REPLAY_DELAY),
-        "--max-delay",
-        str(REPLAY_MAX_DELAY),
-        "--format",
-        "summary",
+        speedup_row(
+            "debounce_nowait on 1,000 open windows pinged in turn (max_delay set) "
+            "vs asyncio call_later re-armed on 1,000 handles",
+            ours,
+            values["asyncio-call-later-keyed"],
+            "call_later x 1,000",
+            3.0,
+            scale=1e9,
+            unit="ns",
+        ),
+        cost_row(
+            "the same pings vs their floor (a dict lookup on (workflow, key), three "
+            "attribute writes, min against the cap, a result tuple, inline in the loop)",
+            ours,
+            floor,
+            "floor",
+            target=1.8,
+            scale=1e9,
+            unit="ns",
+            label="cost ratio (ours / floor)",
+        ),
     ]
 
 
-def naive_replay(path: Path) -> dict[str, Any]:
-    """The naive replay: the same log through a coordinator on a MockClock
-    (autojump), jumping the clock once per event with ``trio.sleep_until``."""
-    t0 = time.perf_counter()
-    lines = path.read_bytes().splitlines()
-    fires = 0
+def ping_item(ctx: Context) -> dict[str, Any]:
+    """ping-local: every variant of :data:`BENCHES` but the keyed ones, paired."""
+    loops = ctx.params.ping_loops
+    values = timed_in_rounds(ctx, SCRIPT, BENCHES, loops, "ping-local-pyperf.json")
+    return {
+        "title": "Coalescing ping, one open window (in memory)",
+        "rows": ping_rows(values),
+        "samples_us": {k: [v * 1e6 for v in vs] for k, vs in values.items()},
+        "loops": loops,
+    }
 
-    async def handler(fire: trio_debounce.Fire) -> None:
-        nonlocal fires
-        fires += 1
 
-    async def main() -> None:
-        async with trio_debounce.open_coordinator(handlers={WF: handler}) as coordinator:
-            for line in lines:
-                event = json.loads(line)
-                await trio.sleep_until(float(event["ts"]))
-                coordinator.debounce_nowait(
-                    WF, event["key"], event, delay=REPLAY_DELAY, max_delay=REPLAY_MAX_DELAY
+def keyed_item(ctx: Context) -> dict[str, Any]:
+    """ping-keyed: the keyed ping and its two baselines, paired."""
+    loops = dict.fromkeys(KEYED, ctx.params.keyed_loops)
+    values = timed_in_rounds(ctx, SCRIPT, BENCHES, loops, "ping-keyed-pyperf.json")
+    return {
+        "title": "Coalescing ping, 1,000 open windows pinged in turn (in memory)",
+        "rows": keyed_rows(values),
+        "samples_ns": {k: [v * 1e9 for v in vs] for k, vs in values.items()},
+        "loops": loops,
+    }
+
+
+def scale_item(ctx: Context) -> dict[str, Any]:
+    """Three passes, so that every figure gets its paired rounds without building
+    100,000 windows per round: the tracemalloc memory pass (one process, a fresh loop
+    per measurement), then ``scale_procs`` pairs of processes, a windows process
+    (:func:`scale_process`: one coordinator per size, the ping rounds reuse
+    the windows) and a tasks process (the RSS baseline), in alternating order."""
+    sizes = list(ctx.params.scale_sizes) + ([ctx.params.huge_size] if ctx.huge else [])
+    rounds = ctx.params.rounds
+    script = str(SCRIPT)
+    log("scale: memory (tracemalloc)")
+    memory = run_json([script, "memory-rounds", "1000", str(rounds)], timeout=3600)
+    procs = max(1, min(ctx.params.scale_procs, rounds))
+    per_proc = -(-rounds // procs)  # the ping rounds of each windows process
+    windows: list[dict[str, Any]] = []
+    tasks: list[dict[str, Any]] = []
+    for p in range(procs):
+        log(f"scale: {sum(sizes):,} windows and tasks, process pair {p + 1} of {procs}")
+        for what in ("windows", "tasks") if p % 2 == 0 else ("tasks", "windows"):
+            if what == "windows":
+                args = [
+                    script,
+                    "scale",
+                    ",".join(map(str, sizes)),
+                    str(ctx.params.scale_loops),
+                    str(per_proc),
+                    str(p * per_proc),
+                ]
+                windows.append(run_json(args, timeout=3600))
+            else:
+                args = [script, "tasks", ",".join(map(str, sizes))]
+                tasks.append(run_json(args, timeout=3600))
+    ping = {s: [v for w in windows for v in w["ping"][str(s)]] for s in sizes}
+    floor = {s: [v for w in windows for v in w.get("floor", {}).get(str(s), [])] for s in sizes}
+    rows = []
+    traced, traced_t = memory["window"], memory["task"]
+    ours_traced = quantiles(traced)["median"]
+    rows.append(
+        row(
+            "bytes per open window at 1,000 (tracemalloc) vs bare sleeping task",
+            ours_traced,
+            "B",
+            baseline="sleeping task",
+            base=quantiles(traced_t)["median"],
+            stats=ratio(traced, traced_t),
+            ratio_label="ours / baseline",
+            target="<= 3,584 B (3.5 KB)",
+            met=ours_traced <= 3584,
+            gap="" if ours_traced <= 3584 else f"{ours_traced - 3584:.0f} B over",
+        )
+    )
+    small = _small(sizes)
+    if all(w.get("rss_per_window", 0) > 0 for w in windows) and all(
+        t.get("rss_per_task", 0) > 0 for t in tasks
+    ):
+        rss = [w["rss_per_window"] for w in windows]
+        rss_t = [t["rss_per_task"] for t in tasks]
+        med = quantiles(rss)["median"]
+        rows.append(
+            row(
+                f"RSS per open window, {small:,} -> {sum(sizes):,} open, vs bare sleeping "
+                f"task (one figure per process; {procs} of each)",
+                med,
+                "B",
+                baseline="sleeping task",
+                base=quantiles(rss_t)["median"],
+                stats=ratio(rss, rss_t),
+                ratio_label="ours / baseline",
+                target="<= 3,584 B (3.5 KB)",
+                met=med <= 3584,
+                gap="" if med <= 3584 else f"{med - 3584:.0f} B over",
+            )
+        )
+    first = sizes[0]
+    for size in sizes[1:]:
+        stats = ratio(ping[size], ping[first])
+        rows.append(
+            row(
+                f"coalescing ping on random keys at {size:,} windows vs at {first}",
+                quantiles(ping[size])["median"] * 1e6,
+                "µs",
+                baseline=f"{first} windows",
+                base=quantiles(ping[first])["median"] * 1e6,
+                stats=stats,
+                ratio_label=f"ours at size / ours at {first}",
+                target="<= 1.5x",
+                met=stats["median"] <= 1.5,
+                gap="" if stats["median"] <= 1.5 else f"{stats['median'] / 1.5:.2f}x over",
+            )
+        )
+        if floor[size] and floor[first]:
+            # Why the 1.5x target cannot be met at large sizes: the same growth for a
+            # lookup-and-store on the same windows, and what a ping adds above it.
+            fstats = ratio(floor[size], floor[first])
+            rows.append(
+                row(
+                    f"memory floor (window lookup + payload store, same windows) at "
+                    f"{size:,} vs at {first}",
+                    quantiles(floor[size])["median"] * 1e6,
+                    "µs",
+                    baseline=f"{first} windows",
+                    base=quantiles(floor[first])["median"] * 1e6,
+                    stats=fstats,
+                    ratio_label=f"floor at size / floor at {first}",
                 )
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    return {"events": len(lines), "fires": fires, "seconds": time.perf_counter() - t0}
+            )
+            above = [p - f for p, f in zip(ping[size], floor[size], strict=True)]
+            above_first = [p - f for p, f in zip(ping[first], floor[first], strict=True)]
+            rows.append(
+                row(
+                    f"coalescing ping minus its floor at {size:,} windows vs at {first}",
+                    quantiles(above)["median"] * 1e6,
+                    "µs",
+                    baseline=f"{first} windows",
+                    base=quantiles(above_first)["median"] * 1e6,
+                    stats=ratio(above, above_first),
+                    ratio_label=f"(ping - floor) at size / at {first}",
+                )
+            )
+    return {
+        "title": "Memory and ping cost by open windows (in memory)",
+        "rows": rows,
+        "rounds": len(ping[first]),
+        "processes": procs,
+        "sizes": sizes,
+        "ping_us": {str(s): [v * 1e6 for v in ping[s]] for s in sizes},
+        "floor_us": {str(s): [v * 1e6 for v in floor[s]] for s in sizes},
+        "traced_per_window": traced,
+        "traced_per_task": traced_t,
+    }
 
 
 def _print_and_exit(result: dict[str, Any]) -> None:
@@ -598,25 +801,30 @@ def _print_and_exit(result: dict[str, Any]) -> None:
     os._exit(0)
 
 
-if __name__ == "__main__":
-    command = sys.argv[1]
+def main(argv: list[str]) -> None:
+    command = argv[1] if len(argv) > 1 else ""
     if command == "scale":
         scale_process(
-            [int(x) for x in sys.argv[2].split(",")],
-            int(sys.argv[3]),
-            int(sys.argv[4]),
-            int(sys.argv[5]),
+            [int(x) for x in argv[2].split(",")],
+            int(argv[3]),
+            int(argv[4]),
+            int(argv[5]),
             _print_and_exit,
         )
     elif command == "tasks":
-        tasks_process([int(x) for x in sys.argv[2].split(",")], _print_and_exit)
+        tasks_process([int(x) for x in argv[2].split(",")], _print_and_exit)
     elif command == "memory":
-        print(json.dumps(memory_per(sys.argv[2], int(sys.argv[3]))))
+        print(json.dumps(memory_per(argv[2], int(argv[3]))))
     elif command == "memory-rounds":
-        print(json.dumps(memory_rounds(int(sys.argv[2]), int(sys.argv[3]))))
-    elif command == "naive-replay":
-        print(json.dumps(naive_replay(Path(sys.argv[2]))))
-    elif command == "generate":
-        generate(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
-    else:
-        raise SystemExit(f"unknown command {command!r}")
+        print(json.dumps(memory_rounds(int(argv[2]), int(argv[3]))))
+    else:  # a pyperf script (and its worker processes)
+        import pyperf
+
+        runner = pyperf.Runner()
+        runner.metadata["description"] = "trio_debounce: the coalescing ping in memory"
+        for name, func in BENCHES.items():
+            runner.bench_time_func(name, func)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,4 +1,4 @@
-"""Write issue 6's benchmark report: ``docs/benchmarks/index.rst`` and its figures
+"""Write the benchmark report: ``docs/benchmarks/index.rst`` and its figures
 (matplotlib, PNG), from the JSON ``bench/suite.py`` wrote.
 
 ``python bench/report.py [docs/benchmarks/results.json]`` regenerates the page alone.
@@ -12,6 +12,18 @@ from pathlib import Path
 from typing import Any
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+#: The items in the report's order (``bench/suite.py``'s ``ITEMS``).
+ORDER = (
+    "ping-local",
+    "ping-keyed",
+    "scale",
+    "fire-lateness",
+    "replay",
+    "nats-requests",
+    "owner-ping",
+    "hot-key",
+    "runs",
+)
 
 
 def fmt(value: float | None) -> str:
@@ -84,14 +96,14 @@ def _plots(results: dict[str, Any], out: Path) -> dict[str, str]:
     made: dict[str, str] = {}
     items = results["items"]
 
-    def save(fig: Any, name: str, item: str) -> None:
+    def save(fig: Any, item: str) -> None:
         fig.tight_layout()
-        fig.savefig(out / name, dpi=90)
+        fig.savefig(out / f"{item}.png", dpi=90)
         plt.close(fig)
-        made[item] = name
+        made[item] = f"{item}.png"
 
-    if "1" in items:
-        samples = items["1"]["samples_us"]
+    if "ping-local" in items:
+        samples = items["ping-local"]["samples_us"]
         names = sorted(samples, key=lambda k: sorted(samples[k])[len(samples[k]) // 2])
         fig, ax = plt.subplots(figsize=(7, 3.2))
         meds = [sorted(samples[k])[len(samples[k]) // 2] for k in names]
@@ -99,10 +111,10 @@ def _plots(results: dict[str, Any], out: Path) -> dict[str, str]:
         hi = [max(samples[k]) - m for m, k in zip(meds, names, strict=True)]
         ax.barh(names, meds, xerr=[lo, hi], color="tab:blue")
         ax.set_xscale("log")
-        ax.set_xlabel("µs per ping (median, min-max of rounds; log scale)")
-        save(fig, "item1.png", "1")
-    if "2" in items:
-        ping = items["2"]["ping_us"]
+        ax.set_xlabel("µs per operation (median, min-max of rounds; log scale)")
+        save(fig, "ping-local")
+    if "scale" in items:
+        ping = items["scale"]["ping_us"]
         sizes = [int(s) for s in ping]
         fig, ax = plt.subplots(figsize=(6, 3))
         for i, s in enumerate(sizes):
@@ -120,9 +132,9 @@ def _plots(results: dict[str, Any], out: Path) -> dict[str, str]:
         ax.set_xlabel("open windows")
         ax.set_ylabel("µs per coalescing ping")
         ax.legend()
-        save(fig, "item2.png", "2")
-    if "3" in items:
-        cases = items["3"]["cases"]
+        save(fig, "scale")
+    if "fire-lateness" in items:
+        cases = items["fire-lateness"]["cases"]
         fig, axes = plt.subplots(1, len(cases), figsize=(8, 3))
         for ax, (case, data) in zip(list(axes), cases.items(), strict=True):
             for kind, values in data["samples_ms"].items():
@@ -134,9 +146,9 @@ def _plots(results: dict[str, Any], out: Path) -> dict[str, str]:
             ax.set_xlabel("lateness, ms")
             ax.set_ylabel("fraction fired")
             ax.legend(fontsize=8)
-        save(fig, "item3.png", "3")
-    if "7" in items:
-        rates = items["7"]["rates"]
+        save(fig, "fire-lateness")
+    if "hot-key" in items:
+        rates = items["hot-key"]["rates"]
         fig, ax = plt.subplots(figsize=(6, 3))
         names = list(rates)
         meds = [sorted(v)[len(v) // 2] for v in rates.values()]
@@ -146,22 +158,37 @@ def _plots(results: dict[str, Any], out: Path) -> dict[str, str]:
         ax.set_ylabel("acknowledged pings/s (median)")
         ax.legend(fontsize=8)
         ax.tick_params(axis="x", labelsize=8)
-        save(fig, "item7.png", "7")
+        save(fig, "hot-key")
     return made
 
 
 DESCRIPTIONS = {
-    "1": (
+    "ping-local": (
         "``debounce_nowait`` into an open trailing window, against (a) a naive Trio "
         "debouncer (cancel a cancel scope and spawn a task per ping, with a checkpoint "
         "per ping), (b) an asyncio ``loop.call_later`` handle cancelled and re-armed per "
-        "ping, (c) ``throttlebounce.async_debounce`` (PyPI); and ``await debounce()`` "
-        "against a bare ``await trio.lowlevel.checkpoint()``. Every variant runs a fixed "
-        "number of pings (see the JSON's ``loops``) on a fresh event loop per sample; "
-        "the timed functions are ``bench/pyperf_local.py``'s pyperf time functions, "
-        "and the samples are also saved as a pyperf suite."
+        "ping, (c) ``throttlebounce.async_debounce`` (PyPI); ``debounce_nowait`` and "
+        "``await debounce()`` against a bare ``await trio.lowlevel.checkpoint()``; "
+        "``await debounce()`` into a shared window through ``MemoryBackend`` (the shared "
+        "protocol's CPU cost, no network) against the same without a backend; and "
+        "``debounce_nowait`` opening a window (until its task sleeps) against "
+        "``nursery.start_soon`` of a task sleeping on a deadline. Every variant runs a "
+        "fixed number of operations (see the JSON's ``loops``) on a fresh event loop per "
+        "sample; the timed functions are ``bench/ping_local.py``'s, and the samples are "
+        "also saved as a pyperf suite."
     ),
-    "2": (
+    "ping-keyed": (
+        "Real applications ping many keys. 1,000 open trailing windows (``max_delay`` "
+        "set), pinged in turn, each ping a different key than the last, 100,000 pings per "
+        "sample: ``debounce_nowait`` against (a) asyncio's ``call_later`` on 1,000 handles "
+        "kept in a dict by ``(workflow, key)``, cancelled and re-armed per ping, on a "
+        "fresh stdlib loop, and (b) the floor, the least CPython can do for such a ping, "
+        "inline in the loop: one dict lookup on the ``(workflow, key)`` tuple, three "
+        "attribute writes (deadline, payload, count), a ``min`` against the window's cap "
+        "and a result tuple (the clock read once, outside the loop). Both ratios are "
+        "taken within each round, in the same rotation."
+    ),
+    "scale": (
         "Memory: in one process, bytes per window with 1,000 windows open against "
         "bytes per bare sleeping Trio task (``nursery.start_soon(trio.sleep, "
         "3600)``) with 1,000 started, as the growth of the Python allocations traced by "
@@ -179,7 +206,7 @@ DESCRIPTIONS = {
         "one figure per process. The 1,000,000 point runs only with ``nox -s bench -- "
         "--huge``."
     ),
-    "3": (
+    "fire-lateness": (
         "10,000 windows with due times spread uniformly over one second (and, without "
         "a target, within 0.1 s), set in random order on the real clock; lateness is "
         "the handler's start (``trio.current_time()``) minus the due time. Baseline: "
@@ -190,16 +217,18 @@ DESCRIPTIONS = {
         "does not measure the set-up. The ratio column is the per-round difference "
         "ours minus baseline, in ms."
     ),
-    "4": (
-        "A deterministic log (``bench/ping_local.py generate``: each key's events in a "
+    "replay": (
+        "A deterministic log (``bench/replay.py generate``: each key's events in a "
         "burst at exponential intervals of mean 0.25 s, replayed with ``--delay 1 "
         "--max-delay 10``). The 1,000,000-event replay runs once (too long to repeat 15 "
         "times); the paired rounds use a smaller log of the same "
         "shape, each side a process of its own (start-up included on both sides). "
         "Baseline: the naive replay, which jumps a ``MockClock`` (autojump) with one "
-        "``trio.sleep_until`` per event."
+        "``trio.sleep_until`` per event. Then the reference log "
+        "(``../shared/data/nats-py-commits.jsonl``) through the replay engine, per "
+        "event, against parsing its lines, in paired rounds in one process."
     ),
-    "5": (
+    "nats-requests": (
         "Every message a nats-py client sends goes through ``Client.publish``; the "
         "benchmark counts them (classified by the KV key they touch) while two "
         "processes' coordinators (two connections) ping 10 keys: ``open`` (first ping), "
@@ -208,30 +237,31 @@ DESCRIPTIONS = {
         "requests). Process-lease renewals (``p`` keys) are excluded. The reference "
         "design spends 2 per ping."
     ),
-    "6": (
+    "owner-ping": (
         "Latency of an owner ping (``await debounce()``, 200 per round) through the NATS "
         "backend on Trio, against raw nats-py on a plain asyncio loop doing the KV "
-        "operations item 5 saw an owner ping do (same sizes, one key), in the same run. "
-        "A third variant in the same rotation does these operations through the "
-        "backend's store alone (``NatsKvStore``: one trio-asyncio crossing per "
+        "operations the requests count saw an owner ping do (same sizes, one key), in the "
+        "same run. A third variant in the same rotation does these operations through "
+        "the backend's store alone (``NatsKvStore``: one trio-asyncio crossing per "
         "operation, no coordinator), which splits the gap into the bridge's share and "
         "the coordinator's."
     ),
-    "7": (
+    "hot-key": (
         "Tasks of one coordinator pinging one key with ``await debounce()`` (1,000 "
         "pings per round split among the tasks; 2 per task at 1,000 tasks), "
         "``on_backend_error='raise'``: acknowledged (stored) pings per second. Then 4 "
         "processes, 25 tasks each, on one key from a common start. Baseline: DBOS's "
         "``Debouncer`` on SQLite, one caller, sequential coalescing pings into one "
-        "key's window, in a process launched once (``bench/dbos_worker.py``)."
+        "key's window, in a process launched once (``bench/baselines/dbos_worker.py``)."
     ),
-    "8": (
+    "runs": (
         "``bench/runs.py``'s figures: sequential ``schedule(..., after=3600, "
         "persist=True)`` of new ids (and from 10 tasks) on each store, against DBOS "
-        "``Queue.enqueue`` of a workflow delayed by an hour on SQLite, in the same "
-        "rotation; then a coordinator's heartbeat with 100,000 runs pending far in the "
-        "future, watched through a counting store (writes per 1 s tick), and a bare "
-        "lease write and claim-sweep query."
+        "``Queue.enqueue`` of a workflow delayed by an hour on SQLite, and against the two "
+        "store calls it makes, in the same rotation; then a coordinator's heartbeat with "
+        "100,000 runs pending far in the future, watched through a counting store "
+        "(writes per 1 s tick), and a bare lease write and claim-sweep query; then, once, "
+        "1,000 persisted runs due at one instant fired with a no-op handler, 100 at once."
     ),
 }
 
@@ -245,11 +275,11 @@ def write(results_path: Path, out: Path = OUT) -> Path:
         "Benchmarks",
         "==========",
         "",
-        "Issue 6's figures, each against a baseline measured in the same run, written by "
+        "Each figure against a baseline measured in the same run, written by "
         "``nox -s bench`` (``bench/suite.py``, then ``bench/report.py``; the numbers "
-        "below are in ``results.json`` beside this page). The machine is shared and "
-        "noisy: compare the ratios, which are taken round by round, rather than the "
-        "absolute figures.",
+        "below are in ``results.json`` beside this page; ``bench/README.md`` says what "
+        "each script measures). The machine is shared and noisy: compare the ratios, "
+        "which are taken round by round, rather than the absolute figures.",
         "",
         "Method",
         "------",
@@ -274,7 +304,19 @@ def write(results_path: Path, out: Path = OUT) -> Path:
         *[f"- {note}" for note in results.get("notes", [])],
         "",
     ]
-    for key, item in sorted(results["items"].items(), key=lambda kv: int(kv[0])):
+
+    def rank(key: str) -> int:
+        return ORDER.index(key) if key in ORDER else len(ORDER)
+
+    absent = [key for key in ORDER if key not in results["items"]]
+    if absent:
+        lines += [
+            "Not in this run: "
+            + ", ".join(f"``{key}``" for key in absent)
+            + " (``python bench/suite.py --only NAME`` measures one).",
+            "",
+        ]
+    for key, item in sorted(results["items"].items(), key=lambda kv: rank(kv[0])):
         title = item["title"]
         lines += [title, "-" * len(title), "", DESCRIPTIONS.get(key, ""), ""]
         lines.append(
@@ -285,7 +327,7 @@ def write(results_path: Path, out: Path = OUT) -> Path:
         lines += table(item["rows"])
         lines.append("")
         if key in plots:
-            lines += [f".. image:: {plots[key]}", f"   :alt: item {key}", ""]
+            lines += [f".. image:: {plots[key]}", f"   :alt: {item['title']}", ""]
     missed = [
         (key, r)
         for key, item in results["items"].items()
@@ -297,7 +339,7 @@ def write(results_path: Path, out: Path = OUT) -> Path:
     lines.append(f"{met} targets met, {len(missed)} missed.")
     lines.append("")
     for key, r in missed:
-        lines.append(f"- item {key}: {esc(r['name'])}: {r['gap']}")
+        lines.append(f"- {key}: {esc(r['name'])}: {r['gap']}")
     lines.append("")
     page = out / "index.rst"
     page.write_text("\n".join(lines))
