@@ -93,9 +93,7 @@ class Figure:
 
 FIGURES: dict[str, list[Figure]] = {
     "ping-local": [Figure("ping", "coalescing ping, one open window", "µs", 1e6)],
-    "ping-keyed": [
-        Figure("ping", "coalescing ping, 1,000 open windows in turn (max_delay)", "ns", 1e9)
-    ],
+    "ping-keyed": [Figure("ping", "keyed ping, 1,000 open windows in turn", "ns", 1e9)],
     "scale": [
         Figure("growth", "ping on random keys, {large:,} windows / {small:,} windows", "x"),
         Figure("ping_large", "ping on random keys among {large:,} windows", "µs", 1e6),
@@ -348,12 +346,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # the finally blocks stop nats-server and remove the checkout
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
         out = _worker(argv[1], argv[2:])
         print(json.dumps({**out, **_imported()}))
         return 0
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rev", help="the git revision to compare against (before)")
     add_arguments(parser)
