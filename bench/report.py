@@ -292,6 +292,12 @@ def write(results_path: Path, out: Path = OUT) -> Path:
         "within the round. The spread is the min-max and the interquartile range of "
         "the per-round ratios. Rows measured once (or once per process) say so.",
         "",
+        "To measure a change against an older revision, ``python bench/suite.py --compare "
+        "REV`` runs the coalescing ping (one window and 1,000 windows in turn), its growth "
+        "from 10 to 100,000 windows, the owner ping over NATS and the hot key on the "
+        "working tree and on REV in alternating paired rounds, and prints each figure "
+        "side by side with a no-regression verdict (``bench/README.md``).",
+        "",
         "Machine",
         "-------",
         "",
