@@ -39,20 +39,20 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Issue 6's benchmark suite against same-run baselines; never part of the test suite.
+    """The benchmark suite against same-run baselines; never part of the test suite.
 
-    Runs items 1-8 with issue 6's defaults (every figure the median of 15 paired
-    rounds; item 2 up to 100,000 windows) and writes docs/benchmarks/ (results.json,
+    Runs every item of bench/suite.py (every figure the median of 15 paired rounds;
+    the scale item up to 100,000 windows) and writes docs/benchmarks/ (results.json,
     index.rst, figures): about 10 minutes on an idle 2-core machine. ``nox -s bench --
-    --huge`` adds the 1,000,000-window point (minutes more, several GB), ``-- --items
-    1,3`` runs some items only, ``-- --tiny -o DIR/results.json`` a quick smoke run
-    elsewhere. The older per-area scripts (bench_core.py, bench_shared.py,
-    bench_runs.py, contention.py) still run by hand.
+    --huge`` adds the 1,000,000-window point (minutes more, several GB), ``-- --only
+    ping-local,replay`` runs some items only, ``-- --tiny -o DIR/results.json`` a
+    quick smoke run elsewhere, ``-- --compare REV`` the before/after figures against
+    git revision REV. bench/README.md lists the items.
     """
     # bench: the harness and the baselines; test: the nats-server binary and
     # tests/nats_server.py, which starts it (it imports pytest).
     session.install("-e", ".[bench,test]")
-    session.run("python", "bench/issue6.py", *session.posargs)
+    session.run("python", "bench/suite.py", *session.posargs)
 
 
 @nox.session

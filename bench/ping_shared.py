@@ -1,38 +1,48 @@
-"""Issue 6, items 5-7: the NATS JetStream KV backend on a real loopback nats-server.
+"""A shared window on a real loopback nats-server: requests per operation, the owner
+ping's latency against raw nats-py, and the hot key.
 
-* item 5, :func:`count_requests`: NATS requests per operation and delivery mode. Every
-  message a client sends to the server goes through ``nats.aio.client.Client.publish``
-  (requests, JetStream publishes, flow-control replies); :class:`PublishCounter`
-  counts them, so the figure holds whatever the backend does inside.
-* item 6, :func:`ping_latencies` against :func:`raw_latencies`: an owner ping through
-  the backend on Trio, against raw nats-py on plain asyncio doing the KV operations an
-  owner ping does (taken from the counter: the sequence of KV subjects it touched);
-  :func:`store_latencies`, the same operations through the backend's store alone,
-  splits the gap between the bridge and the coordinator.
-* item 7, :func:`hot_key`: tasks pinging one key; ``python bench/remote_items.py
-  hot-proc URL BUCKET TASKS PINGS START CAP`` is one of the processes of the 4-process case.
+Three items of ``bench/suite.py``:
+
+* ``nats-requests`` (:func:`requests_item`, :func:`count_requests`): NATS requests per
+  operation and delivery mode. Every message a client sends to the server goes through
+  ``nats.aio.client.Client.publish`` (requests, JetStream publishes, flow-control
+  replies); :class:`PublishCounter` counts them, so the figure holds whatever the
+  backend does inside.
+* ``owner-ping`` (:func:`owner_ping_item`): an owner ping through the backend on Trio
+  (:func:`ping_latencies`) against raw nats-py on plain asyncio doing the KV operations
+  an owner ping does (:func:`raw_latencies`; taken from the counter: the sequence of KV
+  subjects it touched); :func:`store_latencies`, the same operations through the
+  backend's store alone, splits the gap between the bridge and the coordinator.
+* ``hot-key`` (:func:`hot_key_item`, :func:`hot_key`): tasks pinging one key, against
+  DBOS's ``Debouncer`` on SQLite; ``python bench/ping_shared.py hot-proc URL BUCKET
+  TASKS PINGS START CAP`` is one of the processes of the multi-process case.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
+from _harness import Context, pythonpath, quantiles, ratio, row, run_rounds, timed_awaits
 
 import trio_debounce
 from trio_debounce.nats import NatsConfig, open_nats_backend
 
 WF = "wf"
+SCRIPT = Path(__file__).resolve()
 
 
 async def _noop(fire: trio_debounce.Fire) -> None:
@@ -45,7 +55,7 @@ def config(url: str, bucket: str | None = None, **kw: Any) -> NatsConfig:
     )
 
 
-# ----------------------------------------------------------------- item 5
+# ----------------------------------------------------------------- requests per operation
 
 
 class PublishCounter:
@@ -109,7 +119,7 @@ async def count_requests(url: str, delivery: str, keys: int = 10) -> dict[str, A
     ``open`` (a first ping: a new window), ``owner-ping`` (a ping from the window's
     owner), ``other-ping`` (a ping from a second process, not the owner) and
     ``finalize`` (from the window's due time until its fire is done, both processes'
-    requests). Also the owner ping's KV operation sequence, for item 6's baseline."""
+    requests). Also the owner ping's KV operation sequence, the owner-ping item's baseline."""
     cfg = config(url)
     counter = PublishCounter(cfg.bucket)
     fired = trio.Event()
@@ -174,20 +184,7 @@ async def count_requests(url: str, delivery: str, keys: int = 10) -> dict[str, A
     return out
 
 
-# ----------------------------------------------------------------- item 6
-
-
-async def _timed(ping: Callable[[], Awaitable[Any]], pings: int, warm: int) -> list[float]:
-    """Seconds of each of ``pings`` awaits of ``ping()``, after ``warm`` untimed ones.
-    Loop-agnostic: it only awaits ``ping``, so it runs under Trio or plain asyncio."""
-    for _ in range(warm):
-        await ping()
-    out = []
-    for _ in range(pings):
-        t0 = time.perf_counter()
-        await ping()
-        out.append(time.perf_counter() - t0)
-    return out
+# ----------------------------------------------------------------- the owner ping
 
 
 async def ping_latencies(url: str, pings: int, warm: int = 20) -> list[float]:
@@ -200,7 +197,7 @@ async def ping_latencies(url: str, pings: int, warm: int = 20) -> list[float]:
         ) as coordinator,
     ):
         ping = partial(coordinator.debounce, WF, "k", {"n": 1}, delay=3600.0)
-        return await _timed(ping, pings, warm + 1)  # the first opens the window
+        return await timed_awaits(ping, pings, warm + 1)  # the first opens the window
 
 
 async def store_latencies(
@@ -209,7 +206,7 @@ async def store_latencies(
     """The KV operations ``ops`` (as :func:`raw_latencies`) through the backend's store
     alone (``NatsKvStore.get``/``put``: one trio-asyncio crossing each, no
     coordinator), on a fresh Trio loop (run with ``trio.run``); seconds of each ping.
-    It splits item 6's gap: the bridge's share (this against raw nats-py) and the
+    It splits the owner ping's gap: the bridge's share (this against raw nats-py) and the
     coordinator's (the owner ping against this)."""
     from trio_debounce.nats._store import open_nats_store
 
@@ -226,7 +223,7 @@ async def store_latencies(
                 else:
                     rev = await store.put("w.raw", values[size], last=rev)
 
-        return await _timed(ping, pings, warm)
+        return await timed_awaits(ping, pings, warm)
 
 
 def raw_latencies(url: str, ops: list[tuple[str, int]], pings: int, warm: int = 20) -> list[float]:
@@ -253,7 +250,7 @@ def raw_latencies(url: str, ops: list[tuple[str, int]], pings: int, warm: int = 
                     else:
                         rev = await kv.update("w.raw", values[size], last=rev)
 
-            out = await _timed(ping, pings, warm)
+            out = await timed_awaits(ping, pings, warm)
             await js.delete_key_value(bucket)
             return out
         finally:
@@ -267,7 +264,7 @@ def p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-# ----------------------------------------------------------------- item 7
+# ----------------------------------------------------------------- the hot key
 
 
 async def hot_key(
@@ -334,6 +331,204 @@ def _hot_proc(url: str, bucket: str, tasks: int, pings: int, start: float, cap: 
 
 def summarize(values: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(values), "p99": p(values, 0.99), "max": max(values)}
+
+
+# ----------------------------------------------------------------- the items
+
+
+def requests_item(ctx: Context) -> dict[str, Any]:
+    """Requests per operation, both delivery modes; keeps the owner ping's KV
+    operations in ``ctx`` for the owner-ping item."""
+    rows = []
+    counts = {}
+    targets = {
+        "open": (2, "<= 2"),
+        "owner-ping": (1, "1"),
+        "other-ping": (2, "<= 2"),
+    }
+    for delivery in ("at-most-once", "at-least-once"):
+        result = trio.run(count_requests, ctx.url, delivery, ctx.params.count_keys)
+        counts[delivery] = result
+        fin = (1, "1") if delivery == "at-most-once" else (3, "<= 3")
+        for op, (limit, text) in [*targets.items(), ("finalize", fin)]:
+            got = result[op]["requests"]
+            rows.append(
+                row(
+                    f"{delivery}: {op} (requests; by kind {result[op]['by_kind']})",
+                    got,
+                    "requests",
+                    baseline="reference design",
+                    base=2.0 if op != "finalize" else None,
+                    target=text,
+                    met=got <= limit,
+                    gap="" if got <= limit else f"{got - limit:g} over",
+                    n=ctx.params.count_keys,
+                )
+            )
+    ctx.owner_ping_ops = [tuple(x) for x in counts["at-least-once"]["owner-ping-ops"]]
+    return {"title": "NATS requests per operation", "rows": rows, "counts": counts}
+
+
+def owner_ping_item(ctx: Context) -> dict[str, Any]:
+    """The owner ping, its store alone and raw nats-py, paired; the KV operations are
+    the ones the nats-requests item saw (a get and a 300-byte put without it)."""
+    ops = ctx.owner_ping_ops
+    if not ops:
+        ops = [("get", 0), ("put", 300)]
+    pings = ctx.params.latency_pings
+    variants = ["ours", "raw", "store"]
+    got: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+
+    def one(r: int) -> None:
+        k = r % len(variants)
+        for what in variants[k:] + variants[:k]:
+            if what == "ours":
+                lat = trio.run(ping_latencies, ctx.url, pings)
+            elif what == "store":
+                lat = trio.run(store_latencies, ctx.url, ops, pings)
+            else:
+                lat = raw_latencies(ctx.url, ops, pings)
+            got[what].append(summarize(lat))
+
+    n = run_rounds(ctx, "owner-ping", one)
+    rows = []
+    what = "+".join(op for op, _ in ops)
+    for stat in ("p50", "p99"):
+        ours = [g[stat] for g in got["ours"]]
+        raw = [g[stat] for g in got["raw"]]
+        stats = ratio(ours, raw)
+        rows.append(
+            row(
+                f"owner ping latency {stat}: NATS backend on Trio vs raw nats-py on asyncio "
+                f"({what} per ping)",
+                quantiles(ours)["median"] * 1e3,
+                "ms",
+                baseline="raw nats-py",
+                base=quantiles(raw)["median"] * 1e3,
+                stats=stats,
+                ratio_label="ours / baseline",
+                target="<= 1.3x",
+                met=stats["median"] <= 1.3,
+                gap="" if stats["median"] <= 1.3 else f"{stats['median'] / 1.3:.2f}x over",
+            )
+        )
+    for stat in ("p50", "p99"):
+        store = [g[stat] for g in got["store"]]
+        raw = [g[stat] for g in got["raw"]]
+        rows.append(
+            row(
+                f"the same {what} through the backend's store alone (the bridge, no "
+                f"coordinator), latency {stat}, vs raw nats-py",
+                quantiles(store)["median"] * 1e3,
+                "ms",
+                baseline="raw nats-py",
+                base=quantiles(raw)["median"] * 1e3,
+                stats=ratio(store, raw),
+                ratio_label="store / baseline",
+            )
+        )
+    return {
+        "title": "Owner ping over NATS: the bridge's overhead",
+        "rows": rows,
+        "rounds": n,
+        "ops": ops,
+    }
+
+
+def _procs(ctx: Context) -> dict[str, Any]:
+    """``procs`` processes, ``proc_tasks`` tasks each, pinging one key from a common start."""
+    bucket = f"hot{uuid.uuid4().hex[:10]}"
+    start = time.time() + 3.0
+    pings = ctx.params.hot_pings // 2
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(SCRIPT),
+                "hot-proc",
+                ctx.url,
+                bucket,
+                str(ctx.params.proc_tasks),
+                str(pings),
+                str(start),
+                str(ctx.params.hot_cap),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": pythonpath()},
+        )
+        for _ in range(ctx.params.procs)
+    ]
+    results = []
+    for child in children:
+        out, _ = child.communicate(timeout=300)
+        if child.returncode != 0:
+            raise RuntimeError(f"hot-proc exited with {child.returncode}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    acked = sum(r["acked"] for r in results)
+    span = max(r["wall_end"] for r in results) - min(r["wall_start"] for r in results)
+    return {
+        "per_s": acked / span,
+        "acked": acked,
+        "errors": sum(r["errors"] for r in results),
+        "unstored": sum(r["unstored"] for r in results),
+        "late_start": max(r["wall_start"] for r in results) - start,
+    }
+
+
+def hot_key_item(ctx: Context) -> dict[str, Any]:
+    """1 to 1,000 tasks, and ``procs`` processes, on one key, against DBOS, paired."""
+    assert ctx.dbos is not None
+    dbos = ctx.dbos
+    got: dict[str, list[dict[str, Any]]] = {}
+    variants = [f"tasks-{t}" for t in ctx.params.hot_tasks] + [f"procs-{ctx.params.procs}", "dbos"]
+    cap = ctx.params.hot_cap
+
+    def one(r: int) -> None:
+        k = r % len(variants)
+        for name in variants[k:] + variants[:k]:
+            if name == "dbos":
+                seconds = dbos.run("debounce", ctx.params.dbos_pings)
+                result: dict[str, Any] = {"per_s": ctx.params.dbos_pings / seconds}
+            elif name.startswith("procs"):
+                result = _procs(ctx)
+            else:
+                tasks = int(name.split("-")[1])
+                pings = max(ctx.params.hot_pings, 2 * tasks)
+                result = trio.run(hot_key, ctx.url, tasks, pings, None, None, cap)
+            got.setdefault(name, []).append(result)
+
+    n = run_rounds(ctx, "hot-key", one)
+    dbos_rates = [g["per_s"] for g in got["dbos"]]
+    rows = []
+    for name in variants[:-1]:
+        rates = [g["per_s"] for g in got[name]]
+        stats = ratio(rates, dbos_rates)
+        errors = sum(g.get("errors", 0) for g in got[name])
+        unstored = sum(g.get("unstored", 0) for g in got[name])
+        target = name == "tasks-100"
+        med = quantiles(rates)["median"]
+        rows.append(
+            row(
+                f"hot key, {name.replace('-', ' ')}: acknowledged pings/s "
+                f"({errors} errors, {unstored} unstored in all rounds)",
+                med,
+                "pings/s",
+                baseline="DBOS Debouncer (SQLite, 1 caller)",
+                base=quantiles(dbos_rates)["median"],
+                stats=stats,
+                ratio_label="ours / baseline",
+                target=">= 20,000/s" if target else "",
+                met=(med >= 20_000) if target else None,
+                gap=f"{20_000 / med:.1f}x short" if target and med < 20_000 else "",
+            )
+        )
+    return {
+        "title": "Hot key over NATS",
+        "rows": rows,
+        "rounds": n,
+        "rates": {k: [g["per_s"] for g in v] for k, v in got.items()},
+    }
 
 
 if __name__ == "__main__":

@@ -1,61 +1,50 @@
-"""Scheduling and heartbeat throughput of each deferred-run store, against baselines in
-the same run.
+"""Deferred runs: scheduling, heartbeat and fire throughput of the run stores, against
+baselines in the same run (the ``runs`` item of ``bench/suite.py``, :func:`item`).
 
-Run with ``nox -s bench`` (or ``python bench/bench_runs.py -o bench-runs.json``). The
-stores: ``memory`` (``MemoryRunStore``, the in-process fake), ``sqlite``
+The stores: ``memory`` (``MemoryRunStore``, the in-process fake), ``sqlite``
 (``open_sqlite_run_store`` on a temporary file) and ``nats`` (``open_nats_run_store``
-on a real ``nats-server -js``, started on a free loopback port with a temporary store,
-as ``bench_shared.py`` does, unless ``--nats-url`` names one).
+on the suite's loopback ``nats-server -js``).
 
 Not pyperf: the heartbeat figures need a store holding 100,000 runs, which pyperf's
 worker processes would each have to build again. Instead each figure is timed in
-several rounds inside one process, its baseline timed in the rounds between (A B A B
-...), and reported as the median per call with the min and max of the rounds, the
-ratio of the medians, and the load average when it was taken.
+rounds inside one process, its baselines timed in the same rounds in rotated order.
 
 * ``schedule``: ``await coordinator.schedule(wf, id, payload, after=3600,
-  persist=True)`` for new ids, one coordinator, sequential calls. Baselines:
-  ``create`` (the store write it needs: ``store.create_run(StoredRun(...))`` on the
-  same store) and ``get+create`` (the two calls it makes: ``get_run`` then
-  ``create_run``). ``schedule-x10``/``create-x10``: the same from 10 concurrent tasks
-  (throughput; each call's latency is 10 times the per-call figure).
+  persist=True)`` for new ids, one coordinator, sequential calls. Baselines: DBOS
+  ``Queue.enqueue`` of a workflow delayed by an hour (SQLite), ``create`` (the store
+  write it needs: ``store.create_run(StoredRun(...))`` on the same store) and
+  ``get+create`` (the two calls it makes: ``get_run`` then ``create_run``).
+  ``schedule-x10``/``create-x10``: the same from 10 concurrent tasks (throughput; each
+  call's latency is 10 times the per-call figure).
 * ``heartbeat`` with 0 and with many runs pending far in the future (100,000; NATS
-  10,000 unless ``--nats-pending``), created through the store in bulk: a coordinator
-  (lease 3 s, heartbeat interval 1 s) is watched over several intervals through a
-  counting wrapper of its store: store calls and writes per interval, and the time of
-  each. Then, on the bare store: one ``put_lease`` (a heartbeat), one claim sweep's
-  reads (``list_leases`` and ``list_runs(states=active, due_before=now+60)``) with
-  nothing due in the horizon, and the same ``list_runs`` with 1,000 runs due in it.
+  10,000), created through the store in bulk: a coordinator (lease 3 s, heartbeat
+  interval 1 s) is watched over several intervals through a counting wrapper of its
+  store: store calls and writes per interval, and the time of each. Then, on the bare
+  store: one ``put_lease`` (a heartbeat), one claim sweep's reads (``list_leases`` and
+  ``list_runs(states=active, due_before=now+60)``) with nothing due in the horizon,
+  and the same ``list_runs`` with 1,000 runs due in it.
 * ``fire`` (memory and SQLite, both deliveries): 1,000 persisted runs of one
   coordinator (heartbeat interval 1 s), written in bulk through the store, due at the
   same instant 3 s later (its claim sweep arms them), a handler that returns at once,
   ``max_concurrent_runs=100``: runs/s from their due time until the last handler
-  started, and how late the first one started.
-
-The JSON (``-o``) holds every figure with its load average and the machine.
+  started, and how late the first one started. Measured once per run.
 """
 
-from __future__ import annotations
-
-import argparse
 import itertools
 import json
 import math
 import os
-import platform
 import sqlite3
 import statistics
-import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import trio
+from _harness import Context, load, log, quantiles, ratio, row
 
 import trio_debounce
 from trio_debounce._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
@@ -72,29 +61,6 @@ URL: list[str] = []
 # ----------------------------------------------------------------- helpers
 
 
-def _load() -> float:
-    return round(os.getloadavg()[0], 2)
-
-
-def _machine() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "trio": trio.__version__,
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
 def _figure(per_call: list[float], calls: int) -> dict[str, Any]:
     """Rounds of seconds per call -> the median, min and max in µs, and calls/s."""
     median = statistics.median(per_call)
@@ -105,7 +71,7 @@ def _figure(per_call: list[float], calls: int) -> dict[str, Any]:
         "per_s": round(1 / median) if median > 0 else math.inf,
         "rounds": len(per_call),
         "calls": calls,
-        "load": _load(),
+        "load": load(),
         "values_s": per_call,
     }
 
@@ -290,7 +256,7 @@ async def bulk_create(store: RunStore, runs: list[StoredRun]) -> float:
     return time.perf_counter() - t0
 
 
-# ----------------------------------------------------------------- 1. schedule
+# ----------------------------------------------------------------- schedule
 
 
 async def bench_schedule(
@@ -375,11 +341,11 @@ async def bench_schedule(
     return result
 
 
-# ----------------------------------------------------------------- 2. heartbeat
+# ----------------------------------------------------------------- heartbeat
 
 
-#: Seconds :func:`_time_calls` spends on one figure (bench/issue6.py lowers it).
-TIME_CALLS_BUDGET = 4.0
+#: Seconds :func:`_time_calls` spends on one figure.
+TIME_CALLS_BUDGET = 1.5
 
 
 async def _time_calls(
@@ -414,7 +380,7 @@ async def bench_heartbeat(
                 "runs": pending,
                 "seconds": round(seconds, 2),
                 "per_s": round(pending / seconds),
-                "load": _load(),
+                "load": load(),
             }
         del far
         # A coordinator on the store, watched through a counting wrapper.
@@ -444,7 +410,7 @@ async def bench_heartbeat(
             "median_ms": {
                 k: round(statistics.median(v) * 1e3, 3) for k, v in sorted(times.items())
             },
-            "load": _load(),
+            "load": load(),
         }
         # The bare store: a heartbeat, a sweep's reads.
         lease = await store.get_lease(pid)
@@ -473,7 +439,7 @@ async def bench_heartbeat(
     return out
 
 
-# ----------------------------------------------------------------- 3. fire
+# ----------------------------------------------------------------- fire
 
 
 async def bench_fire(kind: str, tmp: str, delivery: str, n: int) -> dict[str, Any]:
@@ -516,122 +482,143 @@ async def bench_fire(kind: str, tmp: str, delivery: str, n: int) -> dict[str, An
         "seconds": round(seconds, 3),
         "per_s": round(n / seconds),
         "first_start_ms": round((finished[0] - t_due) * 1e3, 1),
-        "load": _load(),
+        "load": load(),
     }
 
 
-# ----------------------------------------------------------------- report
+# ----------------------------------------------------------------- the item
 
 
-def _print_table(results: dict[str, Any]) -> None:
-    m = results["machine"]
-    print(f"machine: {m['cores']} cores, {m['cpu']}; python {m['python']}, sqlite {m['sqlite']}")
-    print(f"load average at start: {m['loadavg_start']}")
-    print("\n1. schedule(persist=True), new ids, after=3600  (µs per call, median; range)")
-    print(f"{'store':<7} {'variant':<13} {'µs/call':>9} {'range':>19} {'calls/s':>8} {'load':>5}")
-    for kind, figures in results["schedule"].items():
-        for name, f in figures.items():
-            rng = f"{f['min_us']:.0f}-{f['max_us']:.0f}"
-            print(
-                f"{kind:<7} {name:<13} {f['us_per_call']:>9.1f} {rng:>19} "
-                f"{f['per_s']:>8} {f['load']:>5}"
-            )
-        base = figures["create"]["us_per_call"]
-        print(
-            f"{kind:<7} ratios: schedule/create {figures['schedule']['us_per_call'] / base:.2f}x, "
-            f"schedule/get+create "
-            f"{figures['schedule']['us_per_call'] / figures['get+create']['us_per_call']:.2f}x, "
-            f"schedule-x10/create-x10 "
-            f"{figures['schedule-x10']['us_per_call'] / figures['create-x10']['us_per_call']:.2f}x"
+def item(ctx: Context) -> dict[str, Any]:
+    """Schedule on each store against DBOS enqueue (paired), the heartbeat at 0 and
+    many pending runs, and the fire throughput (once)."""
+    assert ctx.dbos is not None
+    dbos = ctx.dbos
+    URL[:] = [ctx.url]
+    out: dict[str, Any] = {
+        "title": "Deferred runs",
+        "rows": [],
+        "schedule": {},
+        "heartbeat": {},
+        "fire": {},
+    }
+    rounds = ctx.params.rounds
+
+    def enqueue(batch: int) -> Callable[[int], Awaitable[float]]:
+        async def dbos_enqueue(r: int) -> float:
+            return await trio.to_thread.run_sync(dbos.run, "enqueue", batch)
+
+        return dbos_enqueue
+
+    for kind in ("memory", "sqlite", "nats"):
+        batch = ctx.params.schedule_batch[kind]
+        log(f"runs: schedule {kind}")
+        figures = trio.run(
+            bench_schedule,
+            kind,
+            str(ctx.tmp),
+            rounds,
+            batch,
+            {"dbos-enqueue": enqueue(batch)},
         )
-    print("\n2. heartbeat interval (1 s) with runs pending far in the future")
-    for kind, by_pending in results["heartbeat"].items():
-        for pending, h in by_pending.items():
-            c = h["coordinator"]
-            bulk = h.get("bulk_create")
-            made = f", created in bulk at {bulk['per_s']}/s" if bulk else ""
-            print(f"{kind} with {int(pending):,} pending{made}:")
-            print(
-                f"  per interval: {c['writes_per_interval']} writes (longest gap between "
-                f"lease renewals {c['max_heartbeat_gap_s']} s, lease 3 s); calls "
-                f"{c['calls_per_interval']}; median ms {c['median_ms']} (load {c['load']})"
+        out["schedule"][kind] = figures
+        ours = figures["schedule"]["values_s"]
+        base = figures["dbos-enqueue"]["values_s"]
+        stats = ratio(base, ours)
+        out["rows"].append(
+            row(
+                f"schedule(persist=True) on {kind} vs DBOS enqueue on SQLite (sequential; runs/s)",
+                1 / quantiles(ours)["median"],
+                "runs/s",
+                baseline="DBOS enqueue",
+                base=1 / quantiles(base)["median"],
+                stats=stats,
+                ratio_label="speedup (ours / baseline)",
             )
-            for name in ("put_lease", "list_leases", "sweep_list_runs_0_due"):
-                f = h[name]
-                print(f"  {name:<24} {f['us_per_call']:>11.1f} µs  (load {f['load']})")
-            key = next(
-                k
-                for k in h
-                if k.startswith("sweep_list_runs_")
-                and k.endswith("_due")
-                and k != "sweep_list_runs_0_due"
+        )
+        both = figures["get+create"]["values_s"]
+        out["rows"].append(
+            row(
+                f"schedule(persist=True) on {kind} vs the two store calls it makes "
+                "(get_run + create_run; µs per call)",
+                quantiles(ours)["median"] * 1e6,
+                "µs",
+                baseline="get_run + create_run",
+                base=quantiles(both)["median"] * 1e6,
+                stats=ratio(ours, both),
+                ratio_label="ours / baseline",
             )
-            f = h[key]
-            print(f"  {key:<24} {f['us_per_call']:>11.1f} µs  (load {f['load']})")
-        pendings = list(by_pending)
-        if len(pendings) == 2:
-            base, big = (by_pending[p] for p in pendings)
-            for name in ("put_lease", "list_leases", "sweep_list_runs_0_due"):
-                ratio = big[name]["us_per_call"] / base[name]["us_per_call"]
-                print(f"  {name} {int(pendings[1]):,} / 0 pending: {ratio:.2f}x")
-    if results.get("fire"):
-        print("\n3. fire: 1,000 persisted runs due at one instant, no-op handler, 100 at once")
-        for key, f in results["fire"].items():
-            print(
-                f"  {key:<26} {f['per_s']:>7} runs/s  ({f['seconds']} s, first start "
-                f"{f['first_start_ms']} ms after due; load {f['load']})"
+        )
+        x10 = figures["schedule-x10"]["values_s"]
+        out["rows"].append(
+            row(
+                f"schedule(persist=True) on {kind}, 10 concurrent tasks vs DBOS enqueue",
+                1 / quantiles(x10)["median"],
+                "runs/s",
+                baseline="DBOS enqueue",
+                base=1 / quantiles(base)["median"],
+                stats=ratio(base, x10),
+                ratio_label="speedup (ours / baseline)",
             )
+        )
+    for kind in ("sqlite", "nats"):
+        out["heartbeat"][kind] = {}
+        for pending in (0, ctx.params.pending[kind]):
+            log(f"runs: heartbeat {kind} {pending:,} pending")
+            h = trio.run(
+                bench_heartbeat,
+                kind,
+                str(ctx.tmp),
+                pending,
+                ctx.params.heartbeat_intervals,
+                min(1000, max(1, pending // 100)),
+            )
+            out["heartbeat"][kind][str(pending)] = h
+        base, big = (out["heartbeat"][kind][str(p)] for p in (0, ctx.params.pending[kind]))
+        writes = big["coordinator"]["writes_per_interval"]
+        beat = big["put_lease"]
+        out["rows"].append(
+            row(
+                f"heartbeat on {kind} with {ctx.params.pending[kind]:,} pending runs: "
+                f"writes per 1 s tick (calls {big['coordinator']['calls_per_interval']})",
+                writes,
+                "writes/tick",
+                baseline="0 pending",
+                base=base["coordinator"]["writes_per_interval"],
+                target="1 write per process per tick",
+                met=writes <= 1.05,
+                gap="" if writes <= 1.05 else f"{writes:.2f} writes",
+                n=1,
+            )
+        )
+        sweep = big["sweep_list_runs_0_due"]
+        out["rows"].append(
+            row(
+                f"heartbeat on {kind}: one lease write (µs), and a claim sweep's run query "
+                f"with nothing due ({sweep['us_per_call']:.0f} µs at "
+                f"{ctx.params.pending[kind]:,} pending, "
+                f"{base['sweep_list_runs_0_due']['us_per_call']:.0f} µs at 0)",
+                beat["us_per_call"],
+                "µs",
+                baseline="0 pending",
+                base=base["put_lease"]["us_per_call"],
+                n=beat["rounds"],
+            )
+        )
 
-
-async def main(args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, Any] = {"machine": _machine(), "schedule": {}, "heartbeat": {}, "fire": {}}
-    kinds = [k for k in ("memory", "sqlite", "nats") if k in args.stores]
-    batches = {"memory": 1000, "sqlite": 100, "nats": 200}
-    rounds = {"memory": 5, "sqlite": 9, "nats": 7}
-    pendings = {"memory": args.pending, "sqlite": args.pending, "nats": args.nats_pending}
-    with tempfile.TemporaryDirectory(prefix="trio-debounce-bench-runs-") as tmp:
-        for kind in kinds:
-            print(f"[{time.strftime('%H:%M:%S')}] schedule {kind}", file=sys.stderr)
-            results["schedule"][kind] = await bench_schedule(kind, tmp, rounds[kind], batches[kind])
-        for kind in kinds:
-            results["heartbeat"][kind] = {}
-            for pending in (0, pendings[kind]):
-                print(f"[{time.strftime('%H:%M:%S')}] heartbeat {kind} {pending}", file=sys.stderr)
-                results["heartbeat"][kind][str(pending)] = await bench_heartbeat(
-                    kind, tmp, pending, args.intervals
+    for kind in ("memory", "sqlite"):
+        for delivery in ("at-most-once", "at-least-once"):
+            log(f"runs: fire {kind} {delivery}")
+            f = trio.run(bench_fire, kind, str(ctx.tmp), delivery, ctx.params.fire_runs)
+            out["fire"][f"{kind} {delivery}"] = f
+            out["rows"].append(
+                row(
+                    f"fire on {kind}, {delivery}: {f['runs']:,} persisted runs due at one "
+                    f"instant, no-op handler, 100 at once (first start {f['first_start_ms']} "
+                    "ms after due; one run)",
+                    f["per_s"],
+                    "runs/s",
+                    n=1,
                 )
-        if not args.no_fire:
-            for kind in ("memory", "sqlite"):
-                if kind not in kinds:
-                    continue
-                for delivery in ("at-most-once", "at-least-once"):
-                    print(f"[{time.strftime('%H:%M:%S')}] fire {kind} {delivery}", file=sys.stderr)
-                    results["fire"][f"{kind} {delivery}"] = await bench_fire(
-                        kind, tmp, delivery, 1000
-                    )
-    results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    return results
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--output", default="bench-runs.json", help="the JSON written")
-    parser.add_argument("--nats-url", default="", help="a running nats-server -js (else start one)")
-    parser.add_argument("--stores", default="memory,sqlite,nats", help="comma-separated")
-    parser.add_argument("--pending", type=int, default=100_000, help="memory and SQLite")
-    parser.add_argument("--nats-pending", type=int, default=10_000)
-    parser.add_argument("--intervals", type=int, default=4, help="heartbeat intervals watched")
-    parser.add_argument("--no-fire", action="store_true", help="skip the fire benchmark")
-    args = parser.parse_args()
-    args.stores = args.stores.split(",")
-    if "nats" in args.stores:
-        if not args.nats_url:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            from bench_shared import _start_server
-
-            args.nats_url = _start_server()
-        URL.append(args.nats_url)
-    results = trio.run(main, args)
-    Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
-    _print_table(results)
-    print(f"\nJSON written to {Path(args.output).resolve()}")
+            )
+    return out
