@@ -1117,6 +1117,10 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return result
         finally:
             self._registering.discard(run_id)
+        for taken in registration.taken:
+            # A backend without the hook returns the fires the ping took (due windows
+            # it closed before opening the next): they run here.
+            self._run_taken(ident, taken.run_id, taken)
         merged = self._merged
         if (
             merged is not None
@@ -1505,6 +1509,13 @@ class Coordinator(metaclass=_NoPublicConstructor):
             return
         if result.outcome is not Finalized.FIRE:
             return
+        self._run_taken(ident, run_id, result)
+
+    def _run_taken(self, ident: tuple[str, str], run_id: str, result: Finalization) -> None:
+        """Run the fire of the shared window ``run_id`` that this process took (a
+        ``fire`` finalization it committed as a taker): close its local window, if
+        any, and start the trailing fire (if its mode and count call for one) as a
+        task, with the window's ``on_fire`` here, else the workflow's handler."""
         old = self._shared.get(ident)
         on_fire = None
         if old is not None and old.run_id == run_id:
@@ -1525,6 +1536,12 @@ class Coordinator(metaclass=_NoPublicConstructor):
         )
         self._set_trailing(shared, True)
         self._nursery.start_soon(self._fire_shared, shared, result)
+
+    def _ping_took(self, workflow: str, key: str, result: Finalization) -> None:
+        """The backend's hook (``DebounceBackend._taken_hook``): a ping of this process
+        found a due window and took its fire by compare-and-swap; run it at once, even
+        if the ping itself fails afterwards."""
+        self._run_taken((workflow, key), result.run_id, result)
 
     async def _end_shared_run(self, ident: tuple[str, str], run_id: str) -> None:
         """A ``queue-latest`` run of a shared window returned: record it, and fire the
@@ -2643,6 +2660,10 @@ async def open_coordinator(
                 nursery, handler_map, on_error, backend, on_backend_error, delivery, scheduler
             )
             if backend is not None:
+                # A ping that finds a due window takes its fire: under this delivery,
+                # and run here at once (see DebounceBackend._taken_hook).
+                backend._ping_delivery = delivery
+                backend._taken_hook = coordinator._ping_took
                 nursery.start_soon(coordinator._maintain, backend)
             started = False
             try:
@@ -2670,6 +2691,8 @@ async def open_coordinator(
                 await backend.handoff()
             else:
                 await backend.release(coordinator._release_runs)
+        backend._taken_hook = None
+        backend._ping_delivery = "at-least-once"
         backend._in_use = False
     try:
         if nursery_error is not None:
