@@ -1284,7 +1284,8 @@ class Coordinator(metaclass=_NoPublicConstructor):
                     )
                 workflow, key = ident
                 handler = on_fire if on_fire is not None else self._handlers.get(workflow)
-                now = self._now()
+                # The ping's time (the window's first ping), kept through its retries.
+                now = self._to_trio(registration.first_ping_at)
                 leading_payload = registration.payload
                 if policy == _options.COLLECT:
                     # A leading fire carries its ping's own payload, the list's first.

@@ -1655,11 +1655,7 @@ class KvDebounceBackend(DebounceBackend):
                             # window (or, if the take lost, meet what a peer wrote).
                             assert new is not None
                             taker, rest = rest[0], []
-                            if not await self._take_due(
-                                workflow, key, kv_key, new, taker, deadline
-                            ):
-                                await self._backoff(attempt)
-                                attempt += 1
+                            await self._take_due(workflow, key, kv_key, new, taker, deadline)
                             continue
                         if not pings:
                             return rest  # every ping was refused, dropped or overflowed
