@@ -1655,7 +1655,9 @@ class KvDebounceBackend(DebounceBackend):
                             # window (or, if the take lost, meet what a peer wrote).
                             assert new is not None
                             taker, rest = rest[0], []
-                            await self._take_due(workflow, key, kv_key, new, taker, deadline)
+                            await self._take_due(
+                                workflow, key, kv_key, new, revision, taker, deadline
+                            )
                             continue
                         if not pings:
                             return rest  # every ping was refused, dropped or overflowed
@@ -1764,6 +1766,7 @@ class KvDebounceBackend(DebounceBackend):
         key: str,
         kv_key: str,
         doc: WindowDoc,
+        revision: int,
         ping: _Ping,
         deadline: float,
     ) -> bool:
@@ -1794,6 +1797,7 @@ class KvDebounceBackend(DebounceBackend):
                     self._ping_delivery,
                     False,
                     deadline=deadline,
+                    read=(revision, doc),
                 )
         except DocumentTooLargeError as exc:
             # Its fire record cannot be stored (a window written by something else, or
@@ -2184,6 +2188,7 @@ class KvDebounceBackend(DebounceBackend):
         delivery: Delivery,
         early: bool,
         deadline: float = math.inf,
+        read: tuple[int, WindowDoc | None] | None = None,
     ) -> Finalization:
         error: BackendError | None = None
         if self._taken_by is not None:
@@ -2207,6 +2212,10 @@ class KvDebounceBackend(DebounceBackend):
                     # it has one (the compare-and-swap proves it current); any other
                     # decision is made on a fresh read.
                     known = None if committing is not None else self._cached(kv_key)
+                    if read is not None:
+                        # The register that takes this fire has just read the document
+                        # (a contended key is not cached): commit against that.
+                        known, read = (read if committing is None else None), None
                     if known is not None:
                         revision, doc = known
                         if not self._commits(doc, run_id, take, force, early):
