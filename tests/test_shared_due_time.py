@@ -355,3 +355,19 @@ async def test_requests_of_a_ping_at_the_due_time(
     await trio.sleep(DELAY)
     # the owner of the due window, which knows its revision
     assert await cost(b, "r3") == {"put": 2 + record}
+
+
+def test_an_older_ping_leaves_the_later_pings_time() -> None:
+    # A ping made before the window's latest one but landed after it (docs/protocol.rst,
+    # "A ping: register") counts, and leaves at and last as the later ping set them; a
+    # max_count it reaches makes the window due at the later ping's time.
+    a = backend(MemoryStore(epoch=0.0), "A")
+    kw: dict[str, Any] = {"mode": Mode.TRAILING, "max_delay": None, "run_id": "r"}
+    _, doc, _ = a._apply_ping(None, True, 2.0, delay=4.0, write="w0", payload="0", **kw)
+    _, new, _ = a._apply_ping(doc, True, 1.0, delay=1.0, write="w1", payload="1", **kw)
+    assert (new.at, new.last, new.count, new.payload) == (6.0, 2.0, 2, "1")
+    _, doc, _ = a._apply_ping(
+        None, True, 2.0, delay=4.0, write="w0", payload="0", max_count=2, **kw
+    )
+    _, new, _ = a._apply_ping(doc, True, 1.0, delay=1.0, write="w1", payload="1", max_count=2, **kw)
+    assert (new.at, new.last, new.count) == (2.0, 2.0, 2)
