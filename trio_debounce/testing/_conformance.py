@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import trio
 
@@ -47,7 +48,8 @@ async def check_debounce_backend(
 
     A change of the contract: a ping at or after a window's due time must take the
     window's fire (:attr:`~trio_debounce.abc.Registration.taken`) and open the next
-    window (``late_ping_takes_the_fire``, and the last ping of ``cap_is_kept``). The
+    window (``late_ping_takes_the_fire``, also after a ``max_count`` was reached, and the
+    last ping of ``cap_is_kept``). The
     suite used to require the opposite: that such a ping be absorbed into the due
     window, moving its time, while its owner lived (``late_ping_is_absorbed``).
 
@@ -217,6 +219,29 @@ async def _late_ping_takes_the_fire(
         f = await b.finalize(wf, "k", "x")
         _check(f.outcome is Finalized.ABANDONED, f"finalize after the take: {f}")
         await a.cancel(wf, "k")
+    # max_count: the peer's ping that reaches it makes the window due at its time; the
+    # next ping, whoever makes it, takes that fire and opens the next window.
+    async with open_backends(2) as (a, b):
+        kw: dict[str, Any] = {
+            "mode": Mode.TRAILING,
+            "delay": 20 * tick,
+            "max_delay": None,
+            "max_count": 2,
+        }
+        await a.register(wf, "m", run_id="m1", payload=1, **kw)
+        full = await b.register(wf, "m", run_id="m2", payload=2, **kw)
+        _check(full.ping_count == 2 and full.take_at is not None, f"max_count reached: {full}")
+        _check(full.scheduled_at <= b.wall_time(), f"max_count reached, not due: {full}")
+        nxt = await a.register(wf, "m", run_id="m3", payload=3, **kw)
+        _check(nxt.outcome is Registered.OPENED and nxt.run_id == "m3", f"after max_count: {nxt}")
+        _check(
+            [(t.ping_count, t.payload) for t in nxt.taken] == [(2, 2)],
+            f"the ping after max_count did not take the window's fire: {nxt}",
+        )
+        for t in nxt.taken:
+            if t.fire_id is not None:
+                await a.complete(t.fire_id)
+        await a.cancel(wf, "m")
 
 
 async def _cancel(open_backends: OpenBackends, lease: float, skew: float, tick: float) -> None:
