@@ -363,11 +363,12 @@ async def test_a_ping_into_a_dead_owner_window_before_its_lease_lapses_is_not_lo
 ) -> None:
     # B's ping lands while dead A's lease is still live: it coalesces into A's window
     # (nobody can tell A is dead yet), and still fires within lease + skew + heartbeat
-    # interval + delay of the death.
+    # interval + delay of the death. (A's window is not due yet at B's ping: a ping at
+    # or after its due time would take its fire and open the next window.)
     store, fires = MemoryStore(), Fires()
     async with process(store, fires, "B") as (b, _, _):
         async with process(store, fires, "A") as (a, a_backend, a_scope):
-            await a.debounce("wf", "k", "a", delay=2.0)
+            await a.debounce("wf", "k", "a", delay=BEAT + 2.0)
             await trio.sleep(BEAT)  # B's table now knows A alive
             died_at = trio.current_time()
             die(a_backend, a_scope)
@@ -427,23 +428,26 @@ async def test_a_ping_during_the_commit_fires_with_the_latest_payload(
     autojump_clock: trio.testing.MockClock, mode: Any
 ) -> None:
     # B's ping lands between A's read and A's window delete (A's fire-record write is
-    # slow to answer) and leaves the window due at once: A's commit loses, takes its
-    # record back and commits again with a fresh record, so the fire is confirmed and
-    # carries B's payload and the global count. (A reused record id used to conflict
-    # with its own delete marker until op_timeout.)
+    # slow to answer; A flushes the window before its due time, so that the ping joins
+    # it rather than taking its fire): A's commit loses, takes its record back and
+    # commits again with a fresh record, so the fire is confirmed and carries B's
+    # payload and the global count. (A reused record id used to conflict with its own
+    # delete marker until op_timeout.)
     store, fires = MemoryStore(), Fires()
     async with (
         process(store, fires, "A") as (a, a_backend, _),
         process(store, fires, "B") as (b, _, _),
     ):
         await a.debounce("wf", "k", "a", delay=2.5, mode=mode)
-        await trio.sleep(2.4)
+        await trio.sleep(1.4)
         a_backend.faults.delay_next(0.2, ops=("put",))
-        await trio.sleep(0.15)
-        r = await b.debounce("wf", "k", "b", delay=0.0, mode=mode)
+        await a.flush("wf", "k")
+        await trio.sleep(0.05)
+        r = await b.debounce("wf", "k", "b", delay=2.0, mode=mode)
         assert r.ping_count == 2
         await trio.sleep(20.0)
         assert a.statistics().unconfirmed_fires == 0
+        assert a_backend.conflicts >= 1  # the commit lost to B's ping
     trailing = [f for _, f in fires.log if f.edge is Edge.TRAILING]
     assert [(f.payload, f.ping_count) for f in trailing] == [("b", 2)]
     assert trailing[0].fencing_token > 0
@@ -452,15 +456,17 @@ async def test_a_ping_during_the_commit_fires_with_the_latest_payload(
 async def test_pings_after_an_unconfirmed_fire_survive_a_normal_exit(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # A fires unconfirmed while cut off, the partition heals, B's ping lands in the
-    # still-open window, and A leaves before its next heartbeat: the release leaves
-    # the window to a peer (B), which fires it with B's ping.
+    # A fires unconfirmed while cut off (a flush), the partition heals, B's ping lands
+    # in the still-open window (before its due time: a ping at or after it would take
+    # the fire and open the next window), and A leaves before its next heartbeat: the
+    # release leaves the window to a peer (B), which fires it with B's ping.
     store, fires = MemoryStore(), Fires()
     async with process(store, fires, "B") as (b, _, _):
         async with process(store, fires, "A") as (a, a_backend, _):
-            await a.debounce("wf", "k", "a", delay=2.5)
+            await a.debounce("wf", "k", "a", delay=10.0)
             await trio.sleep(2.3)
             a_backend.faults.partitioned = True
+            assert await a.flush("wf", "k")
             await trio.sleep(2.5)
             a_backend.faults.partitioned = False
             await b.debounce("wf", "k", "b-after-fire", delay=2.0)

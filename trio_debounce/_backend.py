@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, Literal, NamedTuple
 
 import trio
@@ -105,6 +105,18 @@ class Registration(NamedTuple):
       waiting (bool): the window is due but waits for its key's ``queue-latest`` run
         to end; ``scheduled_at`` is then when the owner looks again (the run's
         ``run_timeout`` or its process's lease), not a fire time.
+      taken (tuple[Finalization, ...]): the fires this ping took by compare-and-swap
+        before it was applied: a ping whose time is at or after a stored window's due
+        time never joins that window, so it commits that window's fire (as a taker:
+        fire record first under at-least-once) and then opens the next window. Each is
+        a ``fire`` :class:`Finalization` (``scheduled_at`` the window's due time) whose
+        trailing fire, if its mode and count call for one, the caller runs with its
+        own handler, and whose ``fire_id`` it passes to
+        :meth:`DebounceBackend.complete` afterwards. Empty when the ping met no due
+        window, and when a coordinator is attached: the backend then hands each taken
+        fire to the coordinator as soon as it is committed (see
+        :attr:`DebounceBackend._taken_hook`), so a ping that fails after its take
+        does not lose the fire. Optional: a backend that predates it leaves it empty.
     """
 
     outcome: Registered
@@ -119,6 +131,7 @@ class Registration(NamedTuple):
     fencing_token: int = 0
     overflowed: bool = False
     waiting: bool = False
+    taken: tuple[Finalization, ...] = ()
 
     @property
     def owner(self) -> bool:
@@ -149,6 +162,10 @@ class Finalization(NamedTuple):
         run blocks its key's next fire until the caller passes the run to
         :meth:`DebounceBackend.end_run` once the handler has returned (or until its
         ``run_timeout``, or until this process's lease lapses).
+      run_id (str): for ``fire``: the run id of the window that fired (``""`` from a
+        backend that does not say; the caller named the run it finalized). Needed
+        for a fire taken by :meth:`DebounceBackend.register` (see
+        :attr:`Registration.taken`).
     """
 
     outcome: Finalized
@@ -161,6 +178,7 @@ class Finalization(NamedTuple):
     fencing_token: int = 0
     fire_id: str | None = None
     blocks: bool = False
+    run_id: str = ""
 
 
 class OwnedWindow(NamedTuple):
@@ -287,6 +305,14 @@ class DebounceBackend(abc.ABC):
     #: it is shielded or refuses cancellation): the coordinator then spares the cancel
     #: scope it otherwise opens around each call.
     _register_uncancellable: bool = False
+    #: Set by ``open_coordinator`` while a coordinator uses this backend: its
+    #: ``delivery``, which a fire taken by :meth:`register` is committed under (see
+    #: :attr:`Registration.taken`), and ``(workflow, key, Finalization) -> None``, called
+    #: synchronously as soon as :meth:`register` has committed a taken fire, so that the
+    #: coordinator runs it even if the ping then fails. ``"at-least-once"`` and None
+    #: when no coordinator is attached (the fires are then in ``Registration.taken``).
+    _ping_delivery: Delivery = "at-least-once"
+    _taken_hook: Callable[[str, str, Finalization], None] | None = None
 
     @property
     @abc.abstractmethod
@@ -363,6 +389,18 @@ class DebounceBackend(abc.ABC):
         opens a window. A record whose owner process is live is never replaced.
         ``payload`` is serialized into the record and becomes the window's latest
         payload.
+
+        The ping's time ``now`` is this backend's :meth:`wall_time` when the call is
+        made, kept through group commit, conflicts and retries. A ping whose time is
+        at or after a stored window's due time (``scheduled_at``: its deadline, its
+        cap, or the time of the ping that reached its ``max_count``) never joins that
+        window, whoever owns it (this process, a live peer, a dead one): unless the
+        window waits for its key's ``queue-latest`` run, the call first takes the
+        window's fire by compare-and-swap (``finalize(take=True)`` under
+        :attr:`_ping_delivery`; see :attr:`Registration.taken`), then opens the next
+        window; a lost compare-and-swap re-reads (the window fired elsewhere: the
+        ping opens the next one). This is a change of the contract: backends used to
+        absorb such a late ping into the due window.
 
         Returns:
           Registration: see :class:`Registered` for the outcomes.

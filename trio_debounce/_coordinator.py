@@ -714,6 +714,10 @@ class Coordinator(metaclass=NoPublicConstructor):
             return result
         finally:
             self._registering.discard(run_id)
+        for taken in registration.taken:
+            # A backend without the hook returns the fires the ping took (due windows
+            # it closed before opening the next): they run here.
+            self._run_taken(ident, taken.run_id, taken)
         merged = self._merged
         if (
             merged is not None
@@ -877,7 +881,8 @@ class Coordinator(metaclass=NoPublicConstructor):
                     )
                 workflow, key = ident
                 handler = on_fire if on_fire is not None else self._handlers.get(workflow)
-                now = self._now()
+                # The ping's time (the window's first ping), kept through its retries.
+                now = self._to_trio(registration.first_ping_at)
                 leading_payload = registration.payload
                 if policy == _options.COLLECT:
                     # A leading fire carries its ping's own payload, the list's first.
@@ -1102,6 +1107,13 @@ class Coordinator(metaclass=NoPublicConstructor):
             return
         if result.outcome is not Finalized.FIRE:
             return
+        self._run_taken(ident, run_id, result)
+
+    def _run_taken(self, ident: tuple[str, str], run_id: str, result: Finalization) -> None:
+        """Run the fire of the shared window ``run_id`` that this process took (a
+        ``fire`` finalization it committed as a taker): close its local window, if
+        any, and start the trailing fire (if its mode and count call for one) as a
+        task, with the window's ``on_fire`` here, else the workflow's handler."""
         old = self._shared.get(ident)
         on_fire = None
         if old is not None and old.run_id == run_id:
@@ -1122,6 +1134,12 @@ class Coordinator(metaclass=NoPublicConstructor):
         )
         self._set_trailing(shared, True)
         self._nursery.start_soon(self._fire_shared, shared, result)
+
+    def _ping_took(self, workflow: str, key: str, result: Finalization) -> None:
+        """The backend's hook (``DebounceBackend._taken_hook``): a ping of this process
+        found a due window and took its fire by compare-and-swap; run it at once, even
+        if the ping itself fails afterwards."""
+        self._run_taken((workflow, key), result.run_id, result)
 
     async def _end_shared_run(self, ident: tuple[str, str], run_id: str) -> None:
         """A ``queue-latest`` run of a shared window returned: record it, and fire the
@@ -2036,6 +2054,10 @@ async def open_coordinator(
                 nursery, handler_map, on_error, backend, on_backend_error, delivery, scheduler
             )
             if backend is not None:
+                # A ping that finds a due window takes its fire: under this delivery,
+                # and run here at once (see DebounceBackend._taken_hook).
+                backend._ping_delivery = delivery
+                backend._taken_hook = coordinator._ping_took
                 nursery.start_soon(coordinator._maintain, backend)
             started = False
             try:
@@ -2063,6 +2085,8 @@ async def open_coordinator(
                 await backend.handoff()
             else:
                 await backend.release(coordinator._release_runs)
+        backend._taken_hook = None
+        backend._ping_delivery = "at-least-once"
         backend._in_use = False
     try:
         if nursery_error is not None:

@@ -631,6 +631,13 @@ class _Ping:
     drop_stale: bool = False
     #: Written in a batch of its own (its document was too large in a merged one).
     alone: bool = False
+    #: The ping's time: the backend's wall clock when the call was made, kept through
+    #: group commit, conflicts and retries (None: the time the batch is applied at).
+    now: float | None = None
+    #: Joins a due window instead of taking its fire: the fire could not be written
+    #: (its record would be too large for the store), so this ping does as pings did
+    #: before the due-time rule, rather than fail.
+    joins_due: bool = False
     #: No window option beyond mode, delay and max_delay: merged by _fold_plain.
     plain: bool = field(init=False)
 
@@ -650,6 +657,9 @@ class _Ping:
     result: Registration | BaseException | None = None
     #: The call's task while it waits (parked by :func:`_park`), else None.
     task: trio.lowlevel.Task | None = None
+    #: The fires of due windows this ping took before it was applied (returned in
+    #: its Registration when no coordinator's hook took them at once).
+    taken: list[Finalization] = field(default_factory=list)
 
 
 @dataclass(slots=True, eq=False)
@@ -687,16 +697,16 @@ def _commit_landed(doc: WindowDoc | None, run_id: str, write: str) -> bool | Non
     return len(doc.after) >= _AFTER_KEEP
 
 
-def _due_for_good(doc: WindowDoc, now: float) -> bool:
-    """Is the window due at ``now``, with no ping able to move it later (its cap has
-    come, or its max_count)?"""
+def _due_at(doc: WindowDoc | None, now: float, blocked: float | None) -> bool:
+    """Is ``doc`` an open window that is due at ``now`` (its ``at`` has come: its
+    deadline, its cap, or the time of the ping that reached its ``max_count``), so that
+    a ping at ``now`` must not join it? A ``queue-latest`` window that waits for its
+    key's run (``blocked``) is not: pings join it."""
     return (
-        not doc.fired
+        doc is not None
+        and not doc.fired
         and doc.at <= now
-        and (
-            (doc.cap is not None and doc.cap <= now)
-            or (doc.max_count is not None and doc.count >= doc.max_count)
-        )
+        and not (doc.queue and blocked is not None)
     )
 
 
@@ -867,6 +877,8 @@ class KvDebounceBackend(DebounceBackend):
         self.requests = 0
         self.takeovers = 0
         self.adopted_fires = 0
+        #: Fires of due windows taken by pings (see _take_due).
+        self.taken_fires = 0
 
     # ----------------------------------------------------------------- basics
 
@@ -1403,13 +1415,20 @@ class KvDebounceBackend(DebounceBackend):
         if waiting:
             at = doc.at
         else:
-            at = now + delay if doc.cap is None else min(now + delay, doc.cap)
+            if now >= doc.last:
+                at = now + delay if doc.cap is None else min(now + delay, doc.cap)
+            else:
+                # Older than the window's latest ping (its write landed late): the
+                # latest ping's time stands, as if the pings had landed in time order.
+                at = doc.at
             if doc.max_count is not None and doc.count + 1 >= doc.max_count:
-                # Due at once. A peer's ping makes the fire earlier than the owner armed,
-                # so the pinger takes it by compare-and-swap (the owner's timer cannot know).
-                at = now
+                # Due at once, at the latest ping's time. A peer's ping makes the fire
+                # earlier than the owner armed, so the pinger takes it by
+                # compare-and-swap (the owner's timer cannot know); the next ping, at
+                # that time or later, takes it and opens the next window.
+                at = max(now, doc.last)
         changes: dict[str, Any] = {
-            "last": now,
+            "last": max(now, doc.last),
             "at": at,
             "count": doc.count + 1,
             "write": write,
@@ -1461,6 +1480,7 @@ class KvDebounceBackend(DebounceBackend):
         drop_stale: bool = False,
     ) -> Registration:
         self._check_not_taken()
+        now = self._wall()  # the ping's time, kept through merges and retries
         try:
             kv_key = self._window_keys[workflow, key]
         except (KeyError, TypeError):  # TypeError: unhashable, window_key names it
@@ -1508,6 +1528,7 @@ class KvDebounceBackend(DebounceBackend):
             overlap == "queue-latest",
             run_timeout,
             drop_stale,
+            now=now,
         )
         # Group commit: the pings of a key that arrive while a write of it is in flight
         # wait for it, then go out together, in arrival order, in the next write (led
@@ -1548,6 +1569,16 @@ class KvDebounceBackend(DebounceBackend):
                     self._answered.add(kv_key)
         result = ping.result
         if isinstance(result, BaseException):
+            if ping.taken:
+                # The fires it took are committed: never lost with the ping. Without a
+                # coordinator's hook, they are logged for the caller to find in the
+                # store (a fire record it holds, under at-least-once).
+                logger.warning(
+                    "register %s failed after taking %d due fire(s): %s",
+                    kv_key,
+                    len(ping.taken),
+                    result,
+                )
             raise result
         assert result is not None
         return result
@@ -1609,22 +1640,6 @@ class KvDebounceBackend(DebounceBackend):
                         blocked = None
                         if doc is not None and doc.running is not None:
                             blocked = await self._blocked_until(doc.running, now)
-                        if (
-                            live
-                            and doc is not None
-                            and not self._mine(doc)
-                            and _due_for_good(doc, now)
-                            and not (doc.queue and blocked is not None)  # its owner waits too
-                            and trio.current_time() < deadline - self._op_timeout / 2
-                        ):
-                            # The window is due and these pings cannot move its time:
-                            # let its owner's commit through (a write now would make it
-                            # conflict), then land in the next window; after half the
-                            # deadline, land in this one.
-                            self._forget(kv_key)
-                            await self._backoff(attempt)
-                            attempt += 1
-                            continue
                         applied = self._apply_batch(
                             doc, live, now, batch, write, known is not None, blocked
                         )
@@ -1633,6 +1648,17 @@ class KvDebounceBackend(DebounceBackend):
                             self._forget(kv_key)
                             continue
                         pings, new, take_at, rest = applied
+                        if not pings and rest:
+                            # The first ping is at or after the window's due time: it
+                            # never joins it. Take its fire (a compare-and-swap, as a
+                            # taker), then apply the pings again: they open the next
+                            # window (or, if the take lost, meet what a peer wrote).
+                            assert new is not None
+                            taker, rest = rest[0], []
+                            await self._take_due(
+                                workflow, key, kv_key, new, revision, taker, deadline
+                            )
+                            continue
                         if not pings:
                             return rest  # every ping was refused, dropped or overflowed
                         assert new is not None
@@ -1696,6 +1722,7 @@ class KvDebounceBackend(DebounceBackend):
             and last_doc.mode is not Mode.LEADING
             and not last_doc.accumulates
             and error is None
+            and all(ping.now is None or ping.now < last_doc.at for ping in waiting)
         ):
             # Contention until the deadline, but a live owner has a fire pending that
             # comes after these pings' arrival: absorbed without a write.
@@ -1732,6 +1759,64 @@ class KvDebounceBackend(DebounceBackend):
                 ),
             )
         return rest
+
+    async def _take_due(
+        self,
+        workflow: str,
+        key: str,
+        kv_key: str,
+        doc: WindowDoc,
+        revision: int,
+        ping: _Ping,
+        deadline: float,
+    ) -> bool:
+        """Take the fire of ``doc``, a window that ``ping`` found due at its time (see
+        :doc:`/protocol`, "A ping at or after the due time"), while this call holds
+        the key's turn: the finalize of a taker (fire record first under
+        at-least-once, then the tombstone, each a compare-and-swap), bounded by the
+        batch's ``deadline``. A fire it commits goes to the coordinator's hook at once
+        (else into ``ping.taken``). Returns True if it fired; False if the window was
+        gone or changed (the caller re-reads and applies the pings again).
+
+        Raises:
+          BackendUnavailableError: the store did not answer in time (a commit whose
+            answer was lost is proven or taken back later, see ``_Unproven``).
+          BackendError: any other failure of the store.
+        """
+        # Shielded from the batch's deadline scope: the finalize keeps its own (the
+        # same deadline), so that a commit cut short is recorded as unproven.
+        try:
+            with trio.CancelScope(shield=True):
+                result = await self._finalize(
+                    workflow,
+                    key,
+                    kv_key,
+                    doc.run_id,
+                    True,
+                    False,
+                    self._ping_delivery,
+                    False,
+                    deadline=deadline,
+                    read=(revision, doc),
+                )
+        except DocumentTooLargeError as exc:
+            # Its fire record cannot be stored (a window written by something else, or
+            # a payload near the store's limit): no one can commit this fire, so the
+            # ping joins the window (as its owner or a takeover) instead of failing.
+            logger.warning("register %s: cannot take the due fire (%s); joining it", kv_key, exc)
+            ping.joins_due = True
+            self._forget(kv_key)
+            return False
+        if result.outcome is not Finalized.FIRE:
+            self._forget(kv_key)
+            return False
+        self.taken_fires += 1
+        hook = self._taken_hook
+        if hook is not None:
+            hook(workflow, key, result)
+        else:
+            ping.taken.append(result)
+        return True
 
     def _release_turn(self, kv_key: str, queue: _KeyQueue) -> None:
         """End a write of ``kv_key``: hand the key's turn to a waiting finalize (it stays
@@ -1793,6 +1878,13 @@ class KvDebounceBackend(DebounceBackend):
         after pings of this write, left for the next write, so that the window it fires
         holds them). Each of these decisions is made on a fresh read: on a
         ``remembered`` document (it may be stale) the result is None instead.
+
+        Each ping is applied at its own time (``ping.now``; ``now`` for a ping without
+        one). A ping at or after the due time of the window as the pings before it
+        left it never joins that window: the pings before it are written, and it and
+        the rest are left for the next write; if it is the first, nothing is applied
+        and the result is ``([], doc, None, rest)`` with that due ``doc``: the caller
+        takes its fire, then applies the rest to what that leaves.
         """
         applied: list[tuple[_Ping, Registered]] = []
         take_at: float | None = None
@@ -1801,6 +1893,9 @@ class KvDebounceBackend(DebounceBackend):
         for index, ping in enumerate(pending):
             if index < fold:
                 continue
+            at = now if ping.now is None else ping.now
+            if not ping.joins_due and _due_at(doc, at, blocked):
+                return applied, doc, take_at, pending[index:]
             if applied and ping.alone:
                 return applied, doc, take_at, pending[index:]
             if ping.plain and not ping.alone and _FOLD and _plain_window(doc, ping.mode):
@@ -1816,7 +1911,7 @@ class KvDebounceBackend(DebounceBackend):
                 outcome, new, take = self._apply_ping(
                     doc,
                     live,
-                    now,
+                    at,
                     ping.mode,
                     ping.delay,
                     ping.max_delay,
@@ -1862,7 +1957,7 @@ class KvDebounceBackend(DebounceBackend):
             if outcome is Registered.STALE:
                 if remembered:
                     return None
-                _settle(ping, self._stale_registration(new, blocked, now))
+                _settle(ping, self._stale_registration(new, blocked, at))
                 continue
             applied.append((ping, outcome))
             doc, take_at = new, take
@@ -1896,15 +1991,22 @@ class KvDebounceBackend(DebounceBackend):
             return None
         end = start
         mode = doc.mode
+        at, latest, cap = doc.at, doc.last, doc.cap
         while end < len(pending):
             ping = pending[end]
             if not ping.plain or ping.alone or ping.mode is not mode:
                 break
+            t = now if ping.now is None else ping.now
+            if t >= at:
+                break  # due at its time (the first ping was checked by the caller)
+            if t >= latest:
+                # An older ping (landed late) leaves the latest one's time alone.
+                at = t + ping.delay if cap is None else min(t + ping.delay, cap)
+                latest = t
             end += 1
         last = pending[end - 1]
-        at = now + last.delay if doc.cap is None else min(now + last.delay, doc.cap)
         changes: dict[str, Any] = {
-            "last": now,
+            "last": latest,
             "at": at,
             "count": doc.count + (end - start),
             "write": write,
@@ -2017,6 +2119,10 @@ class KvDebounceBackend(DebounceBackend):
                     token,
                     waiting=waits is not None,
                 )
+            if ping.taken:
+                # Its own result: the fires it took are the caller's to run.
+                _settle(ping, result._replace(taken=tuple(ping.taken)))
+                continue
             _settle(ping, result)
 
     def _load(self, text: str | None) -> Any:
@@ -2081,6 +2187,8 @@ class KvDebounceBackend(DebounceBackend):
         force: bool,
         delivery: Delivery,
         early: bool,
+        deadline: float = math.inf,
+        read: tuple[int, WindowDoc | None] | None = None,
     ) -> Finalization:
         error: BackendError | None = None
         if self._taken_by is not None:
@@ -2096,7 +2204,7 @@ class KvDebounceBackend(DebounceBackend):
             # A commit of this run whose answer was lost before: prove it first.
             committing = self._take_unproven(kv_key, run_id)
         fired_at = self._wall()
-        with trio.move_on_after(self._op_timeout):
+        with trio.move_on_at(min(trio.current_time() + self._op_timeout, deadline)):
             attempt = 0
             while True:
                 try:
@@ -2104,6 +2212,10 @@ class KvDebounceBackend(DebounceBackend):
                     # it has one (the compare-and-swap proves it current); any other
                     # decision is made on a fresh read.
                     known = None if committing is not None else self._cached(kv_key)
+                    if read is not None:
+                        # The register that takes this fire has just read the document
+                        # (a contended key is not cached): commit against that.
+                        known, read = (read if committing is None else None), None
                     if known is not None:
                         revision, doc = known
                         if not self._commits(doc, run_id, take, force, early):
@@ -2493,6 +2605,7 @@ class KvDebounceBackend(DebounceBackend):
             token,
             fire_id,
             doc.queue,
+            doc.run_id,
         )
 
     async def end_run(self, workflow: str, key: str, run_id: str) -> str | None:

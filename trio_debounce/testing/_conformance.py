@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import trio
 
@@ -45,6 +46,13 @@ async def check_debounce_backend(
     clock (network backends). Each check uses its own workflow name, so a shared
     store left over from earlier checks does not interfere.
 
+    A change of the contract: a ping at or after a window's due time must take the
+    window's fire (:attr:`~trio_debounce.abc.Registration.taken`) and open the next
+    window (``late_ping_takes_the_fire``, also after a ``max_count`` was reached, and the
+    last ping of ``cap_is_kept``). The
+    suite used to require the opposite: that such a ping be absorbed into the due
+    window, moving its time, while its owner lived (``late_ping_is_absorbed``).
+
     Raises:
       AssertionError: a check failed; the message says which rule was broken.
     """
@@ -52,7 +60,7 @@ async def check_debounce_backend(
         _outcomes,
         _cap_is_kept,
         _finalize,
-        _late_ping_is_absorbed,
+        _late_ping_takes_the_fire,
         _cancel,
         _take,
         _release,
@@ -115,7 +123,7 @@ async def _cap_is_kept(open_backends: OpenBackends, lease: float, skew: float, t
             wf, "k", mode=Mode.TRAILING, delay=4 * tick, max_delay=10 * tick, run_id="r"
         )
         cap = r.first_ping_at + 10 * tick
-        for i in range(4):
+        for i in range(3):
             await trio.sleep(3 * tick)
             who = (a, b)[i % 2]
             r = await who.register(
@@ -123,7 +131,22 @@ async def _cap_is_kept(open_backends: OpenBackends, lease: float, skew: float, t
             )
             _check(r.scheduled_at <= cap + 1e-6, f"ping {i + 2} pushed the fire past the cap: {r}")
         _check(abs(r.scheduled_at - cap) < 1e-6, f"the cap was not applied: {r}, cap {cap}")
-        await a.cancel(wf, "k")
+        # A ping after the cap never joins the window: it takes its fire (at the cap,
+        # with the window's four pings) and opens the next one.
+        await trio.sleep(3 * tick)
+        r = await b.register(
+            wf, "k", mode=Mode.TRAILING, delay=4 * tick, max_delay=None, run_id="y"
+        )
+        _check(r.outcome is Registered.OPENED and r.run_id == "y", f"a ping after the cap: {r}")
+        _check(len(r.taken) == 1, f"a ping after the cap did not take the fire: {r}")
+        fire = r.taken[0]
+        _check(fire.outcome is Finalized.FIRE and fire.ping_count == 4, f"the cap's fire: {fire}")
+        _check(abs((fire.scheduled_at or 0.0) - cap) < 1e-6, f"fired past the cap: {fire}")
+        if fire.fire_id is not None:
+            await b.complete(fire.fire_id)
+        f = await a.finalize(wf, "k", "r")
+        _check(f.outcome is Finalized.ABANDONED, f"the owner's finalize after the take: {f}")
+        await b.cancel(wf, "k")
 
 
 async def _finalize(open_backends: OpenBackends, lease: float, skew: float, tick: float) -> None:
@@ -153,26 +176,72 @@ async def _finalize(open_backends: OpenBackends, lease: float, skew: float, tick
         await b.cancel(wf, "k")
 
 
-async def _late_ping_is_absorbed(
+async def _late_ping_takes_the_fire(
     open_backends: OpenBackends, lease: float, skew: float, tick: float
 ) -> None:
-    # A peer's ping after the fire time but before the owner's finalize is absorbed
-    # (the owner is live), and the owner reschedules: the burst fires once.
+    # A ping at or after a window's due time never joins it, even before its (live)
+    # owner's finalize: the pinger takes the fire by compare-and-swap (returned in
+    # Registration.taken, with the window's own count and due time) and opens the
+    # next window; the owner's finalize is then abandoned. This replaced "a late ping
+    # is absorbed" (the ping used to land in the due window and move its time).
     wf = _workflow("late")
     async with open_backends(2) as (a, b):
         r = await a.register(
-            wf, "k", mode=Mode.TRAILING, delay=3 * tick, max_delay=None, run_id="r"
+            wf, "k", mode=Mode.TRAILING, delay=3 * tick, max_delay=None, run_id="r", payload=1
         )
         await trio.sleep(r.scheduled_at - a.wall_time() + tick)
         late = await b.register(
-            wf, "k", mode=Mode.TRAILING, delay=5 * tick, max_delay=None, run_id="x"
+            wf, "k", mode=Mode.TRAILING, delay=5 * tick, max_delay=None, run_id="x", payload=2
         )
-        _check(late.outcome is Registered.COALESCED and late.run_id == "r", f"late ping: {late}")
+        _check(late.outcome is Registered.OPENED and late.run_id == "x", f"late ping: {late}")
+        _check(late.ping_count == 1 and late.owner, f"late ping: {late}")
+        _check(len(late.taken) == 1, f"the late ping did not take the due fire: {late}")
+        fire = late.taken[0]
+        _check(fire.outcome is Finalized.FIRE and fire.ping_count == 1, f"the taken fire: {fire}")
+        _check(fire.payload == 1 and fire.run_id in ("r", ""), f"the taken fire: {fire}")
+        _check(fire.scheduled_at == r.scheduled_at, f"the taken fire's time: {fire} vs {r}")
+        if fire.fire_id is not None:
+            await b.complete(fire.fire_id)
         f = await a.finalize(wf, "k", "r")
-        _check(f.outcome is Finalized.RESCHEDULE, f"owner's finalize after a late ping: {f}")
+        _check(f.outcome is Finalized.ABANDONED, f"owner's finalize after the take: {f}")
+        # The other way round: the owner's own late ping takes its own window's fire.
         await trio.sleep(late.scheduled_at - a.wall_time() + tick)
-        f = await a.finalize(wf, "k", "r")
-        _check(f.outcome is Finalized.FIRE and f.ping_count == 2, f"the fire: {f}")
+        again = await a.register(
+            wf, "k", mode=Mode.TRAILING, delay=3 * tick, max_delay=None, run_id="s", payload=3
+        )
+        _check(again.outcome is Registered.OPENED and again.run_id == "s", f"late: {again}")
+        _check(
+            len(again.taken) == 1 and again.taken[0].payload == 2,
+            f"the owner's late ping did not take the due fire: {again}",
+        )
+        if again.taken[0].fire_id is not None:
+            await a.complete(again.taken[0].fire_id)
+        f = await b.finalize(wf, "k", "x")
+        _check(f.outcome is Finalized.ABANDONED, f"finalize after the take: {f}")
+        await a.cancel(wf, "k")
+    # max_count: the peer's ping that reaches it makes the window due at its time; the
+    # next ping, whoever makes it, takes that fire and opens the next window.
+    async with open_backends(2) as (a, b):
+        kw: dict[str, Any] = {
+            "mode": Mode.TRAILING,
+            "delay": 20 * tick,
+            "max_delay": None,
+            "max_count": 2,
+        }
+        await a.register(wf, "m", run_id="m1", payload=1, **kw)
+        full = await b.register(wf, "m", run_id="m2", payload=2, **kw)
+        _check(full.ping_count == 2 and full.take_at is not None, f"max_count reached: {full}")
+        _check(full.scheduled_at <= b.wall_time(), f"max_count reached, not due: {full}")
+        nxt = await a.register(wf, "m", run_id="m3", payload=3, **kw)
+        _check(nxt.outcome is Registered.OPENED and nxt.run_id == "m3", f"after max_count: {nxt}")
+        _check(
+            [(t.ping_count, t.payload) for t in nxt.taken] == [(2, 2)],
+            f"the ping after max_count did not take the window's fire: {nxt}",
+        )
+        for t in nxt.taken:
+            if t.fire_id is not None:
+                await a.complete(t.fire_id)
+        await a.cancel(wf, "m")
 
 
 async def _cancel(open_backends: OpenBackends, lease: float, skew: float, tick: float) -> None:
