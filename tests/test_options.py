@@ -520,6 +520,30 @@ async def test_run_timeout_stops_a_run_from_blocking_the_next(
     assert recorder.max_running == 3
 
 
+async def test_a_flushed_window_waits_for_a_run_only_until_its_run_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A flush makes the window due now; the run blocks it until its start + run_timeout,
+    # earlier than the window's own deadline, and the window fires then: its handler
+    # starts at that time, not when the task would have woken at its old deadline
+    # (t0+5.25, or the run's end first: found by the property test).
+    started: list[tuple[float, float, object]] = []
+    t0 = trio.current_time()
+
+    async def handler(fire: Fire) -> None:
+        started.append((trio.current_time() - t0, fire.fired_at - t0, fire.payload))
+        await trio.sleep(10.0 if fire.payload == "a" else 0.0)
+
+    opts: dict[str, Any] = {"overlap": "queue-latest", "run_timeout": 1.0}
+    async with open_coordinator(handlers={WF: handler}) as c:
+        await c.debounce(WF, "k", "a", delay=0.0, **opts)  # runs t0 .. t0+10
+        await trio.sleep(0.25)
+        await c.debounce(WF, "k", "b", delay=5.0, **opts)  # due t0+5.25
+        await trio.testing.wait_all_tasks_blocked()  # its task sleeps until t0+5.25
+        assert await c.flush(WF, "k")  # due now: waits for the run, blocked until t0+1
+    assert started == [(0.0, 0.0, "a"), (1.0, 1.0, "b")]
+
+
 async def test_fire_early_overflow_overrides_the_wait(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

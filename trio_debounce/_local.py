@@ -668,6 +668,11 @@ class KeyState:
         run = self._runs.get(window.ident)
         if run is not None and _engine.wait_for_run(window, at, run.block_until):
             run.waiter = window
+            scope = window.scope
+            if scope is not None and window.deadline < scope.deadline:
+                # Due now (a flush) but blocked until before the time its task sleeps
+                # to: wake it at the block's end.
+                scope.deadline = window.deadline
             return
         self._commit_queued_fire(window, at)
 
