@@ -282,14 +282,14 @@ async def test_once_taken_a_ping_returns_even_if_cancelled_meanwhile(
         with trio.CancelScope() as scope:
             # Cancel between the ping being taken and the trailing checkpoint: the
             # handler-free path must still return the result.
-            original = c._debounce_local
+            original = c._local.ping
 
             def cancel_then_ping(*args: Any, **kwargs: Any) -> trio_debounce.DebounceResult:
                 result = original(*args, **kwargs)
                 scope.cancel()
                 return result
 
-            c._debounce_local = cancel_then_ping  # type: ignore[method-assign]
+            c._local.ping = cancel_then_ping  # type: ignore[method-assign]
             r = await c.debounce(WF, "k", delay=1.0)
             assert r.outcome is Outcome.SCHEDULE_TRAILING
             await trio.lowlevel.checkpoint()

@@ -25,6 +25,7 @@ from trio_debounce import (
     Coordinator,
     DebounceResult,
     Edge,
+    Fire,
     Mode,
     Outcome,
     open_coordinator,
