@@ -560,16 +560,14 @@ def _apply(window: dict[str, Any], pings: list[dict[str, Any]], fold: bool) -> t
     real_fold = backend._fold_plain
 
     def spy(*args: Any) -> Any:
-        result = real_fold(*args)
+        # Without fold, the batch sees every run as one it cannot fold (as for a run
+        # that would take the window over): each ping goes through _apply_ping.
+        result = real_fold(*args) if fold else None
         folds.append(result is not None)
         return result
 
     backend._fold_plain = spy  # type: ignore[method-assign, assignment]
-    old, protocol._FOLD = protocol._FOLD, fold
-    try:
-        got = backend._apply_batch(doc, window["live"], now, batch, "w1", False, window["blocked"])
-    finally:
-        protocol._FOLD = old
+    got = backend._apply_batch(doc, window["live"], now, batch, "w1", False, window["blocked"])
     assert got is not None
     applied, new, take_at, rest = got
     results = [

@@ -136,6 +136,12 @@ def absorbs(state: WindowState, t: float) -> bool:
     return t < state.deadline or state.waiting
 
 
+def joins(deadline: float, t: float, waiting: bool) -> bool:
+    """:func:`absorbs` on a window's due time and waiting state alone (for a caller
+    that holds them in a document of its own)."""
+    return t < deadline or waiting
+
+
 def due_reason(state: WindowState, t: float) -> str | None:
     """Why the window is due at ``t`` (:data:`DUE_COUNT`, :data:`DUE_CAP` or
     :data:`DUE_DELAY`), or None if it is not."""
@@ -262,6 +268,7 @@ def absorb(
     delay: float,
     order: float | None = None,
     value: Any = None,
+    latest: float | None = None,
 ) -> bool:
     """A ping at ``t`` joins the open window (the caller checked :func:`absorbs`,
     :func:`is_full` and the ping's mode and options).
@@ -274,6 +281,12 @@ def absorb(
     Args:
       value: a reducer window's new accumulated value, ``fn(state.acc, payload)``,
         computed by the caller before any state changed (the reducer may raise).
+      latest: the time of the window's latest ping so far, where pings can arrive out
+        of time order (across processes, a ping's write may land after a later
+        ping's). A ping older than it leaves the due time as the latest ping set it,
+        as if the pings had arrived in time order; one that reaches ``max_count``
+        makes the window due at the later of the two times. None: pings arrive in
+        time order (the local table).
 
     Returns:
       bool: True if this ping made a trailing fire pending (the second ping of a
@@ -282,9 +295,11 @@ def absorb(
     count = state.count
     state.count = count + 1
     opts = state.opts
+    in_order = latest is None or t >= latest
     if opts is None:
         state.payload = payload
-        state.deadline = deadline_of(t, delay, state.cap)
+        if in_order:
+            state.deadline = deadline_of(t, delay, state.cap)
         return _both_pending(state)
     if order is not None and (state.max_order is None or order > state.max_order):
         state.max_order = order
@@ -315,9 +330,9 @@ def absorb(
         state.held += 1
     if state.waiting:
         return False
-    deadline = deadline_of(t, delay, state.cap)
+    deadline = deadline_of(t, delay, state.cap) if in_order else state.deadline
     if opts.max_count is not None and state.count >= opts.max_count:
-        deadline = t
+        deadline = t if in_order or latest is None else latest
     state.deadline = deadline
     return _both_pending(state)
 

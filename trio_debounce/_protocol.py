@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from . import _validate
+from . import _engine, _validate
 from ._backend import (
     DebounceBackend,
     Delivery,
@@ -54,7 +54,7 @@ from ._errors import (
 )
 from ._keys import WINDOW_PREFIX, parse_window_key, process_key, window_key
 from ._kv import KvEntry, KvStore
-from ._options import InitialFactory, Reducer
+from ._options import DEFAULT, InitialFactory, Reducer, WindowOptions
 from ._payload import JsonSerializer, PayloadSerializer
 from ._types import Mode
 from ._wallclock import wall_to_trio
@@ -447,7 +447,21 @@ def _num(obj: dict[str, Any], name: str) -> float:
 
 def _stale(order_key: float | None, fired_order: float | None) -> bool:
     """Is a ping with ``order_key`` stale: not above the key's last fired order key?"""
-    return order_key is not None and fired_order is not None and order_key <= fired_order
+    return order_key is not None and _engine.is_stale(order_key, fired_order)
+
+
+def _options_of(doc: WindowDoc) -> WindowOptions | None:
+    """The window options a document holds, as the engine takes them (None: plain)."""
+    opts = WindowOptions(
+        max_count=doc.max_count,
+        payload_policy=doc.payload_policy,
+        max_items=doc.max_items,
+        overflow=doc.overflow,
+        overlap="queue-latest" if doc.queue else "allow",
+        run_timeout=doc.run_timeout,
+        ordered=doc.ordered,
+    )
+    return None if opts == DEFAULT else opts
 
 
 class WindowFull(Exception):
@@ -705,8 +719,7 @@ def _due_at(doc: WindowDoc | None, now: float, blocked: float | None) -> bool:
     return (
         doc is not None
         and not doc.fired
-        and doc.at <= now
-        and not (doc.queue and blocked is not None)
+        and not _engine.joins(doc.at, now, doc.queue and blocked is not None)
     )
 
 
@@ -731,10 +744,6 @@ def _wake(ping: _Ping) -> None:
     if task is not None:
         ping.task = None
         trio.lowlevel.reschedule(task)
-
-
-#: Whether _apply_batch folds runs of plain pings (tests turn it off to compare).
-_FOLD = True
 
 
 def _plain_window(doc: WindowDoc | None, mode: Mode) -> bool:
@@ -1248,6 +1257,27 @@ class KvDebounceBackend(DebounceBackend):
 
     # ---------------------------------------------------------------- register
 
+    def _window_state(self, doc: WindowDoc, waiting: bool) -> _engine.WindowState:
+        """The engine's view of an open window's document: its times, count and
+        accumulation, payloads deserialized ("last" and "first" keep the stored text)."""
+        opts = _options_of(doc)
+        trailing = doc.mode is Mode.TRAILING or (doc.mode is Mode.BOTH and doc.count > 1)
+        cap = _engine.INF if doc.cap is None else doc.cap
+        state = _engine.WindowState(doc.mode, doc.first, doc.at, cap, doc.payload, trailing, opts)
+        state.count = doc.count
+        state.waiting = waiting
+        if opts is not None:
+            state.best = doc.order
+            state.max_order = doc.max_order
+            state.held = doc.held
+            if opts.payload_policy == "collect":
+                values = self._load(doc.payload) or []
+                state.acc = [(o, n, v) for (o, n), v in zip(doc.ranks, values, strict=True)]
+                state.held = len(state.acc)
+            elif opts.reducer:
+                state.acc = self._load(doc.payload)
+        return state
+
     def _apply_ping(
         self,
         doc: WindowDoc | None,
@@ -1290,23 +1320,46 @@ class KvDebounceBackend(DebounceBackend):
             if drop_stale and _stale(order_key, fired_order):
                 assert doc is not None
                 return Registered.STALE, doc, None
+            window_opts = WindowOptions(
+                max_count=max_count,
+                payload_policy=payload_policy,
+                max_items=max_items,
+                overflow=overflow,
+                overlap="queue-latest" if queue else "allow",
+                run_timeout=run_timeout,
+                ordered=order_key is not None,
+            )
+            # The engine decides the window's times and what it holds; the document
+            # keeps the payloads serialized.
+            first: Any = payload
+            value: Any = None
+            if payload_policy == "collect":
+                first = self._serializer.loads(payload)
+            elif reducer is not None:
+                value = _engine.first_value(reducer, self._serializer.loads(payload))
+            state = _engine.open_window(
+                now,
+                first,
+                delay=delay,
+                max_delay=max_delay,
+                mode=mode,
+                opts=None if window_opts == DEFAULT else window_opts,
+                order=order_key,
+                value=value,
+            )
             ranks: tuple[tuple[float, int], ...] = ()
             held = 0
             if payload_policy == "collect":
-                ranks = ((0.0 if order_key is None else order_key, 0),)
-                payload = self._serializer.dumps([self._serializer.loads(payload)])
+                ranks = tuple((float(o), n) for o, n, _ in state.acc)
+                payload = self._serializer.dumps([item[2] for item in state.acc])
             elif reducer is not None:
-                fn, initial = reducer
-                value = self._serializer.loads(payload)
-                payload = self._serializer.dumps(value if initial is None else fn(initial(), value))
-                held = 1
-            if mode is not Mode.TRAILING and order_key is not None:
+                payload = self._serializer.dumps(state.acc)
+                held = state.held
+            if _engine.leading(mode):
                 # The leading fire happens with this write: its order key is fired.
-                fired_order = order_key if fired_order is None else max(fired_order, order_key)
-            cap = None if max_delay is None else now + max_delay
-            at = now + delay if cap is None else min(now + delay, cap)
-            if max_count == 1:
-                at = now
+                fired_order = _engine.fired_order_after(fired_order, order_key)
+            at = state.deadline
+            cap = None if state.cap == _engine.INF else state.cap
             new = WindowDoc(
                 self._process_id,
                 self._epoch,
@@ -1378,79 +1431,60 @@ class KvDebounceBackend(DebounceBackend):
             raise WindowFull(doc)
         # Waiting: due while the key's run blocks; pings join it and leave its time alone.
         waiting = doc.queue and blocked_until is not None and doc.at <= now
-        # The stored payload: "last" keeps the highest order key (ties: the later
-        # arrival), "first" the lowest (ties: the earlier); no key, arrival order.
-        # "collect" inserts it by (order key, arrival), and under "drop-oldest" drops
-        # the lowest beyond max_items; a reducer folds it into the accumulated value.
-        order = doc.order
+        # The engine applies the ping (its times, count and payload policy) to the
+        # document's window, payloads deserialized; the document stores them serialized.
+        state = self._window_state(doc, waiting)
+        opts = state.opts
+        policy_value: Any = payload  # "last" and "first" keep the stored text
+        folded: Any = None
+        if opts is not None and opts.payload_policy == "collect":
+            policy_value = self._load(payload)
+        elif reducer is not None:
+            folded = reducer[0](state.acc, self._serializer.loads(payload))
+        # A ping older than the window's latest (its write landed late) leaves the
+        # latest ping's time standing, as if the pings had landed in time order; the
+        # max_count ping makes the window due at the latest ping's time, and the next
+        # ping, at that time or later, takes its fire and opens the next window.
+        _engine.absorb(
+            state, now, policy_value, delay=delay, order=order_key, value=folded, latest=doc.last
+        )
         ranks = doc.ranks
         held = doc.held
-        items: list[tuple[tuple[float, int], Any]] = []
-        if payload_policy == "collect":
-            items = list(zip(ranks, self._load(doc.payload) or [], strict=True))
-            rank = (0.0 if order_key is None else order_key, doc.count)
-            items.append((rank, self._load(payload)))
-            items.sort(key=lambda item: item[0])
-            if doc.overflow == "drop-oldest" and max_items is not None and len(items) > max_items:
-                del items[0]
-            ranks = tuple(rank for rank, _ in items)
-            payload = self._serializer.dumps([value for _, value in items])
+        if opts is not None and opts.payload_policy == "collect":
+            ranks = tuple((float(o), n) for o, n, _ in state.acc)
+            payload = self._serializer.dumps([item[2] for item in state.acc])
         elif reducer is not None:
-            folded = reducer[0](self._load(doc.payload), self._serializer.loads(payload))
-            payload = self._serializer.dumps(folded)
-            held += 1
-        elif payload_policy == "first":
-            keep = order_key is None or doc.order is None or order_key >= doc.order
+            payload = self._serializer.dumps(state.acc)
+            held = state.held
         else:
-            keep = order_key is not None and doc.order is not None and order_key < doc.order
-        if doc.accumulates:
-            pass
-        elif keep:
-            payload = doc.payload if doc.payload is not None else payload
-        else:
-            order = order_key
-        max_order = doc.max_order
-        if order_key is not None and (max_order is None or order_key > max_order):
-            max_order = order_key
-        if waiting:
-            at = doc.at
-        else:
-            if now >= doc.last:
-                at = now + delay if doc.cap is None else min(now + delay, doc.cap)
-            else:
-                # Older than the window's latest ping (its write landed late): the
-                # latest ping's time stands, as if the pings had landed in time order.
-                at = doc.at
-            if doc.max_count is not None and doc.count + 1 >= doc.max_count:
-                # Due at once, at the latest ping's time. A peer's ping makes the fire
-                # earlier than the owner armed, so the pinger takes it by
-                # compare-and-swap (the owner's timer cannot know); the next ping, at
-                # that time or later, takes it and opens the next window.
-                at = max(now, doc.last)
+            # A window whose stored payload is missing takes this ping's.
+            payload = state.payload if state.payload is not None else payload
+        at = state.deadline
         changes: dict[str, Any] = {
             "last": max(now, doc.last),
             "at": at,
-            "count": doc.count + 1,
+            "count": state.count,
             "write": write,
             "payload": payload,
-            "order": order,
+            "order": state.best if opts is not None else doc.order,
             "ranks": ranks,
             "held": held,
-            "max_order": max_order,
+            "max_order": state.max_order if opts is not None else doc.max_order,
             "running": doc.running if blocked_until is not None else None,
         }
         if doc.accumulates:
             # Bounded by the store's size limit too: "fire-early" fires what the window
             # holds, "drop-oldest" drops more of the lowest items.
             limit = self._store.max_value_bytes
+            items = state.acc
             while len(replace(doc, **changes).encode()) > limit:
                 if doc.overflow == "fire-early":
                     raise WindowFull(doc)
                 if len(items) <= 1:
                     break  # this payload alone is too large: the write refuses it
                 del items[0]
-                changes["ranks"] = tuple(rank for rank, _ in items)
-                changes["payload"] = self._serializer.dumps([value for _, value in items])
+                changes["ranks"] = tuple((float(o), n) for o, n, _ in items)
+                changes["payload"] = self._serializer.dumps([item[2] for item in items])
         if self._mine(doc):
             return Registered.EXTENDED, replace(doc, armed=at, **changes), None
         if owner_live or not self._can_take_over():
@@ -1898,7 +1932,7 @@ class KvDebounceBackend(DebounceBackend):
                 return applied, doc, take_at, pending[index:]
             if applied and ping.alone:
                 return applied, doc, take_at, pending[index:]
-            if ping.plain and not ping.alone and _FOLD and _plain_window(doc, ping.mode):
+            if ping.plain and not ping.alone and _plain_window(doc, ping.mode):
                 assert doc is not None
                 folded = self._fold_plain(doc, live, now, pending, index, write, blocked)
                 if folded is not None:
@@ -1991,26 +2025,26 @@ class KvDebounceBackend(DebounceBackend):
             return None
         end = start
         mode = doc.mode
-        at, latest, cap = doc.at, doc.last, doc.cap
+        state = self._window_state(doc, False)
+        latest = doc.last
         while end < len(pending):
             ping = pending[end]
             if not ping.plain or ping.alone or ping.mode is not mode:
                 break
             t = now if ping.now is None else ping.now
-            if t >= at:
+            if not _engine.absorbs(state, t):
                 break  # due at its time (the first ping was checked by the caller)
-            if t >= latest:
-                # An older ping (landed late) leaves the latest one's time alone.
-                at = t + ping.delay if cap is None else min(t + ping.delay, cap)
-                latest = t
+            # An older ping (landed late) leaves the latest one's time alone.
+            _engine.absorb(state, t, ping.text, delay=ping.delay, latest=latest)
+            latest = max(latest, t)
             end += 1
-        last = pending[end - 1]
+        at = state.deadline
         changes: dict[str, Any] = {
             "last": latest,
             "at": at,
-            "count": doc.count + (end - start),
+            "count": state.count,
             "write": write,
-            "payload": last.text,
+            "payload": state.payload,
             "order": None,
             "running": doc.running if blocked is not None else None,
         }
