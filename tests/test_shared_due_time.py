@@ -89,6 +89,22 @@ MODES = ["trailing", "leading", "both"]
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_max_count_seven_pings_in_process_make_windows_of_3_3_1(
+    autojump_clock: trio.testing.MockClock, mode: str
+) -> None:
+    # The rule every pinger follows, as the local table applies it (no backend).
+    fires = Fires()
+    async with open_coordinator(handlers={"wf": fires.handler("local")}) as c:
+        await trio.sleep(T)
+        results = [
+            await c.debounce("wf", "k", i, delay=DELAY, mode=mode, run_id=f"r{i}", max_count=3)
+            for i in range(7)
+        ]
+    assert fired(fires) == seven_at_once(mode, range(7), [T] * 7)
+    assert [r.ping_count for r in results] == [1, 2, 3, 1, 2, 3, 1]
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_max_count_seven_sequential_pings_of_one_process_make_windows_of_3_3_1(
     autojump_clock: trio.testing.MockClock, mode: str
 ) -> None:
