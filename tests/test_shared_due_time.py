@@ -349,7 +349,8 @@ async def test_requests_of_a_ping_at_the_due_time(
     a, b = backend(store, "A"), backend(store, "B")
     await a.refresh_lease()
     await b.refresh_lease()  # B's lease table knows A
-    a._ping_delivery = b._ping_delivery = delivery
+    a.attach(delivery=delivery)
+    b.attach(delivery=delivery)
     record = 1 if delivery == "at-least-once" else 0
 
     async def cost(pinger: MemoryBackend, run_id: str) -> dict[str, int]:

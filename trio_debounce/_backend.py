@@ -115,7 +115,7 @@ class Registration(NamedTuple):
         :meth:`DebounceBackend.complete` afterwards. Empty when the ping met no due
         window, and when a coordinator is attached: the backend then hands each taken
         fire to the coordinator as soon as it is committed (see
-        :attr:`DebounceBackend._taken_hook`), so a ping that fails after its take
+        :meth:`DebounceBackend.attach`), so a ping that fails after its take
         does not lose the fire. Optional: a backend that predates it leaves it empty.
     """
 
@@ -299,20 +299,54 @@ class DebounceBackend(abc.ABC):
     :class:`~trio_debounce.BackendError` for anything else.
     """
 
-    #: True while a coordinator uses this backend (set by ``open_coordinator``).
+    #: True while a coordinator uses this backend (see :meth:`attach`).
     _in_use: bool = False
     #: True if :meth:`register` can never raise :exc:`trio.Cancelled` (every wait in
     #: it is shielded or refuses cancellation): the coordinator then spares the cancel
     #: scope it otherwise opens around each call.
     _register_uncancellable: bool = False
-    #: Set by ``open_coordinator`` while a coordinator uses this backend: its
-    #: ``delivery``, which a fire taken by :meth:`register` is committed under (see
-    #: :attr:`Registration.taken`), and ``(workflow, key, Finalization) -> None``, called
-    #: synchronously as soon as :meth:`register` has committed a taken fire, so that the
-    #: coordinator runs it even if the ping then fails. ``"at-least-once"`` and None
-    #: when no coordinator is attached (the fires are then in ``Registration.taken``).
+    #: What :meth:`attach` was given: the delivery a fire taken by :meth:`register`
+    #: is committed under, and the callback that runs it (``"at-least-once"`` and None
+    #: while no coordinator is attached: taken fires are then in
+    #: :attr:`Registration.taken`).
     _ping_delivery: Delivery = "at-least-once"
     _taken_hook: Callable[[str, str, Finalization], None] | None = None
+
+    def attach(
+        self,
+        *,
+        delivery: Delivery,
+        on_taken: Callable[[str, str, Finalization], None] | None = None,
+    ) -> None:
+        """Mark this backend as used by one coordinator (``open_coordinator`` calls it
+        before its first request, :meth:`detach` when its block has closed).
+
+        Args:
+          delivery (str): the coordinator's ``"at-least-once"`` or ``"at-most-once"``:
+            what a fire that :meth:`register` takes is committed under.
+          on_taken: ``on_taken(workflow, key, finalization)``, called synchronously as
+            soon as :meth:`register` has committed a taken fire (see
+            :attr:`Registration.taken`), so that the coordinator runs it even if the
+            ping then fails; None leaves taken fires in the registration.
+
+        Raises:
+          RuntimeError: another coordinator uses this backend (each needs its own:
+            one process id each).
+        """
+        if self._in_use:
+            raise RuntimeError(
+                f"{self!r} already serves an open coordinator; give each coordinator "
+                "its own backend (one process id each)"
+            )
+        self._in_use = True
+        self._ping_delivery = delivery
+        self._taken_hook = on_taken
+
+    def detach(self) -> None:
+        """The coordinator that :meth:`attach` marked is done with this backend."""
+        self._in_use = False
+        self._ping_delivery = "at-least-once"
+        self._taken_hook = None
 
     @property
     @abc.abstractmethod
@@ -397,7 +431,7 @@ class DebounceBackend(abc.ABC):
         window, whoever owns it (this process, a live peer, a dead one): unless the
         window waits for its key's ``queue-latest`` run, the call first takes the
         window's fire by compare-and-swap (``finalize(take=True)`` under
-        :attr:`_ping_delivery`; see :attr:`Registration.taken`), then opens the next
+        :meth:`attach`'s delivery; see :attr:`Registration.taken`), then opens the next
         window; a lost compare-and-swap re-reads (the window fired elsewhere: the
         ping opens the next one). This is a change of the contract: backends used to
         absorb such a late ping into the due window.

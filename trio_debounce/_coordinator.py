@@ -1136,7 +1136,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         self._nursery.start_soon(self._fire_shared, shared, result)
 
     def _ping_took(self, workflow: str, key: str, result: Finalization) -> None:
-        """The backend's hook (``DebounceBackend._taken_hook``): a ping of this process
+        """The backend's ``on_taken`` (see ``DebounceBackend.attach``): a ping of this process
         found a due window and took its fire by compare-and-swap; run it at once, even
         if the ping itself fails afterwards."""
         self._run_taken((workflow, key), result.run_id, result)
@@ -1986,14 +1986,8 @@ async def open_coordinator(
         raise ValueError(
             f"on_backend_error must be 'fail-open' or 'raise', got {on_backend_error!r}"
         )
-    if backend is not None:
-        if not isinstance(backend, DebounceBackend):
-            raise TypeError(f"backend must be a trio_debounce.abc.DebounceBackend, not {backend!r}")
-        if backend._in_use:
-            raise RuntimeError(
-                f"{backend!r} already serves an open coordinator; give each coordinator "
-                "its own backend (one process id each)"
-            )
+    if backend is not None and not isinstance(backend, DebounceBackend):
+        raise TypeError(f"backend must be a trio_debounce.abc.DebounceBackend, not {backend!r}")
     handler_map: dict[str, Handler] = _handler_map("handlers", handlers, "handlers")
     # Run records leave the process, so run workflow names must be valid Unicode.
     run_handler_map: dict[str, RunHandler] = _handler_map(
@@ -2024,13 +2018,21 @@ async def open_coordinator(
         delivery=delivery,
         on_expired=on_expired,
     )
+    # A ping that finds a due window takes its fire: under this delivery, and run by
+    # this coordinator at once (see DebounceBackend.attach).
+    opened: list[Coordinator] = []
+
+    def on_taken(workflow: str, key: str, result: Finalization) -> None:
+        for coordinator in opened:
+            coordinator._ping_took(workflow, key, result)
+
     if backend is not None:
-        backend._in_use = True
+        backend.attach(delivery=delivery, on_taken=on_taken)
     try:
         await _wait_process_ids_free(backend, scheduler, on_backend_error)
     except BaseException:
         if backend is not None:
-            backend._in_use = False
+            backend.detach()
         raise
     if backend is not None:
         try:
@@ -2043,7 +2045,7 @@ async def open_coordinator(
                 )
         except BackendError as exc:
             if on_backend_error == "raise" or not isinstance(exc, BackendUnavailableError):
-                backend._in_use = False
+                backend.detach()
                 raise
             logger.warning("backend unavailable at start (%s); failing open until it answers", exc)
     body_error: BaseException | None = None
@@ -2053,11 +2055,8 @@ async def open_coordinator(
             coordinator: Coordinator = Coordinator._create(
                 nursery, handler_map, on_error, backend, on_backend_error, delivery, scheduler
             )
+            opened.append(coordinator)
             if backend is not None:
-                # A ping that finds a due window takes its fire: under this delivery,
-                # and run here at once (see DebounceBackend._taken_hook).
-                backend._ping_delivery = delivery
-                backend._taken_hook = coordinator._ping_took
                 nursery.start_soon(coordinator._maintain, backend)
             started = False
             try:
@@ -2085,9 +2084,7 @@ async def open_coordinator(
                 await backend.handoff()
             else:
                 await backend.release(coordinator._release_runs)
-        backend._taken_hook = None
-        backend._ping_delivery = "at-least-once"
-        backend._in_use = False
+        backend.detach()
     try:
         if nursery_error is not None:
             if body_error is None:
