@@ -23,15 +23,15 @@ from typing import NoReturn
 
 import trio
 
-from . import _validate
-from ._backend import DebounceBackend
+from .. import _validate
+from .._backend import DebounceBackend
+from .._options import window_options
+from .._types import Mode
+from .._version import __version__
 from ._events import EventError, decode_line
 from ._git_events import GitEventsError, git_events
 from ._live import BackendStartError, InputError, LiveOptions, run_live
-from ._options import window_options
 from ._replay import read_events, replay
-from ._types import Mode
-from ._version import __version__
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
@@ -332,7 +332,7 @@ def _nats_backend(
         parser.error("--process-id must not be empty")
     try:
         # Imported here: the nats extra is optional, and in-memory runs never need it.
-        from .nats import NatsConfig, open_nats_backend
+        from ..nats import NatsConfig, open_nats_backend
     except ImportError as exc:
         _error(
             f"--backend needs the nats extra (from a clone: pip install '.[nats]'): "

@@ -12,13 +12,13 @@ from typing import Any, TextIO
 
 import trio
 
-from ._backend import DebounceBackend
-from ._coordinator import open_coordinator
-from ._errors import BackendError, BackendUnavailableError
+from .._backend import DebounceBackend
+from .._coordinator import open_coordinator
+from .._errors import BackendError, BackendUnavailableError
+from .._types import Fire, Mode
+from .._wallclock import WallClock
 from ._events import EventError, decode_line, event_key, parse_json_object
 from ._replay import fire_line
-from ._types import Fire, Mode
-from ._wallclock import WallClock
 
 logger = logging.getLogger("trio_debounce.cli")
 #: The NATS store's logger (trio_debounce.nats._store), gated by :class:`_LogGate`.
