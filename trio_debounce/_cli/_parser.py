@@ -1,0 +1,161 @@
+"""The ``trio-debounce`` argument parser: every command and option, and nothing else."""
+
+from __future__ import annotations
+
+import argparse
+
+from .._types import Mode
+from .._version import __version__
+
+_MODES = [m.value for m in Mode]
+
+
+def _add_debounce_options(parser: argparse.ArgumentParser, unit: str) -> None:
+    parser.add_argument(
+        "--delay",
+        required=True,
+        type=float,
+        metavar="S",
+        help=f"quiet period that ends a window ({unit}; finite, >= 0)",
+    )
+    parser.add_argument(
+        "--max-delay",
+        type=float,
+        metavar="S",
+        help=f"cap on a window's length from its first ping ({unit}; >= --delay)",
+    )
+    parser.add_argument(
+        "--mode", choices=_MODES, default="trailing", help="edges that fire (default: trailing)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command.
+
+    Each command's namespace carries ``job`` (``"replay"``, ``"run"`` or
+    ``"events git"``) and ``parser`` (its own subparser, whose ``error()`` prints that
+    command's usage line).
+    """
+    parser = argparse.ArgumentParser(
+        prog="trio-debounce",
+        description="Debounce event streams with trio_debounce's coordinator.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+
+    rp = commands.add_parser(
+        "replay",
+        help="replay a JSON-lines event log on a virtual clock",
+        description=(
+            "Drive every event of a JSON-lines log through the real coordinator on a "
+            "virtual clock (trio.testing.MockClock). Durations are in the input's time "
+            "unit."
+        ),
+    )
+    rp.add_argument("file", metavar="FILE", help="JSON-lines input, or - for stdin")
+    _add_debounce_options(rp, "input time units")
+    rp.add_argument("--key-field", default="key", metavar="F", help="default: key")
+    rp.add_argument("--time-field", default="ts", metavar="F", help="default: ts")
+    rp.add_argument(
+        "--format",
+        choices=["jsonl", "summary"],
+        default="jsonl",
+        help="one JSON line per fire, or one summary object (default: jsonl)",
+    )
+    rp.add_argument(
+        "--sort", action="store_true", help="sort events by time (stable) instead of failing"
+    )
+    opts = rp.add_argument_group("window options", "See the semantics page of the docs.")
+    opts.add_argument(
+        "--max-count",
+        type=int,
+        metavar="N",
+        help="a window is due at its N-th ping (N >= 1)",
+    )
+    opts.add_argument(
+        "--payload",
+        choices=["last", "first", "collect"],
+        default="last",
+        help="what a trailing fire carries: the latest event, the first, or the list of "
+        "all (default: last)",
+    )
+    opts.add_argument(
+        "--overlap",
+        choices=["allow", "queue-latest"],
+        default="allow",
+        help="queue-latest: a window due while its key's run executes waits for the run "
+        "to end (trailing mode only; default: allow)",
+    )
+    opts.add_argument(
+        "--run-time",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="how long each fire's run takes (input time units; default: 0)",
+    )
+    opts.add_argument(
+        "--order-field",
+        metavar="F",
+        help="order events by this numeric field: the latest is the highest, not the last "
+        "to arrive",
+    )
+    rp.set_defaults(job="replay", parser=rp)
+
+    run = commands.add_parser(
+        "run",
+        help="debounce a live stream of lines from stdin",
+        description=(
+            "Debounce lines from stdin on the real clock. Each fire prints a JSON line, "
+            "or runs COMMAND with the payload on its stdin and TRIO_DEBOUNCE_KEY and "
+            "TRIO_DEBOUNCE_PINGS in its environment."
+        ),
+    )
+    _add_debounce_options(run, "seconds")
+    run.add_argument(
+        "--key-field",
+        metavar="F",
+        help="lines are JSON objects keyed by this field (default: the line is the key)",
+    )
+    run.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="commands run at once (default: 1)"
+    )
+    shared = run.add_argument_group(
+        "shared windows",
+        "Share the windows with every process run with the same servers and bucket: "
+        "each burst fires once, in the process that owns its window. Everything else "
+        "(credentials, TLS, timeouts) comes from the TRIO_DEBOUNCE_* environment "
+        "variables.",
+    )
+    shared.add_argument(
+        "--backend",
+        metavar="URL[,URL...]",
+        help="NATS JetStream servers (nats:// or tls:// URLs, comma-separated); "
+        "without it the windows are in memory",
+    )
+    shared.add_argument(
+        "--bucket",
+        metavar="NAME",
+        help="the KV bucket to share (default: $TRIO_DEBOUNCE_NATS_BUCKET, else trio_debounce)",
+    )
+    shared.add_argument(
+        "--process-id",
+        metavar="ID",
+        help="this process's id in the bucket, unique among live processes (default: a random one)",
+    )
+    run.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="command to run per fire")
+    run.set_defaults(job="run", parser=run)
+
+    events = commands.add_parser("events", help="make event logs from other sources")
+    sources = events.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    git = sources.add_parser(
+        "git",
+        help="one event per commit and top-level path, from a git repository's history",
+        description=(
+            "Print one JSON line per commit reachable from HEAD and top-level path it "
+            'touched: {"ts": committer time, "key": top-level path, "id": sha[:12]}, '
+            "sorted by (ts, key, id). Merge commits contribute no paths."
+        ),
+    )
+    git.add_argument("path", nargs="?", default=".", metavar="PATH", help="repository (default: .)")
+    git.set_defaults(job="events git", parser=git)
+    return parser
