@@ -25,14 +25,14 @@ from ._commands import (
     error,
 )
 from ._live import BackendStartError, InputError
-from ._parser import build_parser
+from ._parser import parse_args
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
 __all__ = ["main"]
 
-#: The command of each parsed ``job`` (see :func:`build_parser`).
+#: The command of each parsed ``job`` (see :func:`._parser.build_parser`).
 _JOBS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] = {
     "replay": cmd_replay,
     "run": cmd_run,
@@ -60,8 +60,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of the ``trio-debounce`` console script; exits with its status."""
     logging.basicConfig(level=logging.WARNING, format="trio-debounce: %(name)s: %(message)s")
     logging.getLogger("asyncio").addFilter(_drop_tls_close_noise)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     if sys.stdout is None and not (args.job == "run" and args.cmd):
         error("stdout is closed")
         sys.exit(EXIT_USAGE)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 
 from .._types import Mode
 from .._version import __version__
@@ -142,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="this process's id in the bucket, unique among live processes (default: a random one)",
     )
+    # Only what comes after "--" is the COMMAND (see parse_args); a positional argument
+    # before it lands here and is refused.
     run.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="command to run per fire")
     run.set_defaults(job="run", parser=run)
 
@@ -159,3 +163,41 @@ def build_parser() -> argparse.ArgumentParser:
     git.add_argument("path", nargs="?", default=".", metavar="PATH", help="repository (default: .)")
     git.set_defaults(job="events git", parser=git)
     return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a command line (``sys.argv[1:]`` when ``argv`` is None).
+
+    ``run``'s COMMAND is everything after the first ``--``, split off before argparse
+    sees it, so that the COMMAND's own options are never taken for ``run``'s. An
+    argument before the ``--`` that is no option (``run events.jsonl --delay 1``) is a
+    usage error naming it.
+
+    Returns:
+      argparse.Namespace: the options, with ``job``, ``parser`` (see
+      :func:`build_parser`) and, for ``run``, ``cmd`` (list[str], empty without
+      COMMAND).
+
+    Raises:
+      SystemExit: with status 2 and a usage message for bad options; with status 0
+        after ``--help`` or ``--version``.
+    """
+    words = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in words:
+        dashes = words.index("--")
+        # The command's name is the first word that is not an option (the top-level
+        # options, --help and --version, take no value).
+        name = next((i for i, word in enumerate(words[:dashes]) if not word.startswith("-")), None)
+        if name is not None and words[name] == "run":
+            words, command = words[:dashes], words[dashes + 1 :]
+    args = build_parser().parse_args(words)
+    if args.job == "run":
+        if args.cmd:
+            args.parser.error(
+                f"unexpected argument {args.cmd[0]!r}: run reads its events from stdin "
+                "(trio-debounce run ... < FILE); to run a COMMAND per fire, put it after "
+                "-- (trio-debounce run ... -- COMMAND ...)"
+            )
+        args.cmd = command
+    return args
