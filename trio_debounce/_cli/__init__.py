@@ -3,8 +3,16 @@
 Exit statuses: 0 success; 2 bad options, or bad input (``replay`` and ``events git``
 print the reason on stderr and nothing on stdout; ``run`` skips bad lines and exits 2
 at the end), or a failure to start (``run --backend``: the backend is unreachable,
-refuses the credentials or has an unusable bucket; one line on stderr); 130
-interrupted (Ctrl-C); 1 when stdout is closed early (``| head``).
+refuses the credentials or has an unusable bucket; one line on stderr); 1 when the
+output cannot be written (stdout closed early by ``| head``, a full disk) or, for
+``run``, when a COMMAND failed or could not start; 130 interrupted (Ctrl-C); 143
+``run`` stopped by SIGTERM or SIGHUP. See docs/cli.rst.
+
+The modules, by job: :mod:`._parser` (the options), :mod:`._commands` (options to a
+run and an exit status), :mod:`._replay` (an event log on a virtual clock),
+:mod:`._live` (a live stream, and its stop on SIGTERM or SIGHUP), :mod:`._events`
+(JSON-lines input), :mod:`._git_events` (events from a git history). The library
+never imports this package.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from ._commands import (
     cmd_run,
     error,
 )
-from ._live import BackendStartError, InputError
+from ._live import BackendStartError, InputError, OutputError
 from ._parser import parse_args
 
 if sys.version_info < (3, 11):
@@ -70,21 +78,29 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except (InputError, BackendStartError) as exc:
         error(str(exc))
         status = EXIT_USAGE
+    except OutputError as exc:  # run's: the status says whether lines were rejected
+        _output_failed(exc.error)
+        status = exc.status
     except BaseException as exc:
         if _is_interrupt(exc):
             sys.stderr.write("trio-debounce: interrupted\n")
             status = EXIT_INTERRUPTED
-        elif isinstance(exc, BrokenPipeError):
-            # Downstream closed the pipe (e.g. `| head`): exit quietly, as Python's docs
-            # recommend, without a second error when stdout is flushed at exit.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            status = 1
         elif isinstance(exc, OSError) and exc.filename is None:
-            # Writing the output failed (a full disk, say); input errors are handled
-            # by the commands with exit status 2.
-            error(f"cannot write output: {exc.strerror or exc}")
+            # Writing the output failed; input errors are handled by the commands
+            # with exit status 2.
+            _output_failed(exc)
             status = 1
         else:
             raise
     sys.exit(status)
+
+
+def _output_failed(exc: OSError) -> None:
+    """Report that stdout could not be written: quietly when its reader closed it."""
+    if isinstance(exc, BrokenPipeError):
+        # Downstream closed the pipe (e.g. `| head`): exit quietly, as Python's docs
+        # recommend, without a second error when stdout is flushed at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    else:
+        error(f"cannot write output: {exc.strerror or exc}")

@@ -132,6 +132,10 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.key_field is not None and not args.key_field:
         parser.error("--key-field must not be empty")
+    try:
+        stop_grace = _validate.duration("--stop-grace", args.stop_grace)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
     if args.backend is None:
         for option in ("bucket", "process_id"):
             if getattr(args, option) is not None:
@@ -152,6 +156,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         jobs=args.jobs,
         command=tuple(args.cmd),
         open_backend=open_backend,
+        stop_grace=stop_grace,
     )
     return trio.run(run_live, options, sys.stdin.fileno(), sys.stdout, sys.stderr)
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
+import math
 import os
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+import signal
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, contextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -27,6 +31,15 @@ _NATS_LOGGER = logging.getLogger("trio_debounce.nats")
 _WORKFLOW = "run"
 _READ_SIZE = 65536
 
+#: The exit status after SIGTERM or SIGHUP (128 + SIGTERM, what a shell reports for a
+#: process that SIGTERM killed).
+EXIT_STOPPED = 143
+#: The signals that stop a run gracefully. SIGINT (Ctrl-C) stays Trio's
+#: KeyboardInterrupt: exit at once.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: Seconds between a command's SIGTERM and its SIGKILL.
+_KILL_AFTER = 0.5
+
 
 @dataclass(frozen=True)
 class LiveOptions:
@@ -39,10 +52,28 @@ class LiveOptions:
     #: Opens the backend that shares the windows with other processes (for example
     #: ``functools.partial(open_nats_backend, config)``); None for in-memory windows.
     open_backend: Callable[[], AbstractAsyncContextManager[DebounceBackend]] | None = None
+    #: On SIGTERM or SIGHUP: the seconds (float, >= 0) that running commands get to
+    #: finish before their SIGTERM.
+    stop_grace: float = 10.0
 
 
 class InputError(Exception):
     """Reading the input failed (not a bad line: the stream itself)."""
+
+
+class OutputError(Exception):
+    """Writing a fire to stdout failed, so the stream stopped.
+
+    Attributes:
+      error (OSError): the write's error (:exc:`BrokenPipeError` when the reader closed
+        the pipe, as ``| head`` does).
+      status (int): the exit status: 1, or 2 if a line had been rejected.
+    """
+
+    def __init__(self, error: OSError, status: int) -> None:
+        super().__init__(f"cannot write output: {error.strerror or error}")
+        self.error = error
+        self.status = status
 
 
 class BackendStartError(Exception):
@@ -166,12 +197,19 @@ def _fire_json(fire: Fire, wall: WallClock) -> str:
     )
 
 
-async def _kill_fast(process: trio.Process) -> None:
-    """Cancellation of a command: SIGTERM, then SIGKILL after half a second."""
+async def _kill_fast(process: trio.Process, notice: Callable[[str], None] | None = None) -> None:
+    """Cancellation of a command: SIGTERM, then SIGKILL after half a second.
+
+    ``notice`` (when given) is told of each signal sent, as a line without the prefix.
+    """
+    if notice is not None:
+        notice("SIGTERM")
     process.terminate()
-    with trio.move_on_after(0.5):
+    with trio.move_on_after(_KILL_AFTER):
         await process.wait()
         return
+    if notice is not None:
+        notice(f"still running {_KILL_AFTER:g} s after SIGTERM: SIGKILL")
     process.kill()
 
 
@@ -181,19 +219,158 @@ def _show(key: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: TextIO) -> int:
-    """Debounce lines read from ``stdin_fd`` until end of input; return the exit status.
+class _Stop:
+    """The stop of a run on SIGTERM or SIGHUP.
 
-    The status is 0, or 2 if any line was rejected.
+    The first signal stops the reading of stdin. Without a backend the pending
+    windows then fire at once (the coordinator's ``on_exit="flush"``) and their
+    commands start as usual; with one they are handed off to the peers. Running
+    commands get ``grace`` seconds to finish, then SIGTERM, then SIGKILL half a second
+    later. A second signal ends the grace at once.
+
+    How the grace ends depends on the exit. Without a backend each command runs in a
+    cancel scope whose deadline is the end of the grace: a command stopped there is
+    over, and the coordinator's exit waits for nothing else. With a backend the stop
+    cancels the coordinator (:attr:`scope`) once no command runs, or at the end of the
+    grace: a cancelled exit hands the windows off under at-least-once delivery, and
+    the fire records of commands cut short stay in the store, so a peer runs them
+    again. Fires that fall due meanwhile start no command here: they wait for that
+    cancellation, and are left to the peers too.
+    """
+
+    def __init__(self, grace: float, *, hand_off: bool, notices: TextIO) -> None:
+        self.grace = grace
+        self.hand_off = hand_off
+        self._notices = notices
+        #: Whether a stop signal came.
+        self.requested = False
+        #: Cancelled by the first signal: the reading of stdin (and, without a backend,
+        #: the wait for the last fires at the end of input).
+        self.intake = trio.CancelScope()
+        #: Around the backend and the coordinator; with a backend, cancelled to hand
+        #: the windows off.
+        self.scope = trio.CancelScope()
+        #: The end of the grace, on Trio's clock.
+        self._grace_ends = math.inf
+        self._command_scopes: set[trio.CancelScope] = set()
+        self._running = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def notice(self, text: str) -> None:
+        """Write ``trio-debounce: <text>`` on stderr (a closed stderr is no error)."""
+        with contextlib.suppress(OSError):
+            self._notices.write(f"trio-debounce: {text}\n")
+            self._notices.flush()
+
+    def may_start(self) -> bool:
+        """Whether a fire may start its command now: with a backend, until the stop;
+        without one, until the end of the grace."""
+        if self.hand_off:
+            return not self.requested
+        return trio.current_time() < self._grace_ends
+
+    @contextmanager
+    def command(self) -> Iterator[trio.CancelScope]:
+        """Around one running command: counts it and yields its cancel scope, which
+        (without a backend) the end of the grace cancels."""
+        scope = trio.CancelScope(deadline=math.inf if self.hand_off else self._grace_ends)
+        self._command_scopes.add(scope)
+        self._running += 1
+        if self._running == 1:
+            self._idle = trio.Event()
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._command_scopes.discard(scope)
+            self._running -= 1
+            if self._running == 0:
+                self._idle.set()
+
+    def _end_grace_at(self, deadline: float) -> None:
+        self._grace_ends = deadline
+        if self.hand_off:
+            self.scope.deadline = deadline
+        else:
+            for scope in self._command_scopes:
+                scope.deadline = deadline
+
+    async def _hand_off_once_no_command_runs(self) -> None:
+        while self._running:
+            await self._idle.wait()
+        self.scope.cancel()
+
+    async def watch(self, signals: AsyncIterator[int], *, commands: bool) -> None:
+        """Act on each stop signal from ``signals`` until cancelled: the first stops the
+        run, a later one ends the grace. ``commands``: whether the run has a COMMAND
+        (for the notice)."""
+        async with trio.open_nursery() as nursery:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if self.requested:
+                    self.notice(f"{name} again: stopping now")
+                    self._end_grace_at(-math.inf)
+                    continue
+                self.requested = True
+                what = (
+                    "pending windows are handed off"
+                    if self.hand_off
+                    else "pending windows fire now"
+                )
+                if commands:
+                    what += f"; running commands have {self.grace:g} s to finish"
+                self.notice(f"{name}: stopping: {what}")
+                self.intake.cancel()
+                self._end_grace_at(trio.current_time() + self.grace)
+                if self.hand_off:
+                    nursery.start_soon(self._hand_off_once_no_command_runs)
+
+
+async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: TextIO) -> int:
+    """Debounce lines read from ``stdin_fd`` until end of input, or until SIGTERM or
+    SIGHUP; return the exit status.
+
+    At the end of input the status is 2 if any line was rejected, else 1 if a command
+    failed or could not start, else 0. After SIGTERM or SIGHUP (see :class:`_Stop`) it
+    is :data:`EXIT_STOPPED`. A signal that was ignored when the run started (``nohup``
+    ignores SIGHUP) stays ignored.
 
     Raises:
-      OSError: writing a fire to ``stdout`` failed (``BrokenPipeError`` when its reader
-        closed it, as ``| head`` does); the stream stops at the first failure.
+      OutputError: writing a fire to ``stdout`` failed; the stream stops at the first
+        failure.
       InputError: reading ``stdin_fd`` failed.
       BackendStartError: ``options.open_backend`` was given and the backend could not
         be opened, or refused the coordinator's first lease (before any line is read).
     """
+    stop = _Stop(options.stop_grace, hand_off=options.open_backend is not None, notices=stderr)
+    caught = [s for s in _STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+    failure: Exception | None = None
+    status = 0
+    with contextlib.ExitStack() as signals:
+        async with trio.open_nursery() as nursery:
+            if caught:
+                received = signals.enter_context(trio.open_signal_receiver(*caught))
+                nursery.start_soon(
+                    functools.partial(stop.watch, received, commands=bool(options.command))
+                )
+            try:
+                status = await _serve(options, stdin_fd, stdout, stderr, stop)
+            except Exception as exc:
+                # Raised below as itself, not inside the nursery's exception group.
+                failure = exc
+            nursery.cancel_scope.cancel()  # the signal watcher
+    if failure is not None:
+        raise failure
+    return status
+
+
+async def _serve(
+    options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: TextIO, stop: _Stop
+) -> int:
+    """The run of :func:`run_live`, under the watch of the stop signals."""
     rejected = 0
+    failed = 0
     output_error: OSError | None = None
     wall = WallClock.now()
     limiter = trio.CapacityLimiter(options.jobs)
@@ -211,30 +388,48 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
             stream_scope.cancel()
 
     async def run_command(fire: Fire) -> None:
+        nonlocal failed
         text: str = fire.payload["text"]
         env = dict(os.environ)
         env["TRIO_DEBOUNCE_KEY"] = fire.key
         env["TRIO_DEBOUNCE_PINGS"] = str(fire.ping_count)
+        key = _show(fire.key)
+
+        def notice(text: str) -> None:
+            if stop.requested:
+                stop.notice(f"key {key}: stopping the command: {text}")
+
         async with limiter:
-            try:
-                result = await trio.run_process(
-                    list(options.command),
-                    stdin=(text + "\n").encode("utf-8"),
-                    env=env,
-                    check=False,
-                    deliver_cancel=_kill_fast,
-                )
-            except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the key
-                stderr.write(f"trio-debounce: key {_show(fire.key)}: cannot run command: {exc}\n")
+            if not stop.may_start():
+                if stop.hand_off:
+                    # Left to a peer: the hand-off's cancellation ends this wait, and
+                    # the fire's record stays in the store.
+                    await trio.sleep_forever()
+                stop.notice(f"key {key}: command not started: stopping")
                 return
+            with stop.command() as scope:
+                try:
+                    result = await trio.run_process(
+                        list(options.command),
+                        stdin=(text + "\n").encode("utf-8"),
+                        env=env,
+                        check=False,
+                        deliver_cancel=functools.partial(_kill_fast, notice=notice),
+                    )
+                except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the key
+                    failed += 1
+                    stderr.write(f"trio-debounce: key {key}: cannot run command: {exc}\n")
+                    return
+            if scope.cancelled_caught:
+                return  # stopped at the end of the grace
         if result.returncode != 0:
+            failed += 1
             stderr.write(
-                f"trio-debounce: key {_show(fire.key)}: command exited with status "
-                f"{result.returncode}\n"
+                f"trio-debounce: key {key}: command exited with status {result.returncode}\n"
             )
 
     handler = run_command if options.command else print_fire
-    with trio.CancelScope() as stream_scope:
+    with stop.scope, trio.CancelScope() as stream_scope:
         async with AsyncExitStack() as stack:
             backend: DebounceBackend | None = None
             if options.open_backend is not None:
@@ -242,6 +437,9 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
                 stack.enter_context(gate.installed())
                 try:
                     backend = await stack.enter_async_context(options.open_backend())
+                    # on_exit="wait": at the end of input the process waits for its
+                    # windows' fires, then releases them. A stop hands them off by
+                    # cancelling the block (stop.scope).
                     coordinator = await stack.enter_async_context(
                         open_coordinator(handlers={_WORKFLOW: handler}, backend=backend)
                     )
@@ -249,45 +447,53 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
                     raise BackendStartError(gate.start_error(exc)) from exc
                 gate.release()
             else:
+                # on_exit="flush" is for a stop; at the end of input the block first
+                # waits until no fire is pending (below), as on_exit="wait" would.
                 coordinator = await stack.enter_async_context(
-                    open_coordinator(handlers={_WORKFLOW: handler})
+                    open_coordinator(handlers={_WORKFLOW: handler}, on_exit="flush")
                 )
-            # aclosing: the reader generator is closed here, not by the GC, if the
-            # stream stops early (Trio's rule for async generators).
-            lines = await stack.enter_async_context(aclosing(_read_lines(stdin_fd)))
-            async for number, raw in lines:
-                try:
-                    key, line = _line_event(raw, number, options.key_field)
-                except EventError as exc:
-                    rejected += 1
-                    stderr.write(f"trio-debounce: {exc}; skipped\n")
-                    continue
+            with stop.intake:
+                # aclosing: the reader generator is closed here, not by the GC, if the
+                # stream stops early (Trio's rule for async generators).
+                lines = await stack.enter_async_context(aclosing(_read_lines(stdin_fd)))
+                async for number, raw in lines:
+                    try:
+                        key, line = _line_event(raw, number, options.key_field)
+                    except EventError as exc:
+                        rejected += 1
+                        stderr.write(f"trio-debounce: {exc}; skipped\n")
+                        continue
+                    if backend is None:
+                        coordinator.debounce_nowait(
+                            _WORKFLOW,
+                            key,
+                            line,
+                            delay=options.delay,
+                            max_delay=options.max_delay,
+                            mode=options.mode,
+                        )
+                        continue
+                    # With a backend a ping is a round trip (debounce_nowait refuses
+                    # it); one at a time, so each key's pings reach the backend in
+                    # input order.
+                    try:
+                        await coordinator.debounce(
+                            _WORKFLOW,
+                            key,
+                            line,
+                            delay=options.delay,
+                            max_delay=options.max_delay,
+                            mode=options.mode,
+                        )
+                    except ValueError as exc:
+                        # A key the backend cannot store (too long once encoded, or a
+                        # lone surrogate from a JSON escape): a bad line, not an outage.
+                        rejected += 1
+                        stderr.write(f"trio-debounce: line {number}: {exc}; skipped\n")
                 if backend is None:
-                    coordinator.debounce_nowait(
-                        _WORKFLOW,
-                        key,
-                        line,
-                        delay=options.delay,
-                        max_delay=options.max_delay,
-                        mode=options.mode,
-                    )
-                    continue
-                # With a backend a ping is a round trip (debounce_nowait refuses it);
-                # one at a time, so each key's pings reach the backend in input order.
-                try:
-                    await coordinator.debounce(
-                        _WORKFLOW,
-                        key,
-                        line,
-                        delay=options.delay,
-                        max_delay=options.max_delay,
-                        mode=options.mode,
-                    )
-                except ValueError as exc:
-                    # A key the backend cannot store (too long once encoded, or a
-                    # lone surrogate from a JSON escape): a bad line, not an outage.
-                    rejected += 1
-                    stderr.write(f"trio-debounce: line {number}: {exc}; skipped\n")
+                    await coordinator.wait_idle()
+    if stop.requested:
+        return EXIT_STOPPED
     if output_error is not None:
-        raise output_error
-    return 2 if rejected else 0
+        raise OutputError(output_error, 2 if rejected else 1)
+    return 2 if rejected else 1 if failed else 0

@@ -121,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--jobs", type=int, default=1, metavar="N", help="commands run at once (default: 1)"
     )
+    run.add_argument(
+        "--stop-grace",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="on SIGTERM or SIGHUP, seconds that running commands get to finish; then "
+        "they get SIGTERM, and SIGKILL half a second later (finite, >= 0; default: 10)",
+    )
     shared = run.add_argument_group(
         "shared windows",
         "Share the windows with every process run with the same servers and bucket: "
