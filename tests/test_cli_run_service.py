@@ -318,6 +318,46 @@ def test_a_stop_signal_hands_shared_windows_off_to_a_peer(nats_server: NatsServe
         assert peer.wait() == 0, peer.stderr()
 
 
+def test_a_command_cut_short_by_a_stop_is_run_again_by_a_peer(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    # The leaver's command outlasts the 10 s grace (exec: SIGTERM reaches the sleep
+    # itself, so no grandchild holds the test's pipes); the peer's ends at once.
+    script = (
+        f'read line; echo "$WHO start" >> "{out}"; '
+        f'[ "$WHO" = peer ] || exec sleep 60; echo "$WHO end" >> "{out}"'
+    )
+    env = {**child_env(), "TRIO_DEBOUNCE_LEASE": "9", "TRIO_DEBOUNCE_CONNECT_TIMEOUT": "5"}
+    bucket = f"service-{uuid.uuid4().hex[:12]}"
+    options = ["--delay", "0.2", "--backend", nats_server.url, "--bucket", bucket]
+    command = ["--", "sh", "-c", script]
+    with (
+        cli([*options, "--process-id", "peer", *command], {**env, "WHO": "peer"}) as peer,
+        cli([*options, "--process-id", "leaver", *command], {**env, "WHO": "leaver"}) as leaver,
+    ):
+        leaver.send("k\n")
+        deadline = time.monotonic() + WAIT
+        while "leaver start" not in (out.read_text() if out.exists() else ""):
+            assert time.monotonic() < deadline, f"no command started: {leaver.stderr()!r}"
+            time.sleep(0.05)
+        start = time.monotonic()
+        leaver.signal(signal.SIGTERM)
+        leaver.err_line("SIGTERM: stopping: pending windows are handed off")
+        leaver.signal(signal.SIGTERM)  # skip the grace
+        assert leaver.wait() == 143
+        assert time.monotonic() - start < 8
+        assert "key 'k': stopping the command: SIGTERM" in leaver.stderr()
+        # The fire's record stayed in the bucket: the peer runs it again, to its end.
+        deadline = time.monotonic() + 40
+        while "peer end" not in out.read_text():
+            assert time.monotonic() < deadline, f"the peer never ran k: {peer.stderr()!r}"
+            time.sleep(0.1)
+        assert out.read_text().split("\n") == ["leaver start", "peer start", "peer end", ""]
+        peer.proc.stdin.close()  # type: ignore[union-attr]
+        assert peer.wait() == 0, peer.stderr()
+
+
 # ---------------------------------------------------------------- exit statuses
 
 
