@@ -222,21 +222,28 @@ def test_an_ignored_sighup_stays_ignored() -> None:
 
 
 def test_running_and_flushed_commands_finish_within_the_grace(tmp_path: Path) -> None:
-    out, started = tmp_path / "out", tmp_path / "started"
-    script = f'read line; touch "{started}"; sleep 1; echo "$line $TRIO_DEBOUNCE_PINGS" >> "{out}"'
-    with cli(["--delay", "60", "--mode", "both", "--", "sh", "-c", script]) as run:
-        run.send("a\n")  # the leading fire starts the command
-        wait_for(started, "the first command's start")
-        run.send("a\n")  # pending: flushed by the signal, run after the first (--jobs 1)
-        time.sleep(0.5)  # the CLI reads the line (no fire shows it: it joins a's window)
+    out = tmp_path / "out"
+    script = (
+        f'read line; touch "{tmp_path}/started-$line"; sleep 1; '
+        f'echo "$line $TRIO_DEBOUNCE_PINGS" >> "{out}"'
+    )
+    with cli(["--delay", "60", "--mode", "both", "--jobs", "2", "--", "sh", "-c", script]) as run:
+        run.send("a\n")  # a's leading fire starts a command
+        wait_for(tmp_path / "started-a", "the first command's start")
+        # A second ping of a (its trailing fire is now pending), then b: b's leading
+        # command starts, which proves that a's ping was taken first.
+        run.send("a\nb\n")
+        wait_for(tmp_path / "started-b", "the second command's start")
         start = time.monotonic()
         run.signal(signal.SIGTERM)
         assert run.wait() == 143
         elapsed = time.monotonic() - start
-        # Both commands ran to their end: the running one, then the flushed one.
-        assert out.read_text().split("\n") == ["a 1", "a 2", ""]
+        # Every command ran to its end: the two running ones, and a's flushed one,
+        # which started when one of them ended (--jobs 2).
+        lines = out.read_text().splitlines()
+        assert (sorted(lines), lines[-1]) == (["a 1", "a 2", "b 1"], "a 2")
         assert elapsed < 9  # well inside the default 10 s grace
-        assert "SIGTERM: stopping" in run.stderr()
+        assert "SIGTERM: stopping: pending windows fire now" in run.stderr()
 
 
 #: A COMMAND that ignores SIGTERM (noting it), records its pid, and sleeps.
