@@ -33,8 +33,13 @@ _BACKEND_SCHEMES = ("nats://", "tls://")
 def check_durations(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> tuple[float, float | None]:
-    """``--delay`` and ``--max-delay`` (seconds, or the input's unit), validated; a bad
-    value exits 2 through ``parser.error``."""
+    """Return ``(delay, max_delay)`` (floats in seconds, or the input's time unit;
+    ``max_delay`` None when not given), checked.
+
+    Raises:
+      SystemExit: status 2 with ``parser``'s usage line: a negative, NaN or infinite
+        value, or ``--max-delay`` below ``--delay``.
+    """
     try:
         delay = _validate.duration("--delay", args.delay)
         max_delay = (
@@ -53,7 +58,13 @@ def _input_lines(lines: Iterable[bytes]) -> Iterator[str]:
 
 
 def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """``trio-debounce replay``: 0, or 2 for unreadable or bad input (one line on stderr)."""
+    """Run ``trio-debounce replay``; return the exit status: 0, or 2 for unreadable or
+    bad input (one line on stderr, nothing on stdout).
+
+    Raises:
+      SystemExit: status 2 with the usage line, for a bad option.
+      OSError: writing stdout failed.
+    """
     delay, max_delay = check_durations(parser, args)
     for option in ("key_field", "time_field", "order_field"):
         if getattr(args, option) == "":
@@ -126,7 +137,14 @@ def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """``trio-debounce run``: the status of :func:`run_live`, or 2 if it cannot start."""
+    """Run ``trio-debounce run``; return the exit status of :func:`run_live`, or 2 if
+    the run cannot start (stdin closed, a bad ``TRIO_DEBOUNCE_*`` setting, no nats
+    extra).
+
+    Raises:
+      SystemExit: status 2 with the usage line, for a bad option.
+      OutputError, InputError, BackendStartError: from :func:`run_live`.
+    """
     delay, max_delay = check_durations(parser, args)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
@@ -209,7 +227,12 @@ def _redact_url(text: str) -> str:
 
 
 def cmd_events_git(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """``trio-debounce events git``: 0, or 2 if the path has no usable history."""
+    """Run ``trio-debounce events git``; return the exit status: 0, or 2 if the path
+    has no usable history (one line on stderr).
+
+    Raises:
+      OSError: writing stdout failed.
+    """
     try:
         events = git_events(args.path)
     except GitEventsError as exc:

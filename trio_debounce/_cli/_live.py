@@ -43,6 +43,20 @@ _KILL_AFTER = 0.5
 
 @dataclass(frozen=True)
 class LiveOptions:
+    """The options of ``trio-debounce run``, checked by the command line.
+
+    Attributes:
+      delay (float): seconds of quiet that end a window (>= 0).
+      max_delay (float | None): seconds a window lasts at most from its first ping.
+      mode (Mode): the edges that fire.
+      key_field (str | None): lines are JSON objects keyed by this field; None: each
+        line is its own key and payload.
+      jobs (int): commands run at once (>= 1).
+      command (Sequence[str]): the COMMAND run per fire; empty: print a fire line.
+      open_backend: opens the backend that shares the windows, or None.
+      stop_grace (float): seconds that running commands get after SIGTERM or SIGHUP.
+    """
+
     delay: float
     max_delay: float | None
     mode: Mode

@@ -109,7 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Debounce lines from stdin on the real clock. Each fire prints a JSON line, "
             "or runs COMMAND with the payload on its stdin and TRIO_DEBOUNCE_KEY and "
-            "TRIO_DEBOUNCE_PINGS in its environment."
+            "TRIO_DEBOUNCE_PINGS in its environment. SIGTERM or SIGHUP stops it: the "
+            "pending windows fire at once (with --backend they are handed off to the "
+            "peers), running commands get --stop-grace to finish, and the exit status "
+            "is 143."
         ),
     )
     _add_debounce_options(run, "seconds")
