@@ -7,7 +7,7 @@ and the reference log through the replay engine against parsing it.
   ``MockClock``, one ``trio.sleep_until`` per event, also a process); then once over
   the 1,000,000-event log.
 * ``../shared/data/nats-py-commits.jsonl`` (1,321 events; trailing, delay 3600, max
-  delay 7200) through ``trio_debounce._replay.replay``, per event, against parsing
+  delay 7200) through ``trio_debounce._cli._replay.replay``, per event, against parsing
   the same lines (``parse_event``), per event, in paired rounds in this process.
 
 ``python bench/replay.py naive-replay LOG`` and ``generate LOG EVENTS KEYS`` run one
@@ -110,8 +110,8 @@ def _reference_lines() -> list[str]:
 def replay_reference(loops: int) -> float:
     """``loops`` replays of the reference log (trailing, delay 3600, max delay 7200)
     through the replay engine, parsing included."""
-    from trio_debounce._events import parse_event
-    from trio_debounce._replay import replay
+    from trio_debounce._cli._events import parse_event
+    from trio_debounce._cli._replay import replay
 
     lines = _reference_lines()
     t0 = time.perf_counter()
@@ -123,7 +123,7 @@ def replay_reference(loops: int) -> float:
 
 def parse_reference(loops: int) -> float:
     """Baseline: ``loops`` passes of parsing the reference log's lines."""
-    from trio_debounce._events import parse_event
+    from trio_debounce._cli._events import parse_event
 
     lines = _reference_lines()
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trio_debounce._cli import main
-from trio_debounce._git_events import GitEventsError, git_events, parse_git_log
+from trio_debounce._cli._git_events import GitEventsError, git_events, parse_git_log
 
 from .conftest import ROOT
 

@@ -15,10 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_debounce import _replay
-from trio_debounce._cli import main
-from trio_debounce._events import Event
-from trio_debounce._replay import read_events, replay
+from trio_debounce._cli import _replay, main
+from trio_debounce._cli._events import Event
+from trio_debounce._cli._replay import read_events, replay
 
 from .conftest import REQUIRE_SHARED_ENV, shared_file
 from .model import Model, Options

@@ -81,11 +81,11 @@ def test_a_failing_command_is_reported_and_the_stream_goes_on(tmp_path: Path) ->
     out = tmp_path / "out"
     script = f'read line; echo "$line" >> "{out}"; [ "$line" != bad ] || exit 3'
     proc = run(["--delay", "0", "--", "sh", "-c", script], "bad\ngood\n")
-    assert proc.returncode == 0
+    assert proc.returncode == 1  # a command failed
     assert "key 'bad': command exited with status 3" in proc.stderr
     assert sorted(out.read_text().split()) == ["bad", "good"]
     missing = run(["--delay", "0", "--", str(tmp_path / "no-such-command")], "a\n")
-    assert missing.returncode == 0
+    assert missing.returncode == 1
     assert "cannot run command" in missing.stderr
 
 
@@ -188,7 +188,7 @@ def test_closed_stdout_stops_the_stream_with_status_1() -> None:
 def test_a_key_that_cannot_go_into_the_environment_is_reported(tmp_path: Path) -> None:
     line = json.dumps({"k": "nul\u0000byte"})
     proc = run(["--delay", "0", "--key-field", "k", "--", "true"], line + "\n")
-    assert proc.returncode == 0
+    assert proc.returncode == 1  # the command could not start
     assert "cannot run command" in proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -41,10 +41,10 @@ from typing import Any
 import trio
 import trio.testing
 
-from . import _options, _validate
-from ._coordinator import open_coordinator
+from .. import _options, _validate
+from .._coordinator import open_coordinator
+from .._types import Fire, Mode
 from ._events import Event, EventError, parse_event
-from ._types import Fire, Mode
 
 _WORKFLOW = "replay"
 #: Without exact timing, the replay lets the coordinator's tasks run (a checkpoint)

@@ -1,0 +1,106 @@
+"""The ``trio-debounce`` command line: ``replay``, ``run`` and ``events git``.
+
+Exit statuses: 0 success; 2 bad options, or bad input (``replay`` and ``events git``
+print the reason on stderr and nothing on stdout; ``run`` skips bad lines and exits 2
+at the end), or a failure to start (``run --backend``: the backend is unreachable,
+refuses the credentials or has an unusable bucket; one line on stderr); 1 when the
+output cannot be written (stdout closed early by ``| head``, a full disk) or, for
+``run``, when a COMMAND failed or could not start; 130 interrupted (Ctrl-C); 143
+``run`` stopped by SIGTERM or SIGHUP. See docs/cli.rst.
+
+The modules, by job: :mod:`._parser` (the options), :mod:`._commands` (options to a
+run and an exit status), :mod:`._replay` (an event log on a virtual clock),
+:mod:`._live` (a live stream, and its stop on SIGTERM or SIGHUP), :mod:`._events`
+(JSON-lines input), :mod:`._git_events` (events from a git history). The library
+never imports this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from ._commands import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    cmd_events_git,
+    cmd_replay,
+    cmd_run,
+    error,
+)
+from ._live import BackendStartError, InputError, OutputError
+from ._parser import parse_args
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ["main"]
+
+#: The command of each parsed ``job`` (see :func:`._parser.build_parser`).
+_JOBS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] = {
+    "replay": cmd_replay,
+    "run": cmd_run,
+    "events git": cmd_events_git,
+}
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        matched, _ = exc.split(KeyboardInterrupt)
+        return matched is not None
+    return False
+
+
+def _drop_tls_close_noise(record: logging.LogRecord) -> bool:
+    """False for the warning asyncio logs whenever a TLS peer closes a stream
+    connection (nats-py's included): it is no news, and only this process's stderr
+    would show it."""
+    return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Entry point of the ``trio-debounce`` console script; exits with its status."""
+    logging.basicConfig(level=logging.WARNING, format="trio-debounce: %(name)s: %(message)s")
+    logging.getLogger("asyncio").addFilter(_drop_tls_close_noise)
+    args = parse_args(argv)
+    if sys.stdout is None and not (args.job == "run" and args.cmd):
+        error("stdout is closed")
+        sys.exit(EXIT_USAGE)
+    try:
+        # each command reports option errors with its own usage line
+        status = _JOBS[args.job](args, args.parser)
+    except (InputError, BackendStartError) as exc:
+        error(str(exc))
+        status = EXIT_USAGE
+    except OutputError as exc:  # run's: the status says whether lines were rejected
+        _output_failed(exc.error)
+        status = exc.status
+    except BaseException as exc:
+        if _is_interrupt(exc):
+            sys.stderr.write("trio-debounce: interrupted\n")
+            status = EXIT_INTERRUPTED
+        elif isinstance(exc, OSError) and exc.filename is None:
+            # Writing the output failed; input errors are handled by the commands
+            # with exit status 2.
+            _output_failed(exc)
+            status = 1
+        else:
+            raise
+    sys.exit(status)
+
+
+def _output_failed(exc: OSError) -> None:
+    """Report that stdout could not be written: quietly when its reader closed it."""
+    if isinstance(exc, BrokenPipeError):
+        # Downstream closed the pipe (e.g. `| head`): exit quietly, as Python's docs
+        # recommend, without a second error when stdout is flushed at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    else:
+        error(f"cannot write output: {exc.strerror or exc}")
