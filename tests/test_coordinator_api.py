@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-import sys
 from typing import Any
 
 import pytest
@@ -17,9 +16,6 @@ from trio_debounce import Coordinator, Fire, Outcome, open_coordinator
 from trio_debounce._firing import Ledger
 
 from .conftest import Recorder
-
-if sys.version_info < (3, 11):
-    from exceptiongroup import BaseExceptionGroup
 
 WF = "wf"
 

@@ -134,7 +134,7 @@ async def test_runs_fire_at_their_time_with_their_payload(
     async with trio.open_nursery() as nursery:
         a = Process(shared, log, "a")
         c = await start(nursery, a)
-        at = datetime.datetime.fromtimestamp(wall(7.5), tz=datetime.timezone.utc)
+        at = datetime.datetime.fromtimestamp(wall(7.5), tz=datetime.UTC)
         r1 = await c.schedule("wf", "r1", {"n": (1, 2)}, at=at, persist=True)
         r2 = await c.schedule("wf", "r2", (1, 2), after=3.0)
         await c.schedule("wf", "r3", "x", at=wall(5.25), persist=True)

@@ -6,18 +6,12 @@ import inspect
 import logging
 import math
 import random
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal, final
+from typing import Any, Literal, Unpack, final
 
 import trio
 from trio.lowlevel import enable_ki_protection
-
-if sys.version_info < (3, 11):
-    from exceptiongroup import BaseExceptionGroup
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 from . import _options, _validate
 from ._backend import (

@@ -35,9 +35,6 @@ from ._commands import (
 from ._live import BackendStartError, InputError, OutputError
 from ._parser import parse_args
 
-if sys.version_info < (3, 11):
-    from exceptiongroup import BaseExceptionGroup
-
 __all__ = ["main"]
 
 #: The command of each parsed ``job`` (see :func:`._parser.build_parser`).
