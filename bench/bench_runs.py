@@ -58,9 +58,9 @@ from typing import Any
 import trio
 
 import trio_debounce
-from trio_debounce._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
-from trio_debounce._run_types import ACTIVE, RunFire, RunOptions
-from trio_debounce._sqlite import _INSERT_RUN, _run_values, open_sqlite_run_store
+from trio_debounce._runs._sqlite import _INSERT_RUN, _run_values, open_sqlite_run_store
+from trio_debounce._runs._store import ANY, Lease, RunState, RunStore, StoredRun, _Any
+from trio_debounce._runs._types import ACTIVE, RunFire, RunOptions
 from trio_debounce.testing import MemoryRunStore, MemoryStore
 
 WF = "wf"

@@ -26,7 +26,7 @@ from trio_debounce import (
     BackendUnavailableError,
     DocumentTooLargeError,
 )
-from trio_debounce._sqlite import (
+from trio_debounce._runs._sqlite import (
     _MIGRATIONS,
     SCHEMA_VERSION,
     SqliteRunStore,

@@ -41,15 +41,18 @@ from ._errors import (
 )
 from ._invoke import invoke
 from ._options import DebounceOptions, InitialFactory, KeyRun, Reducer
-from ._run_store import ANY, RunState, RunStore, _Any
-from ._run_types import (
+from ._runs import (
+    ANY,
     ExpiredCallback,
     RunHandler,
     RunInfo,
     RunOptions,
+    RunScheduler,
+    RunState,
+    RunStore,
     ScheduledRun,
+    _Any,
 )
-from ._runs import RunScheduler
 from ._types import (
     CoordinatorStatistics,
     DebounceResult,

@@ -36,13 +36,13 @@ from typing import Any, TypeVar
 
 import trio
 
-from ._errors import (
+from .._errors import (
     BackendConfigError,
     BackendError,
     BackendUnavailableError,
     DocumentTooLargeError,
 )
-from ._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
+from ._store import ANY, Lease, RunState, RunStore, StoredRun, _Any
 
 logger = logging.getLogger("trio_debounce.runs")
 

@@ -26,17 +26,18 @@ from typing import Any, TypeVar
 import trio
 import trio.testing
 
-from . import _validate
-from ._backend import Delivery
-from ._errors import (
+from .. import _validate
+from .._backend import Delivery
+from .._errors import (
     BackendError,
     BackendUnavailableError,
     DocumentTooLargeError,
     ProcessIdTakenError,
 )
-from ._invoke import invoke
-from ._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
-from ._run_types import (
+from .._invoke import invoke
+from .._wallclock import WallClock, wall_to_trio
+from ._store import ANY, Lease, RunState, RunStore, StoredRun, _Any
+from ._types import (
     ACTIVE,
     DropReason,
     ExpiredCallback,
@@ -49,7 +50,6 @@ from ._run_types import (
     default_wall_time,
     wall_seconds,
 )
-from ._wallclock import WallClock, wall_to_trio
 
 logger = logging.getLogger("trio_debounce.runs")
 

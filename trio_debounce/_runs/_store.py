@@ -47,10 +47,6 @@ class RunState(str, enum.Enum):
         return self.value
 
 
-#: The states of a run that may still run.
-ACTIVE_STATES = frozenset({RunState.PENDING, RunState.STARTED})
-
-
 @dataclass(frozen=True, slots=True)
 class StoredRun:
     """One run as a store holds it (immutable; change it with :meth:`replace`).
