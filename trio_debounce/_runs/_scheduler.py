@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import trio
-import trio.testing
 
 from .. import _validate
 from .._backend import Delivery
@@ -170,9 +169,7 @@ class RunScheduler:
         self._options = options
         self._delivery = delivery
         self._on_expired = on_expired
-        self._wall: Callable[[], float] = options.wall_time or (
-            store.wall_time if store is not None else _local_wall_time()
-        )
+        self._wall = _wall_clock(options, store)
         assert options.process_id is not None
         self.process_id: str = options.process_id
         self._lease: Lease | None = None
@@ -1299,16 +1296,19 @@ class RunScheduler:
         return RunStatistics(**figures)
 
 
-def _local_wall_time() -> Callable[[], float]:
-    """The wall clock of a coordinator without a run store: :func:`time.time`, except
-    under :class:`trio.testing.MockClock`, where it follows Trio's clock (from the wall
-    time at the coordinator's opening), so that a test's virtual time moves deferred
-    runs too instead of leaving them waiting for the real clock."""
-    clock = trio.lowlevel.current_clock()
-    if isinstance(clock, trio.testing.MockClock):
-        wall_clock = WallClock.now(default_wall_time)
-        return lambda: wall_clock.from_trio(clock.current_time())
-    return default_wall_time
+def _wall_clock(options: RunOptions, store: RunStore | None) -> Callable[[], float]:
+    """The scheduler's wall clock: ``RunOptions.wall_time``, else the run store's.
+
+    Without a run store no time leaves the process, so it is Trio's clock, as epoch
+    seconds from the wall-clock time read now (inside the Trio run): whatever the
+    clock (a :class:`trio.testing.MockClock` too), non-persisted runs are timed on it.
+    """
+    if options.wall_time is not None:
+        return options.wall_time
+    if store is not None:
+        return store.wall_time
+    offset = WallClock.now(default_wall_time)
+    return lambda: offset.from_trio(trio.current_time())
 
 
 def _other_workflow(run_id: str, scheduled: str, asked: str) -> ValueError:
