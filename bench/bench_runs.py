@@ -58,7 +58,8 @@ from typing import Any
 import trio
 
 import trio_debounce
-from trio_debounce._runs._sqlite import _INSERT_RUN, _run_values, open_sqlite_run_store
+from trio_debounce._runs._sqlite import open_sqlite_run_store
+from trio_debounce._runs._sqlite_rows import _INSERT_RUN, _run_values
 from trio_debounce._runs._store import ANY, Lease, RunState, RunStore, StoredRun, _Any
 from trio_debounce._runs._types import ACTIVE, RunFire, RunOptions
 from trio_debounce.testing import MemoryRunStore, MemoryStore
