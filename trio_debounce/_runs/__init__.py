@@ -1,7 +1,17 @@
 """Deferred runs: one call of a handler at a wall-clock time, optionally kept in a
 run store (see :doc:`/runs`).
 
-The modules, from the bottom up:
+One :class:`RunScheduler` belongs to one coordinator and runs as a task in its nursery.
+It holds a task per run due within the horizon (sleeping on Trio's clock until the
+run's wall-clock time, re-checking the wall clock when it wakes), one heartbeat task
+(one lease write per interval, whatever the number of runs) and one claim sweep
+(listing the runs due within the horizon, arming this process's, claiming those of
+dead, fenced or released processes by compare-and-swap). Every step that decides a
+run (start, delete, finish) is a compare-and-swap against the record armed, so a run
+re-scheduled, cancelled or claimed elsewhere meanwhile is re-read, re-armed or dropped,
+never run stale.
+
+The modules, each importing only from those above it:
 
 ``_store``
   The storage contract: :class:`StoredRun`, :class:`Lease` and the :class:`RunStore`
@@ -9,10 +19,21 @@ The modules, from the bottom up:
 ``_types``
   The public values: :class:`RunOptions`, :class:`RunFire`, :class:`ScheduledRun`,
   :class:`RunInfo`.
-``_kv_store``, ``_sqlite`` (with ``_sqlite_rows``)
-  Run stores: on any revisioned key-value store, and on an SQLite file.
+``_kv_store``; ``_sqlite_rows``, ``_sqlite``
+  Run stores: on any revisioned key-value store; on an SQLite file (its rows, then
+  the store).
+``_calls``
+  The scheduler's store calls, each bounded by ``op_timeout``.
+``_lease``
+  :class:`RunLease`: the process id's lease, its twin watch, heartbeat and release.
+``_local``
+  :class:`LocalRuns`: the non-persisted runs, their horizon loop and tombstones.
+``_delivery``
+  :class:`ArmedRuns`: the task of each armed run, its steps and retries.
+``_claims``
+  :class:`ClaimSweep`: claims, and the purge of old tombstones and leases.
 ``_scheduler``
-  :class:`RunScheduler`, what the coordinator calls.
+  :class:`RunScheduler`, the facade the coordinator calls.
 
 The rest of the library imports from this package, not from its modules.
 """

@@ -106,7 +106,7 @@ class SqliteRunStore(RunStore):
     call that has started is not abandoned: its transaction commits or rolls back
     before the call returns. Run writes survive a power cut; lease writes survive the
     crash of a process. Rows that no run or lease has are skipped with a warning.
-    :doc:`/runs` (*The SQLite run store*) has the details.
+    :ref:`sqlite-run-store` has the details.
 
     Args:
       path (str | os.PathLike[str]): the database file; created (with its ``-wal``
