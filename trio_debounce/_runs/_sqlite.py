@@ -85,103 +85,34 @@ def _map_error(exc: sqlite3.Error, path: str) -> BackendError:
     return BackendError(f"SQLite database {path!r}: {type(exc).__name__}: {message}")
 
 
-# --- the store ----------------------------------------------------------------------
+# --- the connection and the store -----------------------------------------------
 
 _FULL = "FULL"
 _NORMAL = "NORMAL"
 
 
-class SqliteRunStore(RunStore):
-    """Deferred runs in an SQLite database file, shared by the processes of one host.
+class _Connection:
+    """The one sqlite3 connection of a :class:`SqliteRunStore`, used by one worker
+    thread at a time (the store's limiter has one token): opened on first use (WAL,
+    migrations), each call's wait for other connections' locks bounded by the caller's
+    deadline, each write one ``BEGIN IMMEDIATE`` transaction."""
 
-    Open it with :func:`open_sqlite_run_store`, or construct it and :meth:`aclose` it
-    yourself. The constructor does no I/O: the connection is opened, switched to WAL
-    and its schema migrated on the first call (by :func:`open_sqlite_run_store`, on
-    entry, so that a bad file fails the ``async with``). A first call that fails to
-    open leaves the store unopened; the next call tries again.
-
-    Any number of processes (and stores) may open the same file on one host, not on
-    a network filesystem. Each store has one connection and runs its calls one at a
-    time, in a worker thread on its own :class:`trio.CapacityLimiter`. A cancelled
-    call that has started is not abandoned: its transaction commits or rolls back
-    before the call returns. Run writes survive a power cut; lease writes survive the
-    crash of a process. Rows that no run or lease has are skipped with a warning.
-    :ref:`sqlite-run-store` has the details.
-
-    Args:
-      path (str | os.PathLike[str]): the database file; created (with its ``-wal``
-        and ``-shm`` companions) if absent. The file belongs to the store: do not keep
-        other tables in it.
-      max_payload_bytes (int): the largest payload (UTF-8 bytes of its JSON text) a
-        run may carry; larger ones raise :exc:`~trio_debounce.DocumentTooLargeError`
-        before anything is written. Default 1 MiB.
-      timeout (float): seconds a call waits for another connection's lock before it
-        raises :exc:`~trio_debounce.BackendUnavailableError` (SQLite's busy timeout;
-        shorter when the caller's deadline comes first). Default 5.0.
-
-    Raises:
-      ValueError: ``max_payload_bytes`` is not positive, or ``timeout`` is negative,
-        NaN or infinite.
-      TypeError: ``path`` is not a path, or an argument is not a number.
-
-    Each method raises :exc:`~trio_debounce.BackendUnavailableError` when the database
-    stayed locked for ``timeout`` seconds (a write that raised it was not applied),
-    :exc:`~trio_debounce.BackendConfigError` when the file is not a run store this
-    code can use (not an SQLite database, a newer schema version, no WAL),
-    :exc:`~trio_debounce.BackendError` for any other SQLite error, and
-    :exc:`trio.ClosedResourceError` after :meth:`aclose`.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        max_payload_bytes: int = 1024 * 1024,
-        timeout: float = 5.0,
-    ) -> None:
-        self._path: str = os.fspath(path)
-        if not isinstance(self._path, str):
-            raise TypeError(f"path must be a str path, not {path!r}")
-        try:
-            self._path.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(
-                f"path {self._path!r} is not valid Unicode text (a lone surrogate): SQLite "
-                "cannot open it"
-            ) from None
-        if (
-            isinstance(max_payload_bytes, bool)
-            or not isinstance(max_payload_bytes, int)
-            or max_payload_bytes <= 0
-        ):
-            raise ValueError(f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-        if not math.isfinite(timeout) or timeout < 0:
-            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
-        self.max_payload_bytes = max_payload_bytes
-        self._timeout = float(timeout)
-        self._limiter = trio.CapacityLimiter(1)
+    def __init__(self, path: str, timeout: float, limiter: trio.CapacityLimiter, name: str) -> None:
+        self._path = path
+        self._timeout = timeout
+        self._limiter = limiter
+        #: The store's repr, for the errors.
+        self._name = name
         self._conn: sqlite3.Connection | None = None
         self._synchronous: str | None = None
         self._busy_milliseconds: int | None = None
         self._closed = False
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self._path!r}>"
-
-    @property
-    def path(self) -> str:
-        """The database file (str)."""
-        return self._path
-
-    # -- plumbing (the worker-thread side runs under self._limiter) ----------------
-
-    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn(connection)`` in a worker thread on the store's limiter, with sqlite3's
         exceptions mapped."""
         if self._closed:
-            raise trio.ClosedResourceError(f"{self!r} is closed")
+            raise trio.ClosedResourceError(f"{self._name} is closed")
         # The caller's deadline, moved to time.monotonic() for the thread's busy wait.
         deadline = trio.current_effective_deadline()
         until = math.inf
@@ -197,9 +128,26 @@ class SqliteRunStore(RunStore):
             await trio.lowlevel.checkpoint_if_cancelled()
             raise
 
+    async def write(
+        self, synchronous: str, body: Callable[[sqlite3.Connection], T | None]
+    ) -> T | None:
+        """``body`` as one write transaction (see :meth:`_write`), in a worker thread."""
+        return await self.call(lambda conn: self._write(conn, synchronous, body))
+
+    async def close(self) -> None:
+        """Close the connection (see :meth:`SqliteRunStore.aclose`)."""
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(
+                self._close_in_thread, limiter=self._limiter, abandon_on_cancel=False
+            )
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    # -- the worker-thread side (under the limiter) ------------------------------------
+
     def _in_thread(self, fn: Callable[[sqlite3.Connection], T], until: float) -> T:
         if self._closed:
-            raise trio.ClosedResourceError(f"{self!r} is closed")
+            raise trio.ClosedResourceError(f"{self._name} is closed")
         try:
             if self._conn is None:
                 conn = self._open(until)
@@ -279,13 +227,106 @@ class SqliteRunStore(RunStore):
         return result
 
     @staticmethod
-    def _next_revision(conn: sqlite3.Connection) -> int:
+    def next_revision(conn: sqlite3.Connection) -> int:
         """Take the next revision of the database (inside the write's transaction)."""
         conn.execute("UPDATE revision_sequence SET last = last + 1 WHERE id = 1")
         row = conn.execute("SELECT last FROM revision_sequence WHERE id = 1").fetchone()
         if row is None or not isinstance(row[0], int):
             raise BackendConfigError("the run store's revision sequence is missing or damaged")
         return row[0]
+
+    def _close_in_thread(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except sqlite3.Error as exc:
+                raise _map_error(exc, self._path) from exc
+
+
+class SqliteRunStore(RunStore):
+    """Deferred runs in an SQLite database file, shared by the processes of one host.
+
+    Open it with :func:`open_sqlite_run_store`, or construct it and :meth:`aclose` it
+    yourself. The constructor does no I/O: the connection is opened, switched to WAL
+    and its schema migrated on the first call (by :func:`open_sqlite_run_store`, on
+    entry, so that a bad file fails the ``async with``). A first call that fails to
+    open leaves the store unopened; the next call tries again.
+
+    Any number of processes (and stores) may open the same file on one host, not on
+    a network filesystem. Each store has one connection and runs its calls one at a
+    time, in a worker thread on its own :class:`trio.CapacityLimiter`. A cancelled
+    call that has started is not abandoned: its transaction commits or rolls back
+    before the call returns. Run writes survive a power cut; lease writes survive the
+    crash of a process. Rows that no run or lease has are skipped with a warning.
+    :ref:`sqlite-run-store` has the details.
+
+    Args:
+      path (str | os.PathLike[str]): the database file; created (with its ``-wal``
+        and ``-shm`` companions) if absent. The file belongs to the store: do not keep
+        other tables in it.
+      max_payload_bytes (int): the largest payload (UTF-8 bytes of its JSON text) a
+        run may carry; larger ones raise :exc:`~trio_debounce.DocumentTooLargeError`
+        before anything is written. Default 1 MiB.
+      timeout (float): seconds a call waits for another connection's lock before it
+        raises :exc:`~trio_debounce.BackendUnavailableError` (SQLite's busy timeout;
+        shorter when the caller's deadline comes first). Default 5.0.
+
+    Raises:
+      ValueError: ``max_payload_bytes`` is not positive, or ``timeout`` is negative,
+        NaN or infinite.
+      TypeError: ``path`` is not a path, or an argument is not a number.
+
+    Each method raises :exc:`~trio_debounce.BackendUnavailableError` when the database
+    stayed locked for ``timeout`` seconds (a write that raised it was not applied),
+    :exc:`~trio_debounce.BackendConfigError` when the file is not a run store this
+    code can use (not an SQLite database, a newer schema version, no WAL),
+    :exc:`~trio_debounce.BackendError` for any other SQLite error, and
+    :exc:`trio.ClosedResourceError` after :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_payload_bytes: int = 1024 * 1024,
+        timeout: float = 5.0,
+    ) -> None:
+        self._path: str = os.fspath(path)
+        if not isinstance(self._path, str):
+            raise TypeError(f"path must be a str path, not {path!r}")
+        try:
+            self._path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"path {self._path!r} is not valid Unicode text (a lone surrogate): SQLite "
+                "cannot open it"
+            ) from None
+        if (
+            isinstance(max_payload_bytes, bool)
+            or not isinstance(max_payload_bytes, int)
+            or max_payload_bytes <= 0
+        ):
+            raise ValueError(f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+        if not math.isfinite(timeout) or timeout < 0:
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        self.max_payload_bytes = max_payload_bytes
+        self._limiter = trio.CapacityLimiter(1)
+        self._connection = _Connection(self._path, float(timeout), self._limiter, repr(self))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._path!r}>"
+
+    @property
+    def path(self) -> str:
+        """The database file (str)."""
+        return self._path
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(connection)`` in a worker thread on the store's limiter."""
+        return await self._connection.call(fn)
 
     # -- runs ------------------------------------------------------------------------
 
@@ -340,11 +381,11 @@ class SqliteRunStore(RunStore):
                 if _run_or_none(row, self._path) is not None:
                     return None
                 conn.execute("DELETE FROM runs WHERE run_id = ?", (run.run_id,))
-            revision = self._next_revision(conn)
+            revision = _Connection.next_revision(conn)
             conn.execute(_INSERT_RUN, (*values, revision))
             return run.replace(revision=revision)
 
-        return await self._call(lambda conn: self._write(conn, _FULL, create))
+        return await self._connection.write(_FULL, create)
 
     async def update_run(self, run: StoredRun) -> StoredRun | None:
         """Replace the record of ``run.run_id`` if its revision is still
@@ -372,11 +413,11 @@ class SqliteRunStore(RunStore):
         values = _run_values(run, self.max_payload_bytes)
 
         def update(conn: sqlite3.Connection) -> StoredRun | None:
-            revision = self._next_revision(conn)
+            revision = _Connection.next_revision(conn)
             cursor = conn.execute(_UPDATE_RUN, (*values[1:], revision, run.run_id, run.revision))
             return run.replace(revision=revision) if cursor.rowcount == 1 else None
 
-        return await self._call(lambda conn: self._write(conn, _FULL, update))
+        return await self._connection.write(_FULL, update)
 
     async def delete_run(self, run_id: str, *, revision: int) -> bool:
         """Remove the record of ``run_id`` if its revision is still ``revision``.
@@ -537,13 +578,13 @@ class SqliteRunStore(RunStore):
                     if _lease_or_none(row, self._path) is not None:
                         return None
                     conn.execute("DELETE FROM leases WHERE process_id = ?", (lease.process_id,))
-                revision = self._next_revision(conn)
+                revision = _Connection.next_revision(conn)
                 conn.execute(
                     f"INSERT INTO leases ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
                     (*values, revision),
                 )
             else:
-                revision = self._next_revision(conn)
+                revision = _Connection.next_revision(conn)
                 cursor = conn.execute(
                     "UPDATE leases SET epoch = ?, expires_at = ?, released = ?, revision = ? "
                     "WHERE process_id = ? AND revision = ?",
@@ -553,7 +594,7 @@ class SqliteRunStore(RunStore):
                     return None
             return Lease(lease.process_id, lease.epoch, lease.expires_at, lease.released, revision)
 
-        return await self._call(lambda conn: self._write(conn, _NORMAL, put))
+        return await self._connection.write(_NORMAL, put)
 
     async def delete_lease(self, process_id: str, *, revision: int) -> bool:
         """Remove the lease of ``process_id`` if its revision is still ``revision``.
@@ -586,7 +627,7 @@ class SqliteRunStore(RunStore):
             cursor = conn.execute(sql, (key, revision))
             return True if cursor.rowcount == 1 else None
 
-        return bool(await self._call(lambda conn: self._write(conn, synchronous, delete)))
+        return bool(await self._connection.write(synchronous, delete))
 
     async def list_leases(self) -> list[Lease]:
         """Every (readable) lease in the store, ordered by process id.
@@ -620,20 +661,7 @@ class SqliteRunStore(RunStore):
         about ``timeout`` seconds; calls still queued for the store's limiter raise
         :exc:`trio.ClosedResourceError`.
         """
-        self._closed = True
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(
-                self._close_in_thread, limiter=self._limiter, abandon_on_cancel=False
-            )
-        await trio.lowlevel.checkpoint_if_cancelled()
-
-    def _close_in_thread(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except sqlite3.Error as exc:
-                raise _map_error(exc, self._path) from exc
+        await self._connection.close()
 
 
 @asynccontextmanager
