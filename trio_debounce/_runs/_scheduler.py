@@ -196,18 +196,7 @@ class RunScheduler:
         if not isinstance(persist, bool):
             raise TypeError(f"persist must be a bool, not {persist!r}")
         wall = self._wall()
-        if at is not None:
-            due = wall_seconds("at", at)
-        else:
-            due = wall + _validate.duration("after", after)
-        expiry = None
-        if expires_at is not None:
-            expiry = wall_seconds("expires_at", expires_at)
-            if not expiry > due:
-                raise ValueError(
-                    f"run {run_id!r}: expires_at ({expiry!r}) must be after the run's time "
-                    f"({due!r})"
-                )
+        due, expiry = _run_times(run_id, at, after, expires_at, wall)
         if persist:
             return await self._schedule_persisted(workflow, run_id, payload, due, expiry, wall)
         return self._schedule_local(workflow, run_id, payload, due, expiry, wall)
@@ -396,20 +385,7 @@ class RunScheduler:
         owner: str | _Any | None,
         limit: int | None,
     ) -> list[RunInfo]:
-        if workflow is not None:
-            _validate.name("workflow", workflow)
-        if owner is not None and owner is not ANY:
-            _validate.name("owner", owner)
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
-        ):
-            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
-        try:
-            states = None if state is None else {RunState(state)}
-        except ValueError:
-            raise ValueError(
-                f"state must be one of 'pending', 'started', 'done' or None, got {state!r}"
-            ) from None
+        states = _list_filters(workflow, state, owner, limit)
         infos = [
             info
             for info in self._local.infos()
@@ -484,6 +460,49 @@ def _wall_clock(options: RunOptions, store: RunStore | None) -> Callable[[], flo
         return store.wall_time
     offset = WallClock.now(default_wall_time)
     return lambda: offset.from_trio(trio.current_time())
+
+
+def _run_times(
+    run_id: str, at: object, after: object, expires_at: object, wall: float
+) -> tuple[float, float | None]:
+    """A run's due time and expiry, wall-clock epoch seconds, from ``schedule()``'s
+    arguments (exactly one of ``at`` and ``after`` given), at wall time ``wall``.
+
+    Raises:
+      TypeError, ValueError: a time of the wrong type or out of range, or an expiry
+        not after the due time.
+    """
+    due = wall_seconds("at", at) if at is not None else wall + _validate.duration("after", after)
+    expiry = None
+    if expires_at is not None:
+        expiry = wall_seconds("expires_at", expires_at)
+        if not expiry > due:
+            raise ValueError(
+                f"run {run_id!r}: expires_at ({expiry!r}) must be after the run's time ({due!r})"
+            )
+    return due, expiry
+
+
+def _list_filters(
+    workflow: str | None, state: RunState | str | None, owner: str | _Any | None, limit: int | None
+) -> set[RunState] | None:
+    """Check ``list_runs()``'s filters; returns the states to list (None: all).
+
+    Raises:
+      TypeError, ValueError: a filter of the wrong type or out of range.
+    """
+    if workflow is not None:
+        _validate.name("workflow", workflow)
+    if owner is not None and owner is not ANY:
+        _validate.name("owner", owner)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+    try:
+        return None if state is None else {RunState(state)}
+    except ValueError:
+        raise ValueError(
+            f"state must be one of 'pending', 'started', 'done' or None, got {state!r}"
+        ) from None
 
 
 def _encode_payload(run_id: str, payload: Any) -> str:
