@@ -35,7 +35,9 @@ The modules, each importing only from those above it:
 ``_scheduler``
   :class:`RunScheduler`, the facade the coordinator calls.
 
-The rest of the library imports from this package, not from its modules.
+The coordinator and ``trio_debounce`` itself import from this package. The stores'
+side (``abc``, ``nats``, ``testing``) imports ``_store`` and ``_kv_store`` themselves:
+the package pulls in the scheduler, a layer above them.
 """
 
 from __future__ import annotations
