@@ -41,17 +41,14 @@ from ._errors import (
 )
 from ._invoke import invoke
 from ._options import DebounceOptions, InitialFactory, KeyRun, Reducer
-from ._runs import (
-    ANY,
+from ._runs import RunScheduler
+from ._runs._store import ANY, RunState, RunStore, _Any
+from ._runs._types import (
     ExpiredCallback,
     RunHandler,
     RunInfo,
     RunOptions,
-    RunScheduler,
-    RunState,
-    RunStore,
     ScheduledRun,
-    _Any,
 )
 from ._types import (
     CoordinatorStatistics,
