@@ -47,9 +47,10 @@ import trio
 from _harness import Context, load, log, quantiles, ratio, row
 
 import trio_debounce
-from trio_debounce._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
-from trio_debounce._run_types import ACTIVE, RunFire, RunOptions
-from trio_debounce._sqlite import _INSERT_RUN, _run_values, open_sqlite_run_store
+from trio_debounce._runs._sqlite import open_sqlite_run_store
+from trio_debounce._runs._sqlite_rows import _INSERT_RUN, _run_values
+from trio_debounce._runs._store import ANY, Lease, RunState, RunStore, StoredRun, _Any
+from trio_debounce._runs._types import ACTIVE, RunFire, RunOptions
 from trio_debounce.testing import MemoryRunStore, MemoryStore
 
 WF = "wf"

@@ -50,8 +50,8 @@ from trio_debounce._protocol import (
     _FireRecord,
     _Lease,
 )
-from trio_debounce._run_kv import decode_lease, decode_run, encode_lease, encode_run
-from trio_debounce._run_store import Lease, StoredRun
+from trio_debounce._runs._kv_store import decode_lease, decode_run, encode_lease, encode_run
+from trio_debounce._runs._store import Lease, StoredRun
 from trio_debounce._types import Mode
 
 #: What NATS accepts as a KV key: these characters in non-empty ``.``-separated

@@ -61,7 +61,7 @@ from typing import Any
 import trio
 
 from trio_debounce import RunFire, RunOptions, open_coordinator, open_sqlite_run_store
-from trio_debounce._run_store import ANY, _Any
+from trio_debounce._runs._store import ANY, _Any
 from trio_debounce.abc import Lease, RunState, RunStore, StoredRun
 
 WORKFLOW = "job"

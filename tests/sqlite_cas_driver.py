@@ -32,7 +32,7 @@ import time
 import trio
 
 from trio_debounce import BackendError
-from trio_debounce._sqlite import open_sqlite_run_store
+from trio_debounce._runs._sqlite import open_sqlite_run_store
 from trio_debounce.abc import Lease, StoredRun
 
 

@@ -51,17 +51,18 @@ LAYERS: dict[str, int] = {
     "_engine": ENGINE,
     "_backend": CONTRACTS,
     "_kv": CONTRACTS,
-    "_run_store": CONTRACTS,
-    "_run_types": CONTRACTS,
+    "_runs._store": CONTRACTS,
+    "_runs._types": CONTRACTS,
     "_protocol": BACKENDS,
-    "_run_kv": BACKENDS,
-    "_sqlite": BACKENDS,
+    "_runs._kv_store": BACKENDS,
+    "_runs._sqlite_rows": BACKENDS,
+    "_runs._sqlite": BACKENDS,
     "nats": BACKENDS,
     "testing": BACKENDS,
     "_window": PARTS,
     "_firing": PARTS,
     "_local": PARTS,
-    "_runs": PARTS,
+    "_runs": PARTS,  # the scheduler's parts and its package
     "_coordinator": FACADE,
     "": TOP,  # trio_debounce/__init__.py
     "__main__": TOP,
@@ -79,8 +80,6 @@ OVERSIZED: dict[str, int] = {
     "_coordinator:Coordinator": 1160,
     "_protocol": 2446,
     "_protocol:KvDebounceBackend": 1909,
-    "_runs": 1133,
-    "_runs:RunScheduler": 1008,
     "nats._store": 821,
 }
 

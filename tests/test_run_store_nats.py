@@ -15,7 +15,7 @@ import trio_asyncio
 from tests.nats_server import NatsServer
 from trio_debounce import BackendUnavailableError, DocumentTooLargeError
 from trio_debounce._keys import run_key
-from trio_debounce._run_kv import DOCUMENT_ALLOWANCE, encode_run
+from trio_debounce._runs._kv_store import DOCUMENT_ALLOWANCE, encode_run
 from trio_debounce.abc import Lease, RunState, StoredRun
 from trio_debounce.nats import NatsConfig, NatsKvRunStore, open_nats_run_store
 from trio_debounce.nats._store import HEADROOM

@@ -26,13 +26,8 @@ from trio_debounce import (
     BackendUnavailableError,
     DocumentTooLargeError,
 )
-from trio_debounce._sqlite import (
-    _MIGRATIONS,
-    SCHEMA_VERSION,
-    SqliteRunStore,
-    _map_error,
-    open_sqlite_run_store,
-)
+from trio_debounce._runs._sqlite import SqliteRunStore, _map_error, open_sqlite_run_store
+from trio_debounce._runs._sqlite_rows import _MIGRATIONS, SCHEMA_VERSION
 from trio_debounce.abc import Lease, RunState, StoredRun
 from trio_debounce.testing import check_run_store
 

@@ -24,7 +24,7 @@ from trio_debounce import (
     RunState,
     open_coordinator,
 )
-from trio_debounce._run_kv import decode_lease, encode_lease
+from trio_debounce._runs._kv_store import decode_lease, encode_lease
 from trio_debounce.abc import Lease
 from trio_debounce.testing import MemoryRunStore, MemoryStore
 from trio_debounce.testing._memory import DEFAULT_EPOCH

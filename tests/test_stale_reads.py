@@ -20,7 +20,7 @@ from tests.fires import Fires
 from trio_debounce import Coordinator, Outcome, RunFire, RunOptions, open_coordinator
 from trio_debounce._keys import process_key, run_lease_key
 from trio_debounce._protocol import KvDebounceBackend
-from trio_debounce._run_kv import KvRunStore
+from trio_debounce._runs._kv_store import KvRunStore
 from trio_debounce.testing import KvEntry, KvStore, MemoryRunStore, MemoryStore
 
 LEASE = 6.0

@@ -36,15 +36,15 @@ from ._firing import Handlers, Ledger
 from ._firing import closed_error as _closed_error
 from ._local import LocalWindows
 from ._options import InitialFactory, Reducer
-from ._run_store import ANY, RunState, RunStore, _Any
-from ._run_types import (
+from ._runs import RunScheduler
+from ._runs._store import ANY, RunState, RunStore, _Any
+from ._runs._types import (
     ExpiredCallback,
     RunHandler,
     RunInfo,
     RunOptions,
     ScheduledRun,
 )
-from ._runs import RunScheduler
 from ._types import (
     CoordinatorStatistics,
     DebounceOptions,

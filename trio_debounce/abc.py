@@ -8,10 +8,10 @@ runs are kept (see :doc:`/runs`).
 from __future__ import annotations
 
 from ._backend import DebounceBackend as DebounceBackend
-from ._run_store import Lease as Lease
-from ._run_store import RunState as RunState
-from ._run_store import RunStore as RunStore
-from ._run_store import StoredRun as StoredRun
+from ._runs._store import Lease as Lease
+from ._runs._store import RunState as RunState
+from ._runs._store import RunStore as RunStore
+from ._runs._store import StoredRun as StoredRun
 
 for _obj in (DebounceBackend, Lease, RunState, RunStore, StoredRun):
     _obj.__module__ = __name__

@@ -1,5 +1,5 @@
 """Draw the sequence picture of docs/runs.rst: a deferred run's claim, heartbeat and
-takeover, as the scheduler (``trio_debounce/_runs.py``) writes them.
+takeover, as the scheduler (``trio_debounce/_runs/``) writes them.
 
 Run from the project root: ``python docs/_scripts/runs_sequence.py``. It needs only
 the standard library and writes ``docs/_static/runs-takeover.svg``, which is

@@ -75,8 +75,8 @@ import trio
 from .._errors import BackendError, BackendUnavailableError, RevisionConflict
 from .._keys import RUN_LEASE_PREFIX, RUN_PREFIX, parse_prefixed_key
 from .._kv import KvEntry, KvStore
-from .._run_kv import KvRunStore, decode_lease, decode_run, matches
-from .._run_store import ANY, Lease, RunState, StoredRun, _Any
+from .._runs._kv_store import KvRunStore, decode_lease, decode_run, matches
+from .._runs._store import ANY, Lease, RunState, StoredRun, _Any
 from ._config import NatsConfig
 from ._store import NatsKvStore, NatsKvWatch, open_nats_store
 

@@ -19,7 +19,7 @@ from .._errors import (
 from .._kv import KvEntry, KvStore
 from .._payload import PayloadSerializer
 from .._protocol import KvDebounceBackend
-from .._run_kv import KvRunStore
+from .._runs._kv_store import KvRunStore
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ import uuid
 
 import trio
 
-from .._run_store import ANY, Lease, RunState, RunStore, StoredRun
+from .._runs._store import ANY, Lease, RunState, RunStore, StoredRun
 
 
 def _check(condition: bool, message: str) -> None:

@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from . import _validate
-from ._run_store import RunState
-from ._types import RunStatistics as RunStatistics
+from .. import _validate
+from .._types import RunStatistics as RunStatistics
+from ._store import RunState
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,17 +19,17 @@ import math
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
-from . import _validate
-from ._errors import DocumentTooLargeError, RevisionConflict
-from ._keys import (
+from .. import _validate
+from .._errors import DocumentTooLargeError, RevisionConflict
+from .._keys import (
     RUN_LEASE_PREFIX,
     RUN_PREFIX,
     parse_prefixed_key,
     run_key,
     run_lease_key,
 )
-from ._kv import KvEntry, KvStore
-from ._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
+from .._kv import KvEntry, KvStore
+from ._store import ANY, Lease, RunState, RunStore, StoredRun, _Any
 
 logger = logging.getLogger("trio_debounce.runs")
 

@@ -16,7 +16,7 @@ The database (stdlib :mod:`sqlite3`, WAL journal) holds three tables:
 Every write is one ``BEGIN IMMEDIATE`` transaction (the write lock first, so the
 compare and the swap see the same database), without ``RETURNING`` (SQLite before
 3.35 lacks it). The schema is versioned with ``PRAGMA user_version``
-(:data:`_MIGRATIONS`).
+(the migrations, and the encoding of rows, are in ``_sqlite_rows``).
 
 sqlite3 blocks, so every call runs in a worker thread (:func:`trio.to_thread.run_sync`)
 on the store's own :class:`trio.CapacityLimiter`; sqlite3's exceptions are mapped at
@@ -25,93 +25,39 @@ this boundary (:func:`_map_error`) onto the library's own.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import trio
 
-from ._errors import (
+from .._errors import (
     BackendConfigError,
     BackendError,
     BackendUnavailableError,
-    DocumentTooLargeError,
 )
-from ._run_store import ANY, Lease, RunState, RunStore, StoredRun, _Any
-
-logger = logging.getLogger("trio_debounce.runs")
+from ._sqlite_rows import (
+    _INSERT_RUN,
+    _LEASE_COLUMNS,
+    _RUN_COLUMNS,
+    _UPDATE_RUN,
+    _check_integer,
+    _check_number,
+    _check_text,
+    _lease_or_none,
+    _lease_values,
+    _migrate,
+    _rollback,
+    _run_or_none,
+    _run_values,
+)
+from ._store import ANY, Lease, RunState, RunStore, StoredRun, _Any
 
 T = TypeVar("T")
-
-#: The schema migrations: step ``i`` takes a database from ``user_version`` ``i`` to
-#: ``i + 1``. Steps are applied in order, all pending ones in one transaction, and are
-#: never edited once released: a change of schema is a new step at the end.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    # 1: the tables and the revision sequence.
-    (
-        """CREATE TABLE runs (
-            run_id TEXT PRIMARY KEY NOT NULL,
-            workflow TEXT NOT NULL,
-            payload TEXT NOT NULL,
-            scheduled_at REAL NOT NULL,
-            expires_at REAL,
-            state TEXT NOT NULL,
-            owner TEXT,
-            epoch INTEGER NOT NULL,
-            version INTEGER NOT NULL,
-            attempt INTEGER NOT NULL,
-            token INTEGER NOT NULL,
-            created_at REAL NOT NULL,
-            started_at REAL,
-            finished_at REAL,
-            outcome TEXT,
-            revision INTEGER NOT NULL
-        )""",
-        """CREATE TABLE leases (
-            process_id TEXT PRIMARY KEY NOT NULL,
-            epoch INTEGER NOT NULL,
-            expires_at REAL NOT NULL,
-            released INTEGER NOT NULL,
-            revision INTEGER NOT NULL
-        )""",
-        """CREATE TABLE revision_sequence (
-            id INTEGER PRIMARY KEY CHECK (id = 1),
-            last INTEGER NOT NULL
-        )""",
-        "INSERT INTO revision_sequence (id, last) VALUES (1, 0)",
-    ),
-    # 2: the indexes of list_runs' filters (each ends in the listing's order).
-    (
-        "CREATE INDEX runs_by_state ON runs (state, scheduled_at, run_id)",
-        "CREATE INDEX runs_by_owner ON runs (owner, scheduled_at, run_id)",
-        "CREATE INDEX runs_by_finished ON runs (finished_at) WHERE finished_at IS NOT NULL",
-        "CREATE INDEX runs_by_workflow ON runs (workflow, scheduled_at, run_id)",
-    ),
-)
-
-#: The schema version this code writes (``PRAGMA user_version``).
-SCHEMA_VERSION = len(_MIGRATIONS)
-
-_RUN_COLUMNS = (
-    "run_id, workflow, payload, scheduled_at, expires_at, state, owner, epoch, version, "
-    "attempt, token, created_at, started_at, finished_at, outcome, revision"
-)
-_LEASE_COLUMNS = "process_id, epoch, expires_at, released, revision"
-
-_INSERT_RUN = (
-    f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_UPDATE_RUN = (
-    "UPDATE runs SET workflow = ?, payload = ?, scheduled_at = ?, expires_at = ?, state = ?, "
-    "owner = ?, epoch = ?, version = ?, attempt = ?, token = ?, created_at = ?, "
-    "started_at = ?, finished_at = ?, outcome = ?, revision = ? "
-    "WHERE run_id = ? AND revision = ?"
-)
 
 # SQLite's primary result codes for "another connection holds the lock".
 _SQLITE_BUSY = 5
@@ -139,390 +85,34 @@ def _map_error(exc: sqlite3.Error, path: str) -> BackendError:
     return BackendError(f"SQLite database {path!r}: {type(exc).__name__}: {message}")
 
 
-# --- encoding and decoding rows ---------------------------------------------------
-
-
-def _check_text(value: object, what: str, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, not {value!r}")
-    try:
-        value.encode()
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"{what} is not encodable as UTF-8: {exc}") from None
-
-
-def _check_real(value: object, what: str, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, not {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{what} must be finite, not {value!r}")
-
-
-def _check_number(value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, not {value!r}")
-
-
-def _check_integer(value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, not {value!r}")
-    if not -(2**63) <= value < 2**63:
-        raise ValueError(f"{what} does not fit in 64 bits: {value!r}")
-
-
-def _run_values(run: StoredRun, max_payload_bytes: int) -> tuple[Any, ...]:
-    """The column values of ``run`` in :data:`_RUN_COLUMNS` order, without the revision.
-
-    Raises:
-      DocumentTooLargeError: the payload is larger than ``max_payload_bytes``.
-      TypeError, ValueError: a field has the wrong type or a value SQLite cannot keep.
-    """
-    _check_text(run.run_id, "run_id")
-    what = f"run {run.run_id[:200]!r}:"
-    _check_text(run.payload, f"{what} payload")
-    size = len(run.payload.encode())
-    if size > max_payload_bytes:
-        raise DocumentTooLargeError(
-            f"{what} its payload is {size} bytes, more than the store's "
-            f"max_payload_bytes={max_payload_bytes}"
-        )
-    _check_text(run.workflow, f"{what} workflow")
-    _check_text(run.owner, f"{what} owner", optional=True)
-    _check_text(run.outcome, f"{what} outcome", optional=True)
-    for name in ("scheduled_at", "created_at"):
-        _check_real(getattr(run, name), f"{what} {name}")
-    for name in ("expires_at", "started_at", "finished_at"):
-        _check_real(getattr(run, name), f"{what} {name}", optional=True)
-    for name in ("epoch", "version", "attempt", "token"):
-        _check_integer(getattr(run, name), f"{what} {name}")
-    state = RunState(run.state).value
-    return (
-        run.run_id,
-        run.workflow,
-        run.payload,
-        run.scheduled_at,
-        run.expires_at,
-        state,
-        run.owner,
-        run.epoch,
-        run.version,
-        run.attempt,
-        run.token,
-        run.created_at,
-        run.started_at,
-        run.finished_at,
-        run.outcome,
-    )
-
-
-def _lease_values(lease: Lease) -> tuple[Any, ...]:
-    """The column values of ``lease`` in :data:`_LEASE_COLUMNS` order, without the
-    revision.
-
-    Raises:
-      TypeError, ValueError: a field has the wrong type or a value SQLite cannot keep.
-    """
-    _check_text(lease.process_id, "process_id")
-    what = f"lease of {lease.process_id[:200]!r}:"
-    _check_integer(lease.epoch, f"{what} epoch")
-    _check_real(lease.expires_at, f"{what} expires_at")
-    if not isinstance(lease.released, bool):
-        raise TypeError(f"{what} released must be a bool, not {lease.released!r}")
-    return (lease.process_id, lease.epoch, lease.expires_at, int(lease.released))
-
-
-def _text(value: object, name: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"column {name!r} is not text: {value!r:.80}")
-    return value
-
-
-def _optional_text(value: object, name: str) -> str | None:
-    return None if value is None else _text(value, name)
-
-
-def _real(value: object, name: str) -> float:
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"column {name!r} is not a finite number: {value!r:.80}")
-    return float(value)
-
-
-def _optional_real(value: object, name: str) -> float | None:
-    return None if value is None else _real(value, name)
-
-
-def _integer(value: object, name: str) -> int:
-    if not isinstance(value, int):
-        raise ValueError(f"column {name!r} is not an integer: {value!r:.80}")
-    return value
-
-
-def _revision(value: object) -> int:
-    revision = _integer(value, "revision")
-    if revision <= 0:
-        raise ValueError(f"column 'revision' is not positive: {revision}")
-    return revision
-
-
-def _decode_run(row: Sequence[Any]) -> StoredRun:
-    """The run in a row of :data:`_RUN_COLUMNS`.
-
-    Raises:
-      ValueError: a column holds a value no run has.
-    """
-    return StoredRun(
-        run_id=_text(row[0], "run_id"),
-        workflow=_text(row[1], "workflow"),
-        payload=_text(row[2], "payload"),
-        scheduled_at=_real(row[3], "scheduled_at"),
-        expires_at=_optional_real(row[4], "expires_at"),
-        state=RunState(_text(row[5], "state")),
-        owner=_optional_text(row[6], "owner"),
-        epoch=_integer(row[7], "epoch"),
-        version=_integer(row[8], "version"),
-        attempt=_integer(row[9], "attempt"),
-        token=_integer(row[10], "token"),
-        created_at=_real(row[11], "created_at"),
-        started_at=_optional_real(row[12], "started_at"),
-        finished_at=_optional_real(row[13], "finished_at"),
-        outcome=_optional_text(row[14], "outcome"),
-        revision=_revision(row[15]),
-    )
-
-
-def _decode_lease(row: Sequence[Any]) -> Lease:
-    """The lease in a row of :data:`_LEASE_COLUMNS`.
-
-    Raises:
-      ValueError: a column holds a value no lease has.
-    """
-    released = row[3]
-    if released not in (0, 1) or isinstance(released, float):
-        raise ValueError(f"column 'released' is not 0 or 1: {released!r:.80}")
-    return Lease(
-        process_id=_text(row[0], "process_id"),
-        epoch=_integer(row[1], "epoch"),
-        expires_at=_real(row[2], "expires_at"),
-        released=bool(released),
-        revision=_revision(row[4]),
-    )
-
-
-def _run_or_none(row: Sequence[Any], path: str) -> StoredRun | None:
-    """The run in ``row``, or None (with a warning) if the row is unreadable."""
-    try:
-        return _decode_run(row)
-    except ValueError as exc:
-        logger.warning("ignoring an unreadable run row %.80r in %s: %s", row[0], path, exc)
-        return None
-
-
-def _lease_or_none(row: Sequence[Any], path: str) -> Lease | None:
-    """The lease in ``row``, or None (with a warning) if the row is unreadable."""
-    try:
-        return _decode_lease(row)
-    except ValueError as exc:
-        logger.warning("ignoring an unreadable lease row %.80r in %s: %s", row[0], path, exc)
-        return None
-
-
-# --- the schema -------------------------------------------------------------------
-
-
-def _user_version(conn: sqlite3.Connection) -> int:
-    row = conn.execute("PRAGMA user_version").fetchone()
-    return int(row[0])
-
-
-def _check_version(version: int, path: str) -> None:
-    if version > SCHEMA_VERSION:
-        raise BackendConfigError(
-            f"the run store {path!r} has schema version {version}, newer than the "
-            f"version {SCHEMA_VERSION} this trio_debounce knows: upgrade trio_debounce "
-            "(or open another file)"
-        )
-
-
-def _migrate(conn: sqlite3.Connection, path: str, *, target: int = SCHEMA_VERSION) -> None:
-    """Bring the schema of ``conn``'s database to version ``target``.
-
-    The pending steps run in one ``BEGIN IMMEDIATE`` transaction (SQLite's DDL is
-    transactional), which re-reads ``user_version`` under the write lock: of several
-    processes opening a new file at once, one migrates and the others find it done.
-
-    Raises:
-      BackendConfigError: the database's version is newer than :data:`SCHEMA_VERSION`.
-      sqlite3.Error: as raised by sqlite3 (mapped by the caller).
-    """
-    version = _user_version(conn)
-    _check_version(version, path)
-    if version >= target:
-        return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        version = _user_version(conn)
-        _check_version(version, path)
-        for step in range(version, target):
-            for statement in _MIGRATIONS[step]:
-                conn.execute(statement)
-        if version < target:
-            conn.execute(f"PRAGMA user_version = {int(target)}")
-            logger.info("migrated the run store %s from version %d to %d", path, version, target)
-        conn.execute("COMMIT")
-    except BaseException:
-        _rollback(conn)
-        raise
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    """Roll back the transaction of ``conn`` if one is open, on the way out of an error."""
-    if conn.in_transaction:
-        try:
-            conn.execute("ROLLBACK")
-        except sqlite3.Error as exc:  # the error being raised matters more
-            logger.debug("rollback failed: %s", exc)
-
-
-# --- the store ----------------------------------------------------------------------
+# --- the connection and the store -----------------------------------------------
 
 _FULL = "FULL"
 _NORMAL = "NORMAL"
 
 
-class SqliteRunStore(RunStore):
-    """Deferred runs in an SQLite database file, shared by the processes of one host.
+class _Connection:
+    """The one sqlite3 connection of a :class:`SqliteRunStore`, used by one worker
+    thread at a time (the store's limiter has one token): opened on first use (WAL,
+    migrations), each call's wait for other connections' locks bounded by the caller's
+    deadline, each write one ``BEGIN IMMEDIATE`` transaction."""
 
-    Open it with :func:`open_sqlite_run_store`, or construct it and :meth:`aclose` it
-    yourself. The constructor does no I/O: the connection is opened, switched to WAL
-    and its schema migrated on the first call (by :func:`open_sqlite_run_store`, on
-    entry, so that a bad file fails the ``async with``). A first call that fails to
-    open leaves the store unopened; the next call tries again.
-
-    **Processes.** Any number of processes (and stores) may open the same file on one
-    host: the WAL journal lets readers run beside the single writer, and every write
-    is a ``BEGIN IMMEDIATE`` transaction that compares the record's revision and
-    writes it under the database's write lock. A file on a network filesystem is not
-    supported (SQLite's WAL needs shared memory between the processes).
-
-    **Threads.** Each store has one connection (``check_same_thread=False``), used by
-    one worker thread at a time: every call runs through
-    :func:`trio.to_thread.run_sync` on the store's own :class:`trio.CapacityLimiter`
-    of one token, so the calls of one store are serialised, and threads that fill
-    Trio's default limiter cannot delay this store's calls (a coordinator's lease
-    heartbeat). Open a second store on the same file for calls that must not queue
-    behind this one's.
-
-    **Cancellation.** A call waiting for the limiter is cancelled at once. A call whose
-    thread has started is not abandoned (``abandon_on_cancel=False``): its transaction
-    either commits or is rolled back before the call returns. A write that committed
-    returns its result (the write happened; the cancellation is delivered at the
-    caller's next checkpoint); a call that failed raises :exc:`trio.Cancelled`, with
-    the backend error as its context. The thread waits for another process's write lock
-    at most ``timeout`` seconds, or until the caller's deadline
-    (:func:`trio.current_effective_deadline`, on the real clock) if that comes first,
-    plus its own statement: a call under ``trio.fail_after(t)`` returns in about ``t``
-    seconds even while another process holds the lock, a call cancelled otherwise
-    within about ``timeout`` seconds, and neither leaves a transaction open.
-
-    **Durability.** Run writes, which decide whether a run fires, commit with
-    ``PRAGMA synchronous=FULL`` (the WAL is synced at each commit: a write that
-    returned survives a power cut). Lease writes (heartbeats, epoch bumps, releases)
-    commit with ``synchronous=NORMAL``, durable against the crash of a process but not
-    of the host. That is safe because the WAL is one append-only file shared by every
-    process: the sync of the next run write, from any process, also makes every
-    earlier lease write durable. A power cut can lose only the lease writes made after
-    the last run write, by processes that died with the host (the store is one
-    host's): a lost heartbeat or release makes a dead process's lease end sooner or
-    later than it said, and a lost epoch bump was never written into a run (a claim
-    under that epoch is a run write, whose sync would have kept the bump). On the
-    development VM a FULL commit cost 0.35 to 4 ms (an fsync; 250 to 3,000 commits/s
-    depending on the disk's load) and a NORMAL one 35 to 90 µs (11,000 to 30,000/s):
-    a lease renewal does not wait for an fsync of its own (it may still queue behind
-    another writer's commit, or run a WAL checkpoint).
-
-    **Unreadable rows** (values no run or lease has, written by another tool) are
-    skipped with a warning on the ``trio_debounce.runs`` logger: ``get_*`` returns
-    None, ``list_*`` leaves them out, and ``create_run`` and ``put_lease`` (revision 0)
-    replace them.
-
-    Args:
-      path (str | os.PathLike[str]): the database file; created (with its ``-wal``
-        and ``-shm`` companions) if absent. The file belongs to the store: do not keep
-        other tables in it.
-      max_payload_bytes (int): the largest payload (UTF-8 bytes of its JSON text) a
-        run may carry; larger ones raise :exc:`~trio_debounce.DocumentTooLargeError`
-        before anything is written. Default 1 MiB.
-      timeout (float): seconds a call waits for another connection's lock before it
-        raises :exc:`~trio_debounce.BackendUnavailableError` (SQLite's busy timeout;
-        shorter when the caller's deadline comes first). Default 5.0.
-
-    Raises:
-      ValueError: ``max_payload_bytes`` is not positive, or ``timeout`` is negative,
-        NaN or infinite.
-      TypeError: ``path`` is not a path, or an argument is not a number.
-
-    Each method raises :exc:`~trio_debounce.BackendUnavailableError` when the database
-    stayed locked for ``timeout`` seconds (a write that raised it was not applied),
-    :exc:`~trio_debounce.BackendConfigError` when the file is not a run store this
-    code can use (not an SQLite database, a newer schema version, no WAL),
-    :exc:`~trio_debounce.BackendError` for any other SQLite error, and
-    :exc:`trio.ClosedResourceError` after :meth:`aclose`.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        max_payload_bytes: int = 1024 * 1024,
-        timeout: float = 5.0,
-    ) -> None:
-        self._path: str = os.fspath(path)
-        if not isinstance(self._path, str):
-            raise TypeError(f"path must be a str path, not {path!r}")
-        try:
-            self._path.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(
-                f"path {self._path!r} is not valid Unicode text (a lone surrogate): SQLite "
-                "cannot open it"
-            ) from None
-        if (
-            isinstance(max_payload_bytes, bool)
-            or not isinstance(max_payload_bytes, int)
-            or max_payload_bytes <= 0
-        ):
-            raise ValueError(f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-        if not math.isfinite(timeout) or timeout < 0:
-            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
-        self.max_payload_bytes = max_payload_bytes
-        self._timeout = float(timeout)
-        self._limiter = trio.CapacityLimiter(1)
+    def __init__(self, path: str, timeout: float, limiter: trio.CapacityLimiter, name: str) -> None:
+        self._path = path
+        self._timeout = timeout
+        self._limiter = limiter
+        #: The store's repr, for the errors.
+        self._name = name
         self._conn: sqlite3.Connection | None = None
         self._synchronous: str | None = None
         self._busy_milliseconds: int | None = None
         self._closed = False
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self._path!r}>"
-
-    @property
-    def path(self) -> str:
-        """The database file (str)."""
-        return self._path
-
-    # -- plumbing (the worker-thread side runs under self._limiter) ----------------
-
-    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn(connection)`` in a worker thread on the store's limiter, with sqlite3's
         exceptions mapped."""
         if self._closed:
-            raise trio.ClosedResourceError(f"{self!r} is closed")
+            raise trio.ClosedResourceError(f"{self._name} is closed")
         # The caller's deadline, moved to time.monotonic() for the thread's busy wait.
         deadline = trio.current_effective_deadline()
         until = math.inf
@@ -538,9 +128,26 @@ class SqliteRunStore(RunStore):
             await trio.lowlevel.checkpoint_if_cancelled()
             raise
 
+    async def write(
+        self, synchronous: str, body: Callable[[sqlite3.Connection], T | None]
+    ) -> T | None:
+        """``body`` as one write transaction (see :meth:`_write`), in a worker thread."""
+        return await self.call(lambda conn: self._write(conn, synchronous, body))
+
+    async def close(self) -> None:
+        """Close the connection (see :meth:`SqliteRunStore.aclose`)."""
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(
+                self._close_in_thread, limiter=self._limiter, abandon_on_cancel=False
+            )
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    # -- the worker-thread side (under the limiter) ------------------------------------
+
     def _in_thread(self, fn: Callable[[sqlite3.Connection], T], until: float) -> T:
         if self._closed:
-            raise trio.ClosedResourceError(f"{self!r} is closed")
+            raise trio.ClosedResourceError(f"{self._name} is closed")
         try:
             if self._conn is None:
                 conn = self._open(until)
@@ -620,13 +227,106 @@ class SqliteRunStore(RunStore):
         return result
 
     @staticmethod
-    def _next_revision(conn: sqlite3.Connection) -> int:
+    def next_revision(conn: sqlite3.Connection) -> int:
         """Take the next revision of the database (inside the write's transaction)."""
         conn.execute("UPDATE revision_sequence SET last = last + 1 WHERE id = 1")
         row = conn.execute("SELECT last FROM revision_sequence WHERE id = 1").fetchone()
         if row is None or not isinstance(row[0], int):
             raise BackendConfigError("the run store's revision sequence is missing or damaged")
         return row[0]
+
+    def _close_in_thread(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except sqlite3.Error as exc:
+                raise _map_error(exc, self._path) from exc
+
+
+class SqliteRunStore(RunStore):
+    """Deferred runs in an SQLite database file, shared by the processes of one host.
+
+    Open it with :func:`open_sqlite_run_store`, or construct it and :meth:`aclose` it
+    yourself. The constructor does no I/O: the connection is opened, switched to WAL
+    and its schema migrated on the first call (by :func:`open_sqlite_run_store`, on
+    entry, so that a bad file fails the ``async with``). A first call that fails to
+    open leaves the store unopened; the next call tries again.
+
+    Any number of processes (and stores) may open the same file on one host, not on
+    a network filesystem. Each store has one connection and runs its calls one at a
+    time, in a worker thread on its own :class:`trio.CapacityLimiter`. A cancelled
+    call that has started is not abandoned: its transaction commits or rolls back
+    before the call returns. Run writes survive a power cut; lease writes survive the
+    crash of a process. Rows that no run or lease has are skipped with a warning.
+    :ref:`sqlite-run-store` has the details.
+
+    Args:
+      path (str | os.PathLike[str]): the database file; created (with its ``-wal``
+        and ``-shm`` companions) if absent. The file belongs to the store: do not keep
+        other tables in it.
+      max_payload_bytes (int): the largest payload (UTF-8 bytes of its JSON text) a
+        run may carry; larger ones raise :exc:`~trio_debounce.DocumentTooLargeError`
+        before anything is written. Default 1 MiB.
+      timeout (float): seconds a call waits for another connection's lock before it
+        raises :exc:`~trio_debounce.BackendUnavailableError` (SQLite's busy timeout;
+        shorter when the caller's deadline comes first). Default 5.0.
+
+    Raises:
+      ValueError: ``max_payload_bytes`` is not positive, or ``timeout`` is negative,
+        NaN or infinite.
+      TypeError: ``path`` is not a path, or an argument is not a number.
+
+    Each method raises :exc:`~trio_debounce.BackendUnavailableError` when the database
+    stayed locked for ``timeout`` seconds (a write that raised it was not applied),
+    :exc:`~trio_debounce.BackendConfigError` when the file is not a run store this
+    code can use (not an SQLite database, a newer schema version, no WAL),
+    :exc:`~trio_debounce.BackendError` for any other SQLite error, and
+    :exc:`trio.ClosedResourceError` after :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_payload_bytes: int = 1024 * 1024,
+        timeout: float = 5.0,
+    ) -> None:
+        self._path: str = os.fspath(path)
+        if not isinstance(self._path, str):
+            raise TypeError(f"path must be a str path, not {path!r}")
+        try:
+            self._path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"path {self._path!r} is not valid Unicode text (a lone surrogate): SQLite "
+                "cannot open it"
+            ) from None
+        if (
+            isinstance(max_payload_bytes, bool)
+            or not isinstance(max_payload_bytes, int)
+            or max_payload_bytes <= 0
+        ):
+            raise ValueError(f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+        if not math.isfinite(timeout) or timeout < 0:
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        self.max_payload_bytes = max_payload_bytes
+        self._limiter = trio.CapacityLimiter(1)
+        self._connection = _Connection(self._path, float(timeout), self._limiter, repr(self))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._path!r}>"
+
+    @property
+    def path(self) -> str:
+        """The database file (str)."""
+        return self._path
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(connection)`` in a worker thread on the store's limiter."""
+        return await self._connection.call(fn)
 
     # -- runs ------------------------------------------------------------------------
 
@@ -681,11 +381,11 @@ class SqliteRunStore(RunStore):
                 if _run_or_none(row, self._path) is not None:
                     return None
                 conn.execute("DELETE FROM runs WHERE run_id = ?", (run.run_id,))
-            revision = self._next_revision(conn)
+            revision = _Connection.next_revision(conn)
             conn.execute(_INSERT_RUN, (*values, revision))
             return run.replace(revision=revision)
 
-        return await self._call(lambda conn: self._write(conn, _FULL, create))
+        return await self._connection.write(_FULL, create)
 
     async def update_run(self, run: StoredRun) -> StoredRun | None:
         """Replace the record of ``run.run_id`` if its revision is still
@@ -713,11 +413,11 @@ class SqliteRunStore(RunStore):
         values = _run_values(run, self.max_payload_bytes)
 
         def update(conn: sqlite3.Connection) -> StoredRun | None:
-            revision = self._next_revision(conn)
+            revision = _Connection.next_revision(conn)
             cursor = conn.execute(_UPDATE_RUN, (*values[1:], revision, run.run_id, run.revision))
             return run.replace(revision=revision) if cursor.rowcount == 1 else None
 
-        return await self._call(lambda conn: self._write(conn, _FULL, update))
+        return await self._connection.write(_FULL, update)
 
     async def delete_run(self, run_id: str, *, revision: int) -> bool:
         """Remove the record of ``run_id`` if its revision is still ``revision``.
@@ -878,13 +578,13 @@ class SqliteRunStore(RunStore):
                     if _lease_or_none(row, self._path) is not None:
                         return None
                     conn.execute("DELETE FROM leases WHERE process_id = ?", (lease.process_id,))
-                revision = self._next_revision(conn)
+                revision = _Connection.next_revision(conn)
                 conn.execute(
                     f"INSERT INTO leases ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
                     (*values, revision),
                 )
             else:
-                revision = self._next_revision(conn)
+                revision = _Connection.next_revision(conn)
                 cursor = conn.execute(
                     "UPDATE leases SET epoch = ?, expires_at = ?, released = ?, revision = ? "
                     "WHERE process_id = ? AND revision = ?",
@@ -894,7 +594,7 @@ class SqliteRunStore(RunStore):
                     return None
             return Lease(lease.process_id, lease.epoch, lease.expires_at, lease.released, revision)
 
-        return await self._call(lambda conn: self._write(conn, _NORMAL, put))
+        return await self._connection.write(_NORMAL, put)
 
     async def delete_lease(self, process_id: str, *, revision: int) -> bool:
         """Remove the lease of ``process_id`` if its revision is still ``revision``.
@@ -927,7 +627,7 @@ class SqliteRunStore(RunStore):
             cursor = conn.execute(sql, (key, revision))
             return True if cursor.rowcount == 1 else None
 
-        return bool(await self._call(lambda conn: self._write(conn, synchronous, delete)))
+        return bool(await self._connection.write(synchronous, delete))
 
     async def list_leases(self) -> list[Lease]:
         """Every (readable) lease in the store, ordered by process id.
@@ -961,20 +661,7 @@ class SqliteRunStore(RunStore):
         about ``timeout`` seconds; calls still queued for the store's limiter raise
         :exc:`trio.ClosedResourceError`.
         """
-        self._closed = True
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(
-                self._close_in_thread, limiter=self._limiter, abandon_on_cancel=False
-            )
-        await trio.lowlevel.checkpoint_if_cancelled()
-
-    def _close_in_thread(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except sqlite3.Error as exc:
-                raise _map_error(exc, self._path) from exc
+        await self._connection.close()
 
 
 @asynccontextmanager

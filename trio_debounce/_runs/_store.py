@@ -11,8 +11,8 @@ every write, so that every state change is a compare-and-swap:
   seconds, refreshed by the heartbeat).
 
 The store is storage only: the scheduling rules (who may claim, when a run fires, what
-each delivery guarantee writes) live in the scheduler (``_runs.py``), once, for every
-store. See :doc:`/runs`.
+each delivery guarantee writes) live in the scheduler (the rest of this package),
+once, for every store. See :doc:`/runs`.
 """
 
 from __future__ import annotations
@@ -45,10 +45,6 @@ class RunState(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-#: The states of a run that may still run.
-ACTIVE_STATES = frozenset({RunState.PENDING, RunState.STARTED})
 
 
 @dataclass(frozen=True, slots=True)
