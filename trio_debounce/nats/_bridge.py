@@ -264,42 +264,43 @@ async def _aio_shutdown(nc: Client, seconds: float) -> None:
                 )
 
 
-def chosen_host(asyncio_host: str) -> str:
-    """The host that ``NatsConfig.asyncio_host`` names: ``"thread"`` or
-    ``"trio-asyncio"`` (``"auto"`` is the thread host; see :doc:`/nats`)."""
-    if asyncio_host not in HOSTS:
-        raise ValueError(f"asyncio_host must be one of {HOSTS}, got {asyncio_host!r}")
-    return "trio-asyncio" if asyncio_host == "auto" else asyncio_host
-
-
 @asynccontextmanager
 async def open_host(asyncio_host: str, secrets: tuple[str, ...]) -> AsyncIterator[Host]:
-    """Start the host ``asyncio_host`` names (see :func:`chosen_host`) and its loop,
-    whose exception handler is :func:`log_asyncio_error`; stop it on exit (its thread,
-    if any, is joined).
+    """Start the host that ``NatsConfig.asyncio_host`` names and its loop, whose
+    exception handler is :func:`log_asyncio_error`; stop it on exit (its thread, if
+    any, is joined).
+
+    ``"thread"`` and ``"trio-asyncio"`` name a host; ``"auto"`` is trio-asyncio where
+    it imports, else the thread host (see :doc:`/nats`, *The asyncio host*).
 
     Raises:
       BackendConfigError: ``"trio-asyncio"`` was asked for and trio-asyncio cannot be
         imported.
     """
-    if chosen_host(asyncio_host) == "thread":
+    if asyncio_host not in HOSTS:
+        raise BackendConfigError(f"asyncio_host must be one of {HOSTS}, got {asyncio_host!r}")
+    module = None
+    if asyncio_host != "thread":
+        from . import _host_trio_asyncio
+
+        try:
+            module = _host_trio_asyncio.import_trio_asyncio()
+        except ImportError as exc:
+            if asyncio_host == "trio-asyncio":
+                version = ".".join(map(str, sys.version_info[:2]))
+                raise BackendConfigError(
+                    f"asyncio_host='trio-asyncio', but trio-asyncio cannot be imported on "
+                    f"Python {version} ({exc}); use asyncio_host='thread' or 'auto'"
+                ) from None
+            logger.debug("trio-asyncio does not import (%s): using the thread host", exc)
+    if module is None:
         from . import _host_thread
 
         async with _host_thread.open_thread_host(secrets) as host:
             yield host
-        return
-    from . import _host_trio_asyncio
-
-    try:
-        module = _host_trio_asyncio.import_trio_asyncio()
-    except ImportError as exc:
-        version = ".".join(map(str, sys.version_info[:2]))
-        raise BackendConfigError(
-            f"asyncio_host='trio-asyncio', but trio-asyncio cannot be imported on Python "
-            f"{version} ({exc}); use asyncio_host='thread' or 'auto'"
-        ) from None
-    async with _host_trio_asyncio.open_trio_asyncio_host(module, secrets) as host:
-        yield host
+    else:
+        async with _host_trio_asyncio.open_trio_asyncio_host(module, secrets) as host:
+            yield host
 
 
 def closed_loop_error() -> BackendUnavailableError:

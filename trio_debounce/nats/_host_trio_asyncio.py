@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import importlib.metadata
+import importlib.util
+import sys
 import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -23,19 +26,55 @@ from ._bridge import Host, closed_loop_error, log_asyncio_error
 def import_trio_asyncio() -> ModuleType:
     """``import trio_asyncio``, without its known import-time warning.
 
-    On Python 3.12 and later trio-asyncio's child watcher subclasses
-    :class:`asyncio.AbstractChildWatcher`, whose use asyncio deprecates with a
+    On Python 3.12 and 3.13 trio-asyncio's child watcher subclasses
+    :class:`asyncio.AbstractChildWatcher`, which asyncio deprecates with a
     :exc:`DeprecationWarning` at import; that one (and only that one) is ignored, so
-    ``-W error`` users can still open the store.
+    users who turn warnings into errors can still open the store. On Python 3.14,
+    where that class is gone, trio-asyncio 0.16 is not imported at all: its import
+    fails half-way, after patching asyncio's loop functions process-wide.
+
+    Returns:
+      the ``trio_asyncio`` module.
 
     Raises:
       ImportError: trio-asyncio is not installed or cannot be imported here.
     """
+    if "trio_asyncio" not in sys.modules:
+        if importlib.util.find_spec("trio_asyncio") is None:
+            raise ImportError("trio-asyncio is not installed", name="trio_asyncio")
+        if sys.version_info >= (3, 14) and _installed_version() <= (0, 16):
+            raise ImportError(
+                "trio-asyncio 0.16 and older cannot be imported on Python 3.14 or later",
+                name="trio_asyncio",
+            )
     with warnings.catch_warnings():
         warnings.filterwarnings(
-            "ignore", message=r".*AbstractChildWatcher.*", category=DeprecationWarning
+            "ignore",
+            message=r"'AbstractChildWatcher' is deprecated",
+            category=DeprecationWarning,
         )
-        return importlib.import_module("trio_asyncio")
+        try:
+            return importlib.import_module("trio_asyncio")
+        except ImportError:
+            raise
+        except Exception as exc:  # a failed import of a version this Python breaks
+            raise ImportError(
+                f"trio-asyncio failed to import: {type(exc).__name__}: {exc}",
+                name="trio_asyncio",
+            ) from exc
+
+
+def _installed_version() -> tuple[int, ...]:
+    """trio-asyncio's installed version, as ints (``(0,)`` when unknown)."""
+    try:
+        text = importlib.metadata.version("trio-asyncio")
+    except importlib.metadata.PackageNotFoundError:
+        return (0,)
+    parts = []
+    for part in text.split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
 
 
 class TrioAsyncioHost(Host):
