@@ -32,6 +32,7 @@ import outcome
 import trio
 
 from .._errors import BackendConfigError, BackendUnavailableError
+from ._config import ASYNCIO_HOSTS
 from ._errors import redact
 
 if TYPE_CHECKING:
@@ -50,9 +51,6 @@ _RECANCEL = 0.05
 
 #: Seconds :func:`shutdown` waits for a socket it closed to report it closed.
 _CLOSE_WAIT = 0.25
-
-#: The values of ``NatsConfig.asyncio_host``.
-HOSTS = ("auto", "thread", "trio-asyncio")
 
 #: The host ``"auto"`` prefers where trio-asyncio imports (elsewhere it is the thread
 #: host). The thread host measured faster (``bench/nats_hosts.py``; the figures are in
@@ -284,8 +282,10 @@ async def open_host(asyncio_host: str, secrets: tuple[str, ...]) -> AsyncIterato
       BackendConfigError: ``"trio-asyncio"`` was asked for and trio-asyncio cannot be
         imported.
     """
-    if asyncio_host not in HOSTS:
-        raise BackendConfigError(f"asyncio_host must be one of {HOSTS}, got {asyncio_host!r}")
+    if asyncio_host not in ASYNCIO_HOSTS:
+        raise BackendConfigError(
+            f"asyncio_host must be one of {ASYNCIO_HOSTS}, got {asyncio_host!r}"
+        )
     module = None
     if asyncio_host == "trio-asyncio" or (
         asyncio_host == "auto" and AUTO_WHERE_TRIO_ASYNCIO_IMPORTS == "trio-asyncio"

@@ -16,7 +16,7 @@ _SECRETS = ("token", "password", "nkey_seed")
 _ENV = "TRIO_DEBOUNCE_"
 _URL_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 #: The values of :attr:`NatsConfig.asyncio_host`.
-_HOSTS = ("auto", "thread", "trio-asyncio")
+ASYNCIO_HOSTS = ("auto", "thread", "trio-asyncio")
 
 
 def _hide_userinfo(text: str) -> str:
@@ -166,9 +166,9 @@ class NatsConfig:
             raise ValueError("give js_domain or js_api_prefix, not both")
         if not isinstance(self.asyncio_host, str):
             raise TypeError(f"asyncio_host must be a str, not {self.asyncio_host!r}")
-        if self.asyncio_host not in _HOSTS:
+        if self.asyncio_host not in ASYNCIO_HOSTS:
             raise ValueError(
-                f"asyncio_host must be one of {', '.join(map(repr, _HOSTS))}, "
+                f"asyncio_host must be one of {', '.join(map(repr, ASYNCIO_HOSTS))}, "
                 f"got {self.asyncio_host!r}"
             )
 
@@ -261,9 +261,10 @@ class NatsConfig:
                 kwargs[name] = raw in ("1", "true", "yes")
         if _ENV + "NATS_ASYNCIO_HOST" in env:
             raw = env[_ENV + "NATS_ASYNCIO_HOST"]
-            if raw.strip().lower() not in _HOSTS:
+            if raw.strip().lower() not in ASYNCIO_HOSTS:
                 raise ValueError(
-                    f"{_ENV}NATS_ASYNCIO_HOST must be one of {', '.join(_HOSTS)}, got {raw!r}"
+                    f"{_ENV}NATS_ASYNCIO_HOST must be one of "
+                    f"{', '.join(ASYNCIO_HOSTS)}, got {raw!r}"
                 )
             kwargs["asyncio_host"] = raw.strip().lower()
         try:
