@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from tests.nats_server import NatsServer, free_port
+from tests.tcp_proxy import open_tcp_proxy
 from trio_debounce import BackendConfigError, BackendUnavailableError
 from trio_debounce.abc import DebounceBackend
 from trio_debounce.nats import (
@@ -67,7 +68,8 @@ def config(server: NatsServer | None, host: str, **kwargs: Any) -> NatsConfig:
     kwargs.setdefault("connect_timeout", 3.0)
     kwargs.setdefault("ping_interval", 1.0)
     url = f"nats://127.0.0.1:{free_port()}" if server is None else server.url
-    return NatsConfig(servers=(url,), asyncio_host=host, **kwargs)
+    kwargs.setdefault("servers", (url,))
+    return NatsConfig(asyncio_host=host, **kwargs)
 
 
 def loop_threads() -> list[threading.Thread]:
@@ -216,6 +218,31 @@ async def test_an_error_and_a_result_cross_back(nats_server: NatsServer, host: s
                 await _bridge.cross(store._host, fails)
             # the thread host runs nats-py in its own thread, trio-asyncio in Trio's
             assert await _bridge.cross(store._host, where) is (host == "trio-asyncio")
+
+
+@pytest.mark.parametrize("host", HOSTS)
+async def test_calls_are_bounded_through_a_stalled_connection(
+    nats_server: NatsServer, host: str
+) -> None:
+    # A call's bound: op_timeout, plus the grace for a call that swallows its
+    # cancellation, plus a margin for a loaded machine.
+    bound = OP_TIMEOUT + _bridge.CANCEL_GRACE + 1.0
+    with trio.fail_after(30):
+        async with open_tcp_proxy(nats_server.port) as proxy:
+            cfg = config(None, host, servers=(f"nats://127.0.0.1:{proxy.port}",))
+            async with open_nats_store(cfg) as store:
+                revision = await store.put("w.k", b"v", last=0)
+                proxy.stall()
+                for call in (store.get("w.k"), store.put("w.k", b"w", last=revision)):
+                    began = trio.current_time()
+                    with pytest.raises(BackendUnavailableError):
+                        await call
+                    assert trio.current_time() - began < bound
+                proxy.resume()
+            for _ in range(500):  # the proxy sees the close before it exits
+                if not proxy.open_connections:
+                    break
+                await trio.sleep(0.01)
 
 
 # ------------------------------------------------------------------ the thread host
