@@ -1,17 +1,18 @@
 """The NATS JetStream KV backend for cross-process debouncing.
 
-Needs the ``nats`` extra (from a clone: ``pip install '.[nats]'``): nats-py, driven
-through trio-asyncio. This submodule is not imported by ``import trio_debounce``.
+Needs the ``nats`` extra (from a clone: ``pip install '.[nats]'``): nats-py, run on a
+private asyncio loop (in a thread of its own, or on trio-asyncio where it imports:
+``NatsConfig.asyncio_host``). This submodule is not imported by ``import
+trio_debounce``, and imports trio-asyncio only when a store opens on that host.
 """
 
 from __future__ import annotations
 
 try:
     import nats as _nats  # noqa: F401
-    import trio_asyncio as _trio_asyncio  # noqa: F401
 except ImportError as _exc:
     raise ImportError(
-        "trio_debounce.nats needs the nats extra (nats-py and trio-asyncio): from a clone, "
+        "trio_debounce.nats needs the nats extra (nats-py): from a clone, "
         f"pip install '.[nats]' (missing: {_exc.name})",
         name=_exc.name,
     ) from _exc

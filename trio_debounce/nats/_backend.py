@@ -30,7 +30,8 @@ async def open_nats_backend(
                    open_coordinator(backend=backend, handlers=...) as coordinator:
             ...
 
-    Opens its own trio-asyncio loop and one nats-py connection (reconnecting forever,
+    Opens its own asyncio loop (on the host ``config.asyncio_host`` names: a thread of
+    its own, or trio-asyncio) and one nats-py connection (reconnecting forever,
     writes never queued while disconnected), creates the KV bucket if absent (history
     1, file storage, ``config.replicas`` replicas, no max age) or binds an existing one
     and validates its settings; see :doc:`/nats`. Everything is closed on exit.

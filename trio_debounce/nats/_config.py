@@ -15,6 +15,8 @@ _SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 _SECRETS = ("token", "password", "nkey_seed")
 _ENV = "TRIO_DEBOUNCE_"
 _URL_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+#: The values of :attr:`NatsConfig.asyncio_host`.
+ASYNCIO_HOSTS = ("auto", "thread", "trio-asyncio")
 
 
 def _hide_userinfo(text: str) -> str:
@@ -76,6 +78,11 @@ class NatsConfig:
       max_clock_skew (float): seconds of wall-clock disagreement tolerated between the
         hosts that share the bucket (> 0); wall-clock deadlines written by one host are
         read by another with this much slack.
+      asyncio_host (str): where nats-py's asyncio loop runs: ``"thread"`` (a stdlib
+        asyncio loop in a thread of the store's own), ``"trio-asyncio"`` (a
+        trio-asyncio loop in Trio's thread; not on Python 3.14, where trio-asyncio
+        cannot be imported), or ``"auto"`` (the default: trio-asyncio where it
+        imports, else the thread host; see :doc:`/nats`, *The asyncio host*).
 
     Raises:
       ValueError, TypeError: from the constructor, naming the bad field.
@@ -102,6 +109,7 @@ class NatsConfig:
     connect_timeout: float = 5.0
     create_bucket: bool = True
     max_clock_skew: float = 1.0
+    asyncio_host: str = "auto"
 
     def __post_init__(self) -> None:
         servers: object = self.servers
@@ -156,6 +164,13 @@ class NatsConfig:
             raise ValueError("tls_cert and tls_key go together")
         if self.js_domain is not None and self.js_api_prefix is not None:
             raise ValueError("give js_domain or js_api_prefix, not both")
+        if not isinstance(self.asyncio_host, str):
+            raise TypeError(f"asyncio_host must be a str, not {self.asyncio_host!r}")
+        if self.asyncio_host not in ASYNCIO_HOSTS:
+            raise ValueError(
+                f"asyncio_host must be one of {', '.join(map(repr, ASYNCIO_HOSTS))}, "
+                f"got {self.asyncio_host!r}"
+            )
 
     def __repr__(self) -> str:
         shown = []
@@ -180,7 +195,8 @@ class NatsConfig:
         ``..._NATS_TLS_KEY``, ``..._NATS_TLS_HANDSHAKE_FIRST`` (``1``/``0``),
         ``..._NATS_JS_DOMAIN``, ``..._NATS_JS_API_PREFIX``, ``..._NATS_INBOX_PREFIX``,
         ``..._NATS_PING_INTERVAL``, ``..._NATS_BUCKET``, ``..._NATS_REPLICAS``,
-        ``..._NATS_CREATE_BUCKET`` (``1``/``0``), and ``TRIO_DEBOUNCE_LEASE``,
+        ``..._NATS_CREATE_BUCKET`` (``1``/``0``), ``..._NATS_ASYNCIO_HOST`` (``auto``,
+        ``thread`` or ``trio-asyncio``), and ``TRIO_DEBOUNCE_LEASE``,
         ``TRIO_DEBOUNCE_OP_TIMEOUT``, ``TRIO_DEBOUNCE_CONNECT_TIMEOUT``,
         ``TRIO_DEBOUNCE_MAX_CLOCK_SKEW`` (seconds).
 
@@ -243,6 +259,14 @@ class NatsConfig:
                 if raw not in ("1", "0", "true", "false", "yes", "no"):
                     raise ValueError(f"{_ENV}{var} must be 1 or 0, got {raw!r}")
                 kwargs[name] = raw in ("1", "true", "yes")
+        if _ENV + "NATS_ASYNCIO_HOST" in env:
+            raw = env[_ENV + "NATS_ASYNCIO_HOST"]
+            if raw.strip().lower() not in ASYNCIO_HOSTS:
+                raise ValueError(
+                    f"{_ENV}NATS_ASYNCIO_HOST must be one of "
+                    f"{', '.join(ASYNCIO_HOSTS)}, got {raw!r}"
+                )
+            kwargs["asyncio_host"] = raw.strip().lower()
         try:
             return cls(**kwargs)  # type: ignore[arg-type]
         except (TypeError, ValueError) as exc:

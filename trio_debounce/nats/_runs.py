@@ -92,7 +92,7 @@ TOMBSTONE_TTL = 60.0
 RETRY_MIN = 0.5
 RETRY_MAX = 15.0
 
-#: Updates taken across the trio-asyncio bridge at once.
+#: Updates taken across the asyncio bridge at once.
 _BATCH = 512
 
 
@@ -532,7 +532,7 @@ async def open_nats_run_store(
         async with open_nats_run_store(NatsConfig.from_env()) as store:
             ...
 
-    Opens its own trio-asyncio loop and nats-py connection (as
+    Opens its own asyncio loop (on ``config.asyncio_host``) and nats-py connection (as
     :func:`~trio_debounce.nats.open_nats_backend` does: the same bucket, created if
     absent), and a nursery whose tasks keep the index of runs and leases (see the
     module), loaded before the block starts. On exit the watches stop and the

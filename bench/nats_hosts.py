@@ -1,0 +1,283 @@
+"""The asyncio hosts of the NATS backend, against raw nats-py (not a test).
+
+Owner-ping latency (``await Coordinator.debounce`` into an open window, the owner's
+own process) on a real loopback nats-server, for each host of
+``NatsConfig.asyncio_host`` (``thread``: a stdlib loop in a thread of its own;
+``trio-asyncio``), against the baseline: raw nats-py ``kv.get`` + ``kv.update`` of one
+key on a stdlib asyncio loop. Every sample is a fresh process (the baseline and the
+thread host never import trio_asyncio, which patches asyncio process-wide); each round
+runs every variant once, in an order rotated from round to round, and each figure is a
+ratio to the same round's baseline, summarised over the rounds (median, min, max).
+
+Run: ``python bench/nats_hosts.py [--rounds 7] [--pings 400]``; prints a JSON report
+and an RST table (for ``docs/nats.rst``) on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("raw", "thread", "trio-asyncio")
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _figures(latencies: list[float]) -> dict[str, float]:
+    return {"p50": _quantile(latencies, 0.5), "p99": _quantile(latencies, 0.99)}
+
+
+# ------------------------------------------------------------------ workers
+
+
+def worker_raw(url: str, pings: int, warm: int) -> dict[str, Any]:
+    """Raw nats-py on a stdlib loop: one kv.get + one kv.update per ping."""
+    import nats
+
+    async def main() -> dict[str, Any]:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            bucket = f"raw{uuid.uuid4().hex[:10]}"
+            kv = await js.create_key_value(bucket=bucket, history=1)
+            rev = await kv.create("w.raw", b"x" * 200)
+            value = b"y" * 200
+            out: list[float] = []
+            for i in range(warm + pings):
+                t0 = time.perf_counter()
+                entry = await kv.get("w.raw")
+                rev = await kv.update("w.raw", value, last=entry.revision or rev)
+                if i >= warm:
+                    out.append(time.perf_counter() - t0)
+            await js.delete_key_value(bucket)
+            return {"latencies": out, "loop": type(asyncio.get_running_loop()).__name__}
+        finally:
+            await nc.close()
+
+    return asyncio.run(main())
+
+
+def worker_host(host: str, url: str, pings: int, warm: int) -> dict[str, Any]:
+    """Owner pings through the NATS backend on ``host``, on a fresh ``trio.run``."""
+    import trio
+
+    import trio_debounce
+    import trio_debounce.nats._store as nats_store
+    from trio_debounce.nats import NatsConfig, open_nats_backend
+
+    crossings = 0
+    cross = nats_store.cross
+
+    async def counted(*args: Any) -> Any:
+        nonlocal crossings
+        crossings += 1
+        return await cross(*args)
+
+    nats_store.cross = counted  # type: ignore[assignment]
+
+    async def noop(fire: trio_debounce.Fire) -> None:
+        pass
+
+    async def main() -> dict[str, Any]:
+        config = NatsConfig(
+            servers=(url,),
+            bucket=f"b{uuid.uuid4().hex[:12]}",
+            op_timeout=5.0,
+            asyncio_host=host,
+        )
+        async with (
+            open_nats_backend(config) as backend,
+            trio_debounce.open_coordinator(
+                handlers={"wf": noop}, backend=backend, on_exit="cancel"
+            ) as coordinator,
+        ):
+            store: Any = backend._store  # type: ignore[attr-defined]
+            while not hasattr(store, "_host"):
+                store = store._store
+            loop = type(store._host.loop).__name__
+            out: list[float] = []
+            for i in range(warm + 1 + pings):  # the first opens the window
+                if i == warm + 1:
+                    start = crossings
+                t0 = time.perf_counter()
+                await coordinator.debounce("wf", "k", {"n": i}, delay=3600.0)
+                if i > warm:
+                    out.append(time.perf_counter() - t0)
+            # store calls per ping (the heartbeat's few included)
+            per_ping = (crossings - start) / pings
+        return {"latencies": out, "loop": loop, "crossings_per_ping": per_ping}
+
+    result: dict[str, Any] = trio.run(main)
+    result["trio_asyncio_imported"] = "trio_asyncio" in sys.modules
+    return result
+
+
+def worker(args: argparse.Namespace) -> None:
+    if args.variant == "raw":
+        result = worker_raw(args.url, args.pings, args.warm)
+        result["trio_asyncio_imported"] = "trio_asyncio" in sys.modules
+    else:
+        result = worker_host(args.variant, args.url, args.pings, args.warm)
+    print(json.dumps(result))
+
+
+# ------------------------------------------------------------------ driver
+
+
+def _run_worker(variant: str, url: str, pings: int, warm: int) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, __file__, "worker", variant, url, str(pings), str(warm)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def drive(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT))
+    from tests.nats_server import NatsServer
+
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = NatsServer(Path(tmp) / "js")
+        server.start()
+        try:
+            rounds: list[dict[str, Any]] = []
+            for r in range(args.rounds + 1):  # round 0 warms the disk and caches
+                k = r % len(VARIANTS)
+                order = list(VARIANTS[k:] + VARIANTS[:k])
+                samples = {v: _run_worker(v, server.url, args.pings, args.warm) for v in order}
+                if r == 0:
+                    continue
+                rounds.append(samples)
+                print(
+                    f"round {r}: "
+                    + ", ".join(
+                        f"{v} p50 {1e6 * _figures(s['latencies'])['p50']:.0f} us"
+                        for v, s in samples.items()
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
+        finally:
+            server.stop()
+    load_end = os.getloadavg()
+
+    report: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "loadavg_start": [round(x, 2) for x in load_start],
+        "loadavg_end": [round(x, 2) for x in load_end],
+        "rounds": args.rounds,
+        "pings": args.pings,
+        "variants": {},
+    }
+    for v in VARIANTS:
+        per_ping = [s[v].get("crossings_per_ping", 2.0) for s in rounds]
+        figs = [_figures(s[v]["latencies"]) for s in rounds]
+        base = [_figures(s["raw"]["latencies"]) for s in rounds]
+        report["variants"][v] = {
+            "loop": rounds[0][v]["loop"],
+            "store_calls_per_ping": statistics.median(per_ping),
+            "trio_asyncio_imported": rounds[0][v]["trio_asyncio_imported"],
+            "p50_us": _summary([1e6 * f["p50"] for f in figs]),
+            "p99_us": _summary([1e6 * f["p99"] for f in figs]),
+            "p50_ratio": _summary([f["p50"] / b["p50"] for f, b in zip(figs, base, strict=True)]),
+            "p99_ratio": _summary([f["p99"] / b["p99"] for f, b in zip(figs, base, strict=True)]),
+        }
+    ta_vs_thread = [
+        _figures(s["trio-asyncio"]["latencies"])["p50"] / _figures(s["thread"]["latencies"])["p50"]
+        for s in rounds
+    ]
+    report["trio_asyncio_p50_over_thread_p50"] = _summary(ta_vs_thread)
+    print(json.dumps(report, indent=2))
+    print(_table(report))
+    ratio = report["trio_asyncio_p50_over_thread_p50"]
+    print(f"trio-asyncio p50 / thread p50: {_spread(ratio)} (median, min-max over rounds)")
+
+
+def _spread(summary: dict[str, float]) -> str:
+    return f"{summary['median']:.2f} ({summary['min']:.2f}-{summary['max']:.2f})"
+
+
+def _table(report: dict[str, Any]) -> str:
+    rows = [("variant", "loop", "calls", "p50 (us)", "p50 / raw", "p99 (us)", "p99 / raw")]
+    for v, f in report["variants"].items():
+        name = {"raw": "raw nats-py get+put", "thread": "thread host"}.get(v, "trio-asyncio host")
+        rows.append(
+            (
+                name,
+                f["loop"],
+                f"{f['store_calls_per_ping']:.2f}",
+                f"{f['p50_us']['median']:.0f}",
+                _spread(f["p50_ratio"]),
+                f"{f['p99_us']['median']:.0f}",
+                _spread(f["p99_ratio"]),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    rule = " ".join("=" * w for w in widths)
+    lines = [rule, " ".join(c.ljust(w) for c, w in zip(rows[0], widths, strict=True)), rule]
+    lines += [" ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows[1:]]
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    w = sub.add_parser("worker")
+    w.add_argument("variant", choices=VARIANTS)
+    w.add_argument("url")
+    w.add_argument("pings", type=int)
+    w.add_argument("warm", type=int)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--pings", type=int, default=400)
+    parser.add_argument("--warm", type=int, default=50)
+    args = parser.parse_args()
+    if args.command == "worker":
+        worker(args)
+    else:
+        drive(args)
+
+
+if __name__ == "__main__":
+    main()
