@@ -80,7 +80,6 @@ OVERSIZED: dict[str, int] = {
     "_coordinator:Coordinator": 1160,
     "_protocol": 2446,
     "_protocol:KvDebounceBackend": 1909,
-    "nats._store": 821,
 }
 
 MODULE_GUIDE = 600

@@ -410,11 +410,12 @@ async def test_auto_falls_back_to_the_thread_host(
             assert await store.put("w.a", b"v", last=0) > 0
 
 
-async def test_auto_is_trio_asyncio_where_it_imports(nats_server: NatsServer) -> None:
-    expected = "trio-asyncio" if _trio_asyncio_imports() else "thread"
+async def test_auto_is_the_thread_host_even_where_trio_asyncio_imports(
+    nats_server: NatsServer,
+) -> None:
     with trio.fail_after(10):
         async with open_nats_store(config(nats_server, "auto")) as store:
-            assert store._host.name == expected
+            assert store._host.name == "thread"
 
 
 # ------------------------------------------------------------------ configuration

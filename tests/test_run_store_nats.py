@@ -10,14 +10,13 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
-import trio_asyncio
 
 from tests.nats_server import NatsServer
 from trio_debounce import BackendUnavailableError, DocumentTooLargeError
 from trio_debounce._keys import run_key
 from trio_debounce._runs._kv_store import DOCUMENT_ALLOWANCE, encode_run
 from trio_debounce.abc import Lease, RunState, StoredRun
-from trio_debounce.nats import NatsConfig, NatsKvRunStore, open_nats_run_store
+from trio_debounce.nats import NatsConfig, NatsKvRunStore, _bridge, open_nats_run_store
 from trio_debounce.nats._store import HEADROOM
 from trio_debounce.testing import check_run_store
 
@@ -248,7 +247,8 @@ async def test_a_dead_watch_is_logged_and_restarted(
         async with two_stores(nats_server) as (reader, writer):
             watch = reader._runs.watch
             assert watch is not None
-            await trio_asyncio.aio_as_trio(watch._watcher.stop)()
+            # Stop the watcher on nats-py's own loop, whichever host runs it.
+            await _bridge.cross(watch._host, watch._watcher.stop)
             await eventually(lambda: _true(reader.statistics().rebuilds == 3), 5.0)
             assert any(
                 r.levelno == logging.WARNING and "watch of 'r.' keys failed" in r.getMessage()

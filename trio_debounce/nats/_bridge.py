@@ -23,16 +23,13 @@ import abc
 import asyncio
 import contextlib
 import logging
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import outcome
 import trio
 
-from .._errors import BackendConfigError, BackendUnavailableError
-from ._config import ASYNCIO_HOSTS
+from .._errors import BackendUnavailableError
 from ._errors import redact
 
 if TYPE_CHECKING:
@@ -51,12 +48,6 @@ _RECANCEL = 0.05
 
 #: Seconds :func:`shutdown` waits for a socket it closed to report it closed.
 _CLOSE_WAIT = 0.25
-
-#: The host ``"auto"`` prefers where trio-asyncio imports (elsewhere it is the thread
-#: host). The thread host measured faster (``bench/nats_hosts.py``; the figures are in
-#: :doc:`/nats`, *The asyncio host*); ``"auto"`` stays on trio-asyncio until the NATS
-#: tests that drive a store's internals through trio-asyncio itself run on each host.
-AUTO_WHERE_TRIO_ASYNCIO_IMPORTS = "trio-asyncio"
 
 
 class Host(abc.ABC):
@@ -266,50 +257,6 @@ async def _aio_shutdown(nc: Client, seconds: float) -> None:
                     transport.wait_closed(),  # type: ignore[no-untyped-call]
                     min(seconds, _CLOSE_WAIT),
                 )
-
-
-@asynccontextmanager
-async def open_host(asyncio_host: str, secrets: tuple[str, ...]) -> AsyncIterator[Host]:
-    """Start the host that ``NatsConfig.asyncio_host`` names and its loop, whose
-    exception handler is :func:`log_asyncio_error`; stop it on exit (its thread, if
-    any, is joined).
-
-    ``"thread"`` and ``"trio-asyncio"`` name a host; ``"auto"`` is
-    :data:`AUTO_WHERE_TRIO_ASYNCIO_IMPORTS` where trio-asyncio imports, else the
-    thread host (see :doc:`/nats`, *The asyncio host*).
-
-    Raises:
-      BackendConfigError: ``"trio-asyncio"`` was asked for and trio-asyncio cannot be
-        imported.
-    """
-    if asyncio_host not in ASYNCIO_HOSTS:
-        raise BackendConfigError(
-            f"asyncio_host must be one of {ASYNCIO_HOSTS}, got {asyncio_host!r}"
-        )
-    module = None
-    if asyncio_host == "trio-asyncio" or (
-        asyncio_host == "auto" and AUTO_WHERE_TRIO_ASYNCIO_IMPORTS == "trio-asyncio"
-    ):
-        from . import _host_trio_asyncio
-
-        try:
-            module = _host_trio_asyncio.import_trio_asyncio()
-        except ImportError as exc:
-            if asyncio_host == "trio-asyncio":
-                version = ".".join(map(str, sys.version_info[:2]))
-                raise BackendConfigError(
-                    f"asyncio_host='trio-asyncio', but trio-asyncio cannot be imported on "
-                    f"Python {version} ({exc}); use asyncio_host='thread' or 'auto'"
-                ) from None
-            logger.debug("trio-asyncio does not import (%s): using the thread host", exc)
-    if module is None:
-        from . import _host_thread
-
-        async with _host_thread.open_thread_host(secrets) as host:
-            yield host
-    else:
-        async with _host_trio_asyncio.open_trio_asyncio_host(module, secrets) as host:
-            yield host
 
 
 def closed_loop_error() -> BackendUnavailableError:

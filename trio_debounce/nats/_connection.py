@@ -12,7 +12,7 @@ import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 from nats.aio.client import Client
@@ -23,10 +23,15 @@ from ._config import NatsConfig
 from ._errors import PERMISSION_MARKER, is_auth_failure, map_error, redact, tls_failure
 from ._errors import tls_refused as _tls_refused
 
-if TYPE_CHECKING:
-    from ._store import NatsKvWatch
-
 logger = logging.getLogger("trio_debounce.nats")
+
+
+class Interruptible(Protocol):
+    """A watch the connection interrupts at every disconnect and reconnect
+    (``_store.NatsKvWatch``)."""
+
+    def _interrupt(self) -> None: ...
+
 
 #: Seconds between two log lines with the same connection error message.
 _LOG_REPEAT = 60.0
@@ -51,7 +56,7 @@ class State:
     #: Set when the store is being closed on purpose (its disconnect is no news).
     closing: bool = False
     #: The open watches, interrupted by every disconnect and reconnect.
-    watches: set[NatsKvWatch] = field(default_factory=set)
+    watches: set[Interruptible] = field(default_factory=set)
     #: Set, and replaced by a fresh event, at every disconnect and reconnect.
     connection_changed: trio.Event = field(default_factory=trio.Event)
     _last_logged: dict[str, float] = field(default_factory=dict)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import nats.errors
 import nats.js.errors
@@ -18,8 +18,14 @@ from .._errors import (
     RevisionConflict,
 )
 
-if TYPE_CHECKING:
-    from ._connection import State
+
+class ConnectionFacts(Protocol):
+    """What :func:`map_error` reads of a connection's state (``_connection.State``)."""
+
+    secrets: tuple[str, ...]
+    auth_failed: bool
+    tls_failure: str
+
 
 #: JetStream's error codes for a failed ``Nats-Expected-Last-Subject-Sequence`` check.
 WRONG_LAST_SEQUENCE = (10071, 10164)
@@ -121,7 +127,7 @@ _UNAVAILABLE = (
 )
 
 
-def map_error(exc: BaseException, what: str, state: State | None = None) -> BackendError:
+def map_error(exc: BaseException, what: str, state: ConnectionFacts | None = None) -> BackendError:
     """The library's exception for ``exc``, raised by nats-py during ``what``.
 
     Args:

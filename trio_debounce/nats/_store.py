@@ -38,7 +38,7 @@ from .._errors import (
     DocumentTooLargeError,
 )
 from .._kv import KvEntry, KvStore
-from ._bridge import Host, cross, log_asyncio_error, open_host, shutdown, stop_watcher
+from ._bridge import Host, cross, log_asyncio_error, shutdown, stop_watcher
 from ._bucket import api_prefix, open_bucket
 from ._config import NatsConfig
 from ._connection import State, connect, secrets_of
@@ -50,6 +50,7 @@ from ._errors import (
     map_error,
     redact,
 )
+from ._hosts import open_host
 
 logger = logging.getLogger("trio_debounce.nats")
 
