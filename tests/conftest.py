@@ -22,6 +22,26 @@ if os.environ.get("CI"):
 #: Set (by .ci/run) to turn the skip of tests that need ../shared into a failure.
 REQUIRE_SHARED_ENV = "TRIO_DEBOUNCE_REQUIRE_SHARED"
 
+#: Set (by ``nox -s chaos``) to run the long variants of the fault scenarios (more
+#: rounds, runs and kills); the suite runs short ones that make the same assertions.
+LONG_ENV = "TRIO_DEBOUNCE_LONG_TESTS"
+LONG = os.environ.get(LONG_ENV) == "1"
+
+#: The xdist group of the tests marked ``realtime``.
+REALTIME_GROUP = "realtime"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put every ``realtime`` test (it asserts wall-clock bounds, or loads the cores
+    while others do) in one xdist group: under ``--dist loadgroup`` they all run in one
+    worker, one at a time, while the other worker runs the rest (MockClock tests, tools,
+    real-server tests without time bounds). Before xdist's own hook, which reads the
+    group markers."""
+    for item in items:
+        if item.get_closest_marker("realtime") is not None:
+            item.add_marker(pytest.mark.xdist_group(REALTIME_GROUP))
+
 
 class Recorder:
     """A fire handler that records every fire and can take time to run."""

@@ -41,7 +41,7 @@ from trio_debounce.nats import NatsConfig, open_nats_run_store
 from trio_debounce.nats._store import open_nats_store
 from trio_debounce.testing import KvEntry
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 #: The tests under load (about a minute together) run in ``nox -s chaos``, which sets
 #: the variable, and not in every run: the default run keeps the short ones (a bucket
