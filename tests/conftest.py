@@ -36,11 +36,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Put every ``realtime`` test (it asserts wall-clock bounds, or loads the cores
     while others do) in one xdist group: under ``--dist loadgroup`` they all run in one
     worker, one at a time, while the other worker runs the rest (MockClock tests, tools,
-    real-server tests without time bounds). Before xdist's own hook, which reads the
-    group markers."""
+    real-server tests without time bounds). Before xdist's own hook (in each worker),
+    which reads the group marks."""
     for item in items:
         if item.get_closest_marker("realtime") is not None:
             item.add_marker(pytest.mark.xdist_group(REALTIME_GROUP))
+
+
+@pytest.fixture(autouse=True)
+def _realtime_tests_are_grouped(request: pytest.FixtureRequest) -> None:
+    """Fail a ``realtime`` test that xdist did not put in its group: spread over both
+    workers, the time bounds of two such tests would be measured beside each other."""
+    node = request.node
+    if (
+        hasattr(request.config, "workerinput")
+        and node.get_closest_marker("realtime") is not None
+        and not node.nodeid.endswith(f"@{REALTIME_GROUP}")
+    ):
+        pytest.fail(
+            "this realtime test is not in the xdist group 'realtime': run with --dist "
+            "loadgroup (pyproject's addopts) and a pytest that pytest-xdist can group "
+            "tests on (see the pin in pyproject.toml), or with -n 0",
+            pytrace=False,
+        )
 
 
 class Recorder:
