@@ -732,11 +732,13 @@ def nats_args(server: NatsServer) -> list[str]:
     return ["--store", "nats", "--url", server.url, "--bucket", "r" + uuid.uuid4().hex[:12]]
 
 
-#: The fault scenarios' length: ``(runs, feed seconds)`` on SQLite and on NATS. The
-#: suite feeds 9 s (a kill every 0.5 to 1.5 s: at least the 5 kills the scenario asserts)
-#: at the long variant's rate of schedules; ``nox -s chaos`` runs the long variant.
-SQLITE_FEED = (2000, 20.0) if LONG else (900, 9.0)
-NATS_FEED = (300, 12.0) if LONG else (225, 9.0)
+#: The fault scenarios' length: ``(runs, feed seconds)`` on SQLite and on NATS, and the
+#: seconds between kills. The suite feeds 6 s at the long variant's rate of schedules,
+#: with a kill every 0.3 to 0.9 s (at least the 5 kills the scenario asserts, about 8);
+#: ``nox -s chaos`` runs the long variant (20 s and 12 s, a kill every 0.5 to 1.5 s).
+SQLITE_FEED = (2000, 20.0) if LONG else (600, 6.0)
+NATS_FEED = (300, 12.0) if LONG else (150, 6.0)
+KILL_GAP = (0.5, 1.5) if LONG else (0.3, 0.9)
 
 
 @pytest.mark.timeout(90)
@@ -751,6 +753,7 @@ def test_sqlite_sigkill(tmp_path: Path, db_dir: Path, delivery: str) -> None:
             runs=SQLITE_FEED[0],
             feed_seconds=SQLITE_FEED[1],
             due_window=(0.5, 4.0),
+            kill_gap=KILL_GAP,
             db=db_dir / "runs.db",
         )
     except BaseException:
@@ -767,7 +770,13 @@ def test_nats_sigkill(nats_server: NatsServer, tmp_path: Path, delivery: str) ->
     print(f"\nseed {seed}")  # noqa: T201
     cluster = Cluster(tmp_path, nats_args(nats_server), delivery=delivery, rng=random.Random(seed))
     try:
-        fault_scenario(cluster, runs=NATS_FEED[0], feed_seconds=NATS_FEED[1], due_window=(0.5, 4.0))
+        fault_scenario(
+            cluster,
+            runs=NATS_FEED[0],
+            feed_seconds=NATS_FEED[1],
+            due_window=(0.5, 4.0),
+            kill_gap=KILL_GAP,
+        )
     except BaseException:
         print(cluster.tails())  # noqa: T201
         raise
