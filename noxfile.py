@@ -66,9 +66,12 @@ def chaos(session: nox.Session) -> None:
     # The fuzz targets of the document decoders and the key codec, for a bounded time.
     session.run("python", "-m", "tests.fuzz", "--seconds", "30")
     # The cluster tests under load, kept out of the default run (tests/test_nats_cluster.py).
-    session.run("pytest", "tests/test_nats_cluster.py", env={"TRIO_DEBOUNCE_CLUSTER_TESTS": "1"})
+    # One process (-n 0): nothing else shares the cores with them.
+    session.run(
+        "pytest", "-n", "0", "tests/test_nats_cluster.py", env={"TRIO_DEBOUNCE_CLUSTER_TESTS": "1"}
+    )
     # The long variants of the suite's SIGKILL scenarios (more rounds, runs and kills;
-    # the suite runs short ones that make the same assertions), one at a time.
+    # the suite runs short ones that make the same assertions), also in one process.
     session.run(
         "pytest",
         "-n",
