@@ -539,6 +539,7 @@ def run_round(cluster: Cluster, round_no: int, kills: list[Kill]) -> None:
     cluster.wait_ready()
 
 
+@pytest.mark.solo  # nothing beside it: its kills, leases and latencies are timed
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
 def test_sigkill_failover(nats_server: NatsServer, tmp_path: Path, delivery: str) -> None:

@@ -741,6 +741,7 @@ NATS_FEED = (300, 12.0) if LONG else (150, 6.0)
 KILL_GAP = (0.5, 1.5) if LONG else (0.3, 0.9)
 
 
+@pytest.mark.solo  # nothing beside it: its kills, leases and latencies are timed
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
 def test_sqlite_sigkill(tmp_path: Path, db_dir: Path, delivery: str) -> None:
@@ -763,6 +764,7 @@ def test_sqlite_sigkill(tmp_path: Path, db_dir: Path, delivery: str) -> None:
         cluster.kill_all()
 
 
+@pytest.mark.solo  # nothing beside it: its kills, leases and latencies are timed
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
 def test_nats_sigkill(nats_server: NatsServer, tmp_path: Path, delivery: str) -> None:
