@@ -58,12 +58,26 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def chaos(session: nox.Session) -> None:
     """The chaos scenarios of docs/reliability.rst on real nats-server and driver
-    processes (about 20 minutes on two cores); prints the table and fails if a
-    promised zero is not. ``nox -s chaos -- --short`` runs the short budgets, ``--only
-    NAME`` one scenario, ``--scale 2`` longer load phases, ``--keep DIR`` the logs."""
+    processes (about 20 minutes on two cores, and 4 more for the long variants of the
+    suite's SIGKILL tests); prints the table and fails if a promised zero is not.
+    ``nox -s chaos -- --short`` runs the short budgets, ``--only NAME`` one scenario,
+    ``--scale 2`` longer load phases, ``--keep DIR`` the logs."""
     session.install("-e", ".[test]")
     # The fuzz targets of the document decoders and the key codec, for a bounded time.
     session.run("python", "-m", "tests.fuzz", "--seconds", "30")
     # The cluster tests under load, kept out of the default run (tests/test_nats_cluster.py).
-    session.run("pytest", "tests/test_nats_cluster.py", env={"TRIO_DEBOUNCE_CLUSTER_TESTS": "1"})
+    # One process (-n 0): nothing else shares the cores with them.
+    session.run(
+        "pytest", "-n", "0", "tests/test_nats_cluster.py", env={"TRIO_DEBOUNCE_CLUSTER_TESTS": "1"}
+    )
+    # The long variants of the suite's SIGKILL scenarios (more rounds, runs and kills;
+    # the suite runs short ones that make the same assertions), also in one process.
+    session.run(
+        "pytest",
+        "-n",
+        "0",
+        "tests/test_nats_failover.py",
+        "tests/test_runs_processes.py",
+        env={"TRIO_DEBOUNCE_LONG_TESTS": "1"},
+    )
     session.run("python", "-m", "tests.chaos", *session.posargs)

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,89 @@ if os.environ.get("CI"):
 
 #: Set (by .ci/run) to turn the skip of tests that need ../shared into a failure.
 REQUIRE_SHARED_ENV = "TRIO_DEBOUNCE_REQUIRE_SHARED"
+
+#: Set (by ``nox -s chaos``) to run the long variants of the fault scenarios (more
+#: rounds, runs and kills); the suite runs short ones that make the same assertions.
+LONG_ENV = "TRIO_DEBOUNCE_LONG_TESTS"
+LONG = os.environ.get(LONG_ENV) == "1"
+
+#: The xdist group of the tests marked ``realtime``.
+REALTIME_GROUP = "realtime"
+
+
+def _realtime(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(name) is not None for name in ("realtime", "solo"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put every ``realtime`` test (it asserts wall-clock bounds, or loads the cores
+    while others do) in one xdist group: under ``--dist loadgroup`` they all run in one
+    worker, one at a time, while the other worker runs the rest (MockClock tests, tools,
+    real-server tests without time bounds). Before xdist's own hook (in each worker),
+    which reads the group marks.
+
+    Under xdist the ``solo`` tests (also realtime) go last, when the other worker has
+    most likely run out of tests: they make the other worker wait while they run (see
+    :func:`_machine_share`), and at the end nothing waits."""
+    for item in items:
+        if _realtime(item):
+            item.add_marker(pytest.mark.xdist_group(REALTIME_GROUP))
+    if hasattr(config, "workerinput"):
+        # The same stable order in every worker (xdist checks the collections match).
+        items.sort(key=lambda item: item.get_closest_marker("solo") is not None)
+
+
+@pytest.fixture(autouse=True)
+def _realtime_tests_are_grouped(request: pytest.FixtureRequest) -> None:
+    """Fail a ``realtime`` test that xdist did not put in its group: spread over both
+    workers, the time bounds of two such tests would be measured beside each other."""
+    node = request.node
+    if (
+        hasattr(request.config, "workerinput")
+        and _realtime(node)
+        and not node.nodeid.endswith(f"@{REALTIME_GROUP}")
+    ):
+        pytest.fail(
+            "this realtime test is not in the xdist group 'realtime': run with --dist "
+            "loadgroup (pyproject's addopts) and a pytest that pytest-xdist can group "
+            "tests on (see the pin in pyproject.toml), or with -n 0",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under xdist, a ``solo`` test runs with no test at all beside it: the tests
+    outside the realtime group hold a shared lock while they run, and a solo test
+    takes it exclusively (the realtime group's other tests are in its own worker, one
+    at a time, and take no lock). A turnstile lets a waiting solo test in before
+    tests that ask later. Locks on files (``flock``) in the directory the workers'
+    temporary directories share; the kernel drops them if a worker dies."""
+    if not hasattr(request.config, "workerinput"):
+        yield  # one process: one test at a time anyway
+        return
+    solo = request.node.get_closest_marker("solo") is not None
+    if _realtime(request.node) and not solo:
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / "machine.lock", "a+b") as machine:
+        with open(shared / "machine.turnstile", "a+b") as turnstile:
+            if solo:
+                fcntl.flock(turnstile, fcntl.LOCK_EX)
+                fcntl.flock(machine, fcntl.LOCK_EX)
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+            else:
+                fcntl.flock(turnstile, fcntl.LOCK_SH)
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+                fcntl.flock(machine, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(machine, fcntl.LOCK_UN)
 
 
 class Recorder:

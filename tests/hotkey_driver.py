@@ -6,9 +6,11 @@ Run as::
         --delivery at-least-once --start-at T --seconds 3 --tasks 25
 
 It opens the NATS backend and a coordinator with a handler for workflow ``"wf"``; at
-wall-clock time ``--start-at`` it starts ``--tasks`` tasks that ping key ``"hot"`` as
-fast as they can for ``--seconds`` (``delay`` and ``max_delay`` from the options, so
-the window fires every ``max_delay`` while the pings go on), then leaves the block
+wall-clock time ``--start-at`` (without it: the time given on the first line of stdin,
+which the test writes once every process is ready) it starts ``--tasks`` tasks that
+ping key ``"hot"`` as fast as they can for ``--seconds`` (``delay`` and ``max_delay``
+from the options, so the window fires every ``max_delay`` while the pings go on), then
+leaves the block
 (``on_exit="wait"``) after ``--settle`` seconds. It writes one JSON line per event to
 stdout:
 
@@ -60,7 +62,10 @@ async def main(args: argparse.Namespace) -> None:
     ):
         emit("ready")
         sys.stdout.flush()
-        await trio.sleep(max(0.0, args.start_at - time.time()))
+        start_at = args.start_at
+        if start_at is None:
+            start_at = float(await trio.to_thread.run_sync(sys.stdin.readline))
+        await trio.sleep(max(0.0, start_at - time.time()))
         seq = 0
         acked = 0
         stop_at = trio.current_time() + args.seconds
@@ -99,7 +104,7 @@ if __name__ == "__main__":
     parser.add_argument("--bucket", required=True)
     parser.add_argument("--process-id", required=True)
     parser.add_argument("--delivery", default="at-least-once")
-    parser.add_argument("--start-at", type=float, required=True, help="wall-clock time")
+    parser.add_argument("--start-at", type=float, help="wall-clock time (default: read from stdin)")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--settle", type=float, default=1.5)
     parser.add_argument("--tasks", type=int, default=25)

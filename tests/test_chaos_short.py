@@ -15,7 +15,7 @@ import pytest
 from tests.chaos import scenarios_process as sp
 from tests.chaos.registry import Context, Row, table
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 
 def context(tmp_path: Path, seconds: float) -> Context:

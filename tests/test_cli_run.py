@@ -140,6 +140,7 @@ def _start(args: list[str], command: str = "run") -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.realtime
 def test_ctrl_c_while_blocked_reading_stdin_exits_130_within_a_second() -> None:
     with _start(["--delay", "0"]) as proc:
         assert proc.stdin is not None
@@ -154,6 +155,7 @@ def test_ctrl_c_while_blocked_reading_stdin_exits_130_within_a_second() -> None:
         assert time.monotonic() - start < 1.0
 
 
+@pytest.mark.realtime
 def test_ctrl_c_while_a_command_runs_exits_130(tmp_path: Path) -> None:
     started = tmp_path / "started"
     with _start(["--delay", "0", "--", "sh", "-c", f'touch "{started}"; sleep 30']) as proc:

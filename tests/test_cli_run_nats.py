@@ -102,6 +102,7 @@ class Peer:
                     stream.close()
 
 
+@pytest.mark.realtime
 @pytest.mark.slow
 def test_three_processes_fire_each_burst_once(nats_server: NatsServer) -> None:
     start = time.monotonic()
@@ -161,6 +162,7 @@ def test_three_processes_fire_each_burst_once(nats_server: NatsServer) -> None:
     assert time.monotonic() - start < 20
 
 
+@pytest.mark.realtime
 @pytest.mark.slow
 def test_no_server_exits_2_with_one_line_within_connect_timeout() -> None:
     port = free_port()  # nothing listens there
@@ -182,6 +184,7 @@ def test_no_server_exits_2_with_one_line_within_connect_timeout() -> None:
     assert 1.0 <= elapsed < 6.0  # the connect timeout, plus start-up and shutdown
 
 
+@pytest.mark.realtime
 @pytest.mark.slow
 def test_refused_credentials_exit_2_with_one_line_at_once(
     nats_server_factory: NatsServerFactory,

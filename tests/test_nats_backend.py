@@ -155,6 +155,7 @@ async def test_shared_reducer_on_a_real_server(nats_server: NatsServer) -> None:
     assert [(p, f.payload, f.ping_count) for p, f in fires.log] == [("A", 6, 3)]
 
 
+@pytest.mark.realtime
 async def test_shared_fire_early_on_a_real_server(nats_server: NatsServer) -> None:
     # The ping that finds the window full (C's) takes its fire by compare-and-swap and
     # opens the next window.
@@ -225,6 +226,7 @@ async def test_shared_drop_stale_on_a_real_server(nats_server: NatsServer) -> No
     assert c.statistics().stale_pings == 1
 
 
+@pytest.mark.realtime
 async def test_owner_extend_and_non_owner_push(nats_server: NatsServer) -> None:
     fires = Fires()
     with trio.fail_after(20):
@@ -250,6 +252,7 @@ async def test_owner_extend_and_non_owner_push(nats_server: NatsServer) -> None:
             assert fire.first_ping_at == pytest.approx(t0, abs=0.05)
 
 
+@pytest.mark.realtime
 async def test_non_owner_moves_the_fire_earlier(nats_server: NatsServer) -> None:
     fires = Fires()
     with trio.fail_after(20):
@@ -410,6 +413,7 @@ async def test_conflict_storm_of_ten_coordinators(nats_server: NatsServer) -> No
         assert fires.log[0][1].ping_count == 10
 
 
+@pytest.mark.realtime
 async def test_server_stopped_mid_window_then_restarted(nats_server: NatsServer) -> None:
     fires = Fires()
     lease = 2.0  # the owner still holds its lease when its finalize fails (at ~0.7 s)
@@ -508,6 +512,7 @@ class PauseAfterGet(KvStore):
         return await self._store.entries(prefix)
 
 
+@pytest.mark.realtime
 async def test_start_up_with_the_server_down() -> None:
     cfg = NatsConfig(servers=(f"nats://127.0.0.1:{free_port()}",), connect_timeout=1.0)
     start = time.monotonic()
@@ -517,6 +522,7 @@ async def test_start_up_with_the_server_down() -> None:
     assert 0.9 <= time.monotonic() - start < 4.0
 
 
+@pytest.mark.realtime
 async def test_wrong_credentials(nats_server_factory: NatsServerFactory) -> None:
     server = nats_server_factory(token="s3cret-token")
     cfg = NatsConfig(servers=(server.url,), token="wrong-token", connect_timeout=10.0)

@@ -141,6 +141,7 @@ async def test_a_bucket_opens_while_the_cluster_gains_its_third_node(tmp_path: P
         await trio.to_thread.run_sync(cluster.stop)
 
 
+@pytest.mark.realtime
 async def test_buckets_open_at_once_on_a_freshly_started_cluster(tmp_path: Path) -> None:
     # The nodes answer, but the cluster is still forming (no wait for a meta leader):
     # bucket requests find no leader, no peers to place three replicas on, or a stream
@@ -171,6 +172,7 @@ async def test_buckets_open_at_once_on_a_freshly_started_cluster(tmp_path: Path)
         assert sorted(opened) == ["a", "b", "runs"]
 
 
+@pytest.mark.realtime
 async def test_an_open_without_quorum_fails_within_its_bound(tmp_path: Path) -> None:
     # One node of three: no meta leader, so nothing can serve the bucket. The open
     # retries within 2 * op_timeout, then raises a clear BackendUnavailableError.
@@ -191,6 +193,7 @@ async def test_an_open_without_quorum_fails_within_its_bound(tmp_path: Path) -> 
     assert 2 * cfg.op_timeout <= elapsed < 2 * cfg.op_timeout + OPEN_SLACK
 
 
+@pytest.mark.realtime
 async def test_a_leader_election_is_ridden_out_and_a_call_without_quorum_is_bounded(
     cluster: NatsCluster,
 ) -> None:
@@ -267,6 +270,7 @@ def assert_held(load: Load, report: Report, *, min_pings: int = 40) -> None:
     assert not slow, slow
 
 
+@pytest.mark.realtime
 @chaos_only
 async def test_one_node_down_at_a_time(cluster: NatsCluster) -> None:
     cfg = cluster_config(cluster)
@@ -297,6 +301,7 @@ async def test_one_node_down_at_a_time(cluster: NatsCluster) -> None:
     assert_held(load, report)
 
 
+@pytest.mark.realtime
 @chaos_only
 async def test_no_quorum_then_recovery(cluster: NatsCluster) -> None:
     cfg = cluster_config(cluster)
@@ -333,6 +338,7 @@ async def test_no_quorum_then_recovery(cluster: NatsCluster) -> None:
     assert_held(load, report, min_pings=20)
 
 
+@pytest.mark.realtime
 @chaos_only
 async def test_deferred_runs_survive_a_leader_kill(cluster: NatsCluster) -> None:
     """Persisted runs on a three-replica bucket run once each, on time or after the

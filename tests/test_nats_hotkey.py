@@ -26,7 +26,7 @@ import pytest
 
 from tests.nats_server import NatsServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,6 @@ def test_four_processes_on_one_hot_key(
     nats_server: NatsServer, tmp_path: Path, delivery: str
 ) -> None:
     bucket = "h" + uuid.uuid4().hex[:12]
-    start_at = time.time() + 5.0  # time for every process to start and connect
     procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     for i in range(PROCESSES):
         name = f"p{i}"
@@ -51,15 +50,27 @@ def test_four_processes_on_one_hot_key(
                     sys.executable,
                     str(DRIVER),
                     *("--url", nats_server.url, "--bucket", bucket, "--process-id", name),
-                    *("--delivery", delivery, "--start-at", str(start_at)),
-                    *("--seconds", str(SECONDS)),
+                    *("--delivery", delivery, "--seconds", str(SECONDS)),
                 ],
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=stdout,
                 stderr=stderr,
             )
         procs.append((name, proc, out))
     try:
+        # Every process is started and connected (it wrote "ready"): all start pinging
+        # at one wall-clock time, a moment from now.
+        deadline = time.monotonic() + 30.0
+        while not all(out.read_bytes().startswith(b'["ready"]') for _, _, out in procs):
+            for name, proc, _ in procs:
+                assert proc.poll() is None, f"{name} exited early: {proc.returncode}"
+            assert time.monotonic() < deadline, "the drivers did not get ready in 30 s"
+            time.sleep(0.02)
+        start_at = time.time() + 0.2
+        for _, proc, _ in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{start_at!r}\n".encode())
+            proc.stdin.close()
         for _, proc, _ in procs:
             proc.wait(timeout=60)
     finally:

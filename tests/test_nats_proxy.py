@@ -29,7 +29,7 @@ from trio_debounce import BackendUnavailableError
 from trio_debounce.nats import NatsConfig
 from trio_debounce.nats._store import open_nats_store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 LEASE = 2.0
 SKEW = 0.5

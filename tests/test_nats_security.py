@@ -333,6 +333,7 @@ def _bad_cases() -> Iterator[Any]:
                 yield pytest.param(method, case, opener, id=f"{method}-{case}-{opener}")
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize(("method", "case", "opener"), list(_bad_cases()))
 async def test_refused_credentials_fail_at_once_and_show_no_secret(
     method: str,
@@ -369,6 +370,7 @@ async def test_plaintext_server_is_refused_when_tls_is_asked_for(
                 pytest.fail("connected without TLS")  # pragma: no cover
 
 
+@pytest.mark.realtime
 async def test_credentials_in_the_url_are_hidden(
     nats_server_factory: NatsServerFactory, tmp_path: Path, caplog_debug: pytest.LogCaptureFixture
 ) -> None:
@@ -452,6 +454,7 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
+@pytest.mark.realtime
 def test_cli_run_with_mutual_tls_from_the_environment(
     nats_server_factory: NatsServerFactory, tmp_path: Path
 ) -> None:
@@ -608,6 +611,7 @@ def test_tls_errors_map_to_refusals_unless_the_connection_was_cut(
     assert match in str(mapped)
 
 
+@pytest.mark.realtime
 async def test_tls_handshake_first(
     nats_server_factory: NatsServerFactory, nats_server: NatsServer, tmp_path: Path
 ) -> None:

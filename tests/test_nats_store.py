@@ -185,6 +185,7 @@ async def test_oversize_put_is_refused_before_sending(nats_server: NatsServer) -
             assert (len(entry.value or b""), entry.revision) == (limit, revision)
 
 
+@pytest.mark.realtime
 async def test_no_server_is_unavailable_after_connect_timeout(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -202,6 +203,7 @@ async def test_no_server_is_unavailable_after_connect_timeout(
     assert len({r.getMessage() for r in warnings}) == len(warnings), "deduplicated"
 
 
+@pytest.mark.realtime
 async def test_refused_token_fails_at_once(
     nats_server_factory: NatsServerFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -218,6 +220,7 @@ async def test_refused_token_fails_at_once(
     assert "t0ken" not in caplog.text
 
 
+@pytest.mark.realtime
 async def test_paused_server_times_out_and_cancel_crosses_the_bridge(
     nats_server: NatsServer,
 ) -> None:
@@ -244,6 +247,7 @@ async def test_paused_server_times_out_and_cancel_crosses_the_bridge(
             assert entry.value == b"v"
 
 
+@pytest.mark.realtime
 async def test_exit_is_bounded_while_the_server_is_paused(nats_server: NatsServer) -> None:
     with trio.fail_after(10):
         async with store_on(nats_server) as store:
@@ -254,6 +258,7 @@ async def test_exit_is_bounded_while_the_server_is_paused(nats_server: NatsServe
         nats_server.resume()
 
 
+@pytest.mark.realtime
 async def test_stopped_server_fails_fast_and_recovers(nats_server: NatsServer) -> None:
     with trio.fail_after(15):
         async with store_on(nats_server) as store:

@@ -92,6 +92,7 @@ async def test_conforms_across_two_connections(nats_server: NatsServer) -> None:
             await check_run_store(one)
 
 
+@pytest.mark.realtime
 async def test_index_follows_another_connection_without_listing(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -143,6 +144,7 @@ async def _equal(got: Awaitable[T], expected: T) -> bool:
     return await got == expected
 
 
+@pytest.mark.realtime
 async def test_server_restart_fails_fast_then_the_index_converges(
     nats_server: NatsServer,
 ) -> None:
@@ -198,6 +200,7 @@ async def test_server_restart_fails_fast_then_the_index_converges(
     assert took < 10.0
 
 
+@pytest.mark.realtime
 async def test_oversized_run_is_refused_before_sending(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,6 +243,7 @@ async def test_a_lost_cas_repairs_a_stale_index_entry(nats_server: NatsServer) -
             assert [r.revision for r in await store.list_runs()] == [newer]
 
 
+@pytest.mark.realtime
 async def test_a_dead_watch_is_logged_and_restarted(
     nats_server: NatsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -262,6 +266,7 @@ async def _true(value: bool) -> bool:
     return value
 
 
+@pytest.mark.realtime
 async def test_periodic_resync_keeps_serving(nats_server: NatsServer) -> None:
     with trio.fail_after(10):
         async with (

@@ -388,6 +388,7 @@ async def test_unreadable_rows_are_skipped_with_a_warning(
 # --- locks and cancellation ---------------------------------------------------------------
 
 
+@pytest.mark.realtime
 async def test_a_lock_held_past_the_timeout_is_unavailable(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     async with open_sqlite_run_store(path, timeout=0.2) as store:
@@ -408,6 +409,7 @@ async def test_a_lock_held_past_the_timeout_is_unavailable(tmp_path: Path) -> No
         assert await store.update_run(run.replace(owner="p")) is not None
 
 
+@pytest.mark.realtime
 async def test_cancelling_a_call_in_flight_lets_its_write_finish(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     async with open_sqlite_run_store(path, timeout=5.0) as store:
@@ -448,6 +450,7 @@ async def test_cancelling_a_call_in_flight_lets_its_write_finish(tmp_path: Path)
         assert await store.update_run(results[0].replace(owner="q")) is not None
 
 
+@pytest.mark.realtime
 async def test_a_call_under_a_deadline_waits_for_a_lock_until_the_deadline_only(
     tmp_path: Path,
 ) -> None:

@@ -53,9 +53,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import LONG
 from tests.nats_server import NatsServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 DRIVER = Path(__file__).with_name("runs_driver.py")
 ROOT = DRIVER.parent.parent
@@ -731,6 +732,19 @@ def nats_args(server: NatsServer) -> list[str]:
     return ["--store", "nats", "--url", server.url, "--bucket", "r" + uuid.uuid4().hex[:12]]
 
 
+#: The fault scenarios' length: ``(runs, feed seconds)`` on SQLite and on NATS, and the
+#: seconds between kills. The suite feeds 6 s at the long variant's rate of schedules,
+#: with a kill every 0.3 to 0.9 s (at least the 5 kills the scenario asserts, about 8);
+#: ``nox -s chaos`` runs the long variant (20 s and 12 s, a kill every 0.5 to 1.5 s).
+SQLITE_FEED = (2000, 20.0) if LONG else (600, 6.0)
+NATS_FEED = (300, 12.0) if LONG else (150, 6.0)
+KILL_GAP = (0.5, 1.5) if LONG else (0.3, 0.9)
+#: Seconds from a schedule to the run's due time: past the horizon (2 s) for a part of
+#: the runs either way (the long variant's last runs fall due a second later).
+DUE_WINDOW = (0.5, 4.0) if LONG else (0.5, 3.0)
+
+
+@pytest.mark.solo  # nothing beside it: its kills, leases and latencies are timed
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
 def test_sqlite_sigkill(tmp_path: Path, db_dir: Path, delivery: str) -> None:
@@ -740,9 +754,10 @@ def test_sqlite_sigkill(tmp_path: Path, db_dir: Path, delivery: str) -> None:
     try:
         fault_scenario(
             cluster,
-            runs=2000,
-            feed_seconds=20.0,
-            due_window=(0.5, 4.0),
+            runs=SQLITE_FEED[0],
+            feed_seconds=SQLITE_FEED[1],
+            due_window=DUE_WINDOW,
+            kill_gap=KILL_GAP,
             db=db_dir / "runs.db",
         )
     except BaseException:
@@ -752,6 +767,7 @@ def test_sqlite_sigkill(tmp_path: Path, db_dir: Path, delivery: str) -> None:
         cluster.kill_all()
 
 
+@pytest.mark.solo  # nothing beside it: its kills, leases and latencies are timed
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
 def test_nats_sigkill(nats_server: NatsServer, tmp_path: Path, delivery: str) -> None:
@@ -759,7 +775,13 @@ def test_nats_sigkill(nats_server: NatsServer, tmp_path: Path, delivery: str) ->
     print(f"\nseed {seed}")  # noqa: T201
     cluster = Cluster(tmp_path, nats_args(nats_server), delivery=delivery, rng=random.Random(seed))
     try:
-        fault_scenario(cluster, runs=300, feed_seconds=12.0, due_window=(0.5, 4.0))
+        fault_scenario(
+            cluster,
+            runs=NATS_FEED[0],
+            feed_seconds=NATS_FEED[1],
+            due_window=DUE_WINDOW,
+            kill_gap=KILL_GAP,
+        )
     except BaseException:
         print(cluster.tails())  # noqa: T201
         raise
@@ -773,6 +795,9 @@ def test_nats_sigkill(nats_server: NatsServer, tmp_path: Path, delivery: str) ->
 LONG_LEASE = 20.0
 #: Runs of the restart and exit tests.
 FEW_RUNS = 20
+#: Seconds from their schedule to the first of those runs' due times: time to have them
+#: acked and the process killed or exited before any is due (its asserts check that).
+FEW_RUNS_DUE_IN = 2.0
 
 
 def store_args(request: pytest.FixtureRequest, store: str, db_dir: Path) -> list[str]:
@@ -842,7 +867,7 @@ def test_restart_with_a_stable_process_id_runs_its_late_runs_at_once(
         first = cluster.spawn("svc")
         cluster.wait_ready()
         now = time.time()
-        runs = [(f"svc-{i}", now + 3.0 + 0.02 * i) for i in range(FEW_RUNS)]
+        runs = [(f"svc-{i}", now + FEW_RUNS_DUE_IN + 0.02 * i) for i in range(FEW_RUNS)]
         ids = [run for run, _ in runs]
         schedule_and_wait(cluster, first, runs)
         killed_at = cluster.kill(first)
@@ -900,7 +925,7 @@ def test_clean_exit_releases_claims_to_a_peer(
         peer = cluster.spawn("peer")
         cluster.wait_ready()
         now = time.time()
-        runs = [(f"left-{i}", now + 3.0 + 0.02 * i) for i in range(FEW_RUNS)]
+        runs = [(f"left-{i}", now + FEW_RUNS_DUE_IN + 0.02 * i) for i in range(FEW_RUNS)]
         ids = [run for run, _ in runs]
         schedule_and_wait(cluster, leaver, runs)
         cluster.close(leaver)

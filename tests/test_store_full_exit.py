@@ -70,6 +70,7 @@ async def free(url: str) -> None:
     await trio.to_thread.run_sync(asyncio.run, run())
 
 
+@pytest.mark.realtime
 @pytest.mark.slow
 @pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
 async def test_a_waiting_exit_on_a_full_store_is_bounded_by_a_cancel_scope(
