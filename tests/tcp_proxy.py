@@ -58,18 +58,23 @@ class _Pipe:
         self.scope = trio.CancelScope()
 
     async def run(self) -> None:
-        with self.scope:
-            async with trio.open_nursery() as nursery:
-                for source, sink, upstream in (
-                    (self.client, self.server, True),
-                    (self.server, self.client, False),
-                ):
-                    send, receive = trio.open_memory_channel[tuple[float, bytes, bool]](math.inf)
-                    nursery.start_soon(self._read, source, send, upstream)
-                    nursery.start_soon(self._write, receive, sink)
-        for stream in (self.client, self.server):
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+        try:
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    for source, sink, upstream in (
+                        (self.client, self.server, True),
+                        (self.server, self.client, False),
+                    ):
+                        send, receive = trio.open_memory_channel[tuple[float, bytes, bool]](
+                            math.inf
+                        )
+                        nursery.start_soon(self._read, source, send, upstream)
+                        nursery.start_soon(self._write, receive, sink)
+        finally:
+            # Also when the proxy itself is cancelled: no socket is left to the GC.
+            for stream in (self.client, self.server):
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
 
     def cut(self) -> None:
         """Reset both sides at once."""

@@ -139,6 +139,7 @@ async def test_store_calls_and_watch_batches_cross(nats_server: NatsServer, host
 # ------------------------------------------------------------------ cancellation
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize("host", HOSTS)
 async def test_a_cancelled_call_cancels_the_asyncio_side(
     nats_server: NatsServer, host: str
@@ -161,6 +162,7 @@ async def test_a_cancelled_call_cancels_the_asyncio_side(
             assert entry.value == b"v"
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize("host", HOSTS)
 async def test_a_swallowed_cancellation_is_repeated_then_abandoned(
     nats_server: NatsServer, host: str
@@ -220,6 +222,7 @@ async def test_an_error_and_a_result_cross_back(nats_server: NatsServer, host: s
             assert await _bridge.cross(store._host, where) is (host == "trio-asyncio")
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize("host", HOSTS)
 async def test_calls_are_bounded_through_a_stalled_connection(
     nats_server: NatsServer, host: str
