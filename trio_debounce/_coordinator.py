@@ -189,13 +189,6 @@ class Coordinator(metaclass=NoPublicConstructor):
         # Pings taken by debounce_nowait's inlined hot path: counted in pings and
         # coalesced by statistics() (one increment per ping instead of two).
         self._hot_pings = 0
-        self._backend_errors = 0
-        self._fail_open = 0
-        self._unconfirmed = 0
-        self._unstored = 0
-        self._takeovers = 0
-        self._refires = 0
-        self._dropped = 0
 
     # The ledger's counters and flags under the names the shared windows' code uses
     # (it moves to a part of its own, as the local windows did, and these go).
@@ -211,6 +204,13 @@ class Coordinator(metaclass=NoPublicConstructor):
     _aborted = _ledger_field("aborted")
     _aborted_at = _ledger_field("aborted_at")
     _wake_exit_on_pending = _ledger_field("wake_exit_on_pending")
+    _backend_errors = _ledger_field("backend_errors")
+    _fail_open = _ledger_field("fail_open")
+    _unconfirmed = _ledger_field("unconfirmed")
+    _unstored = _ledger_field("unstored")
+    _takeovers = _ledger_field("takeovers")
+    _refires = _ledger_field("refires")
+    _dropped = _ledger_field("dropped")
 
     @property
     def _idle_lot(self) -> trio.lowlevel.ParkingLot:
