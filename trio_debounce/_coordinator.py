@@ -253,7 +253,7 @@ class Coordinator(metaclass=NoPublicConstructor):
             call = shared.ping(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options or None
             )
-            if shared.backend._register_uncancellable:
+            if shared.register_uncancellable:
                 return await call
             with trio.CancelScope(shield=True):
                 return await call

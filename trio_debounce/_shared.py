@@ -168,8 +168,8 @@ class SharedWindows:
         self._nursery = nursery
         self._now = now
         self._backend = backend
-        #: The backend (``debounce`` reads its ``_register_uncancellable``).
-        self.backend = backend
+        #: The backend's register never checkpoints: a ping needs no cancel scope.
+        self.register_uncancellable = backend._register_uncancellable
         self._on_backend_error = on_backend_error
         self._ledger = ledger
         self._handlers = handlers
@@ -338,7 +338,7 @@ class SharedWindows:
             registration.outcome is Registered.EXTENDED
             or registration.outcome is Registered.COALESCED
         ):
-            self._merged = _LastMerge(registration, self.windows.get(ident), result)
+            self._merged = _new_tuple(_LastMerge, (registration, self.windows.get(ident), result))
         return result
 
     def ping_took(self, workflow: str, key: str, result: Finalization) -> None:
