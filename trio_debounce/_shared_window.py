@@ -2,13 +2,14 @@
 
 A :class:`SharedWindow` is this process's view of a window shared through a backend,
 a plain slotted record like the local :class:`~trio_debounce._window.Window`.
-:class:`SharedFires` holds the table of them and everything that happens once one is
-armed: its task sleeps until the window is due, asks the backend to finalize it, and
-either sleeps again (the backend rescheduled it), drops it (abandoned), or runs its
-trailing fire. Fires this process took from another owner (a due window its ping
-found, a window that waited for a ``queue-latest`` run that ended here) and fires run
-again after their process died (at-least-once) run here too. ``_shared`` decides what
-a ping does to the table; nothing here calls back up.
+:class:`SharedFires` holds the table of them, arms them, and does everything that
+happens once one is armed: its task sleeps until the window is due, asks the backend to
+finalize it, and either sleeps again (the backend rescheduled it), drops it
+(abandoned), or runs its trailing fire. Fires this process took from another owner (a
+due window its ping found, a window that waited for a ``queue-latest`` run that ended
+here), fires run again after their process died (at-least-once), and a failed
+register's late write run here too. ``_shared`` decides what a ping does to the table;
+nothing here calls back up.
 """
 
 from __future__ import annotations

@@ -34,6 +34,8 @@ async def maintain(backend: DebounceBackend, shared: SharedWindows, ledger: Ledg
 
 
 class _Heartbeat:
+    """The heartbeat loop and its sweep tasks (at most one sweep at a time)."""
+
     __slots__ = ("_backend", "_ledger", "_shared", "_sweeping", "_sweeps")
 
     def __init__(
