@@ -193,6 +193,7 @@ class Load:
         except Exception as exc:
             self.log("err", proc, key=key, payload=payload, error=repr(exc), t0=t0)
             return
+        assert coordinator._shared is not None  # the load always has a backend
         self.log(
             "ping",
             proc,
@@ -204,7 +205,7 @@ class Load:
             count=result.ping_count,
             owner=result.owner,
             stored=result.stored,
-            fail_open=result.active_run_id in coordinator._fail_open_runs,
+            fail_open=result.active_run_id in coordinator._shared._fail_open_runs,
             t0=t0,
         )
 

@@ -62,6 +62,9 @@ LAYERS: dict[str, int] = {
     "_window": PARTS,
     "_firing": PARTS,
     "_local": PARTS,
+    "_shared_window": PARTS,
+    "_shared": PARTS,
+    "_upkeep": PARTS,
     "_runs": PARTS,  # the scheduler's parts and its package
     "_coordinator": FACADE,
     "": TOP,  # trio_debounce/__init__.py
@@ -76,8 +79,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 #: Modules (by dotted name under the package) and classes ("module:Class") still past
 #: the size guide, with their lines of code today as a ceiling.
 OVERSIZED: dict[str, int] = {
-    "_coordinator": 1426,
-    "_coordinator:Coordinator": 1160,
     "_protocol": 2446,
     "_protocol:KvDebounceBackend": 1909,
 }

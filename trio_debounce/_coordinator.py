@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal, Unpack, final
@@ -18,19 +17,11 @@ from ._backend import (
     DebounceBackend,
     Delivery,
     Finalization,
-    Finalized,
-    OrphanFire,
-    OwnedWindow,
-    Registered,
-    Registration,
     WindowStatus,
 )
 from ._errors import (
-    BackendAuthError,
-    BackendConfigError,
     BackendError,
     BackendUnavailableError,
-    LeaseLapsedError,
 )
 from ._firing import Handlers, Ledger
 from ._firing import closed_error as _closed_error
@@ -45,20 +36,18 @@ from ._runs._types import (
     RunOptions,
     ScheduledRun,
 )
+from ._shared import SharedWindows
 from ._types import (
     CoordinatorStatistics,
     DebounceOptions,
     DebounceResult,
-    Edge,
     ErrorCallback,
-    Fire,
     Handler,
     Mode,
     Outcome,
 )
+from ._upkeep import maintain
 from ._util import NoPublicConstructor
-from ._wallclock import trio_to_wall, wall_to_trio
-from ._window import CLOSED, FLUSHED, OPEN, SharedWindow, Window
 
 logger = logging.getLogger("trio_debounce")
 
@@ -71,53 +60,9 @@ _DELIVERY = ("at-least-once", "at-most-once")
 OnBackendError = Literal["fail-open", "raise"]
 _ON_BACKEND_ERROR = ("fail-open", "raise")
 
-#: Sweep (one elected process does the work) once every this many heartbeats.
-_SWEEP_EVERY = 3
-#: Reconcile owned windows (each process lists every window) once every this many
-#: heartbeats, and at once after an outage or a failed register.
-_RECONCILE_EVERY = 6
-#: A ping that finds its shared window full (overflow="fire-early") fires it and pings
-#: again; peers filling the next windows as fast make it give up after this many.
-_OVERFLOW_ROUNDS = 8
-
 _INF = math.inf
-_TRAILING = Mode.TRAILING
-_LEADING = Mode.LEADING
-_BOTH = Mode.BOTH
 _COALESCE = Outcome.COALESCE
-_SCHEDULE_TRAILING = Outcome.SCHEDULE_TRAILING
-_FIRE_IMMEDIATE = Outcome.FIRE_IMMEDIATE
-_STALE = Outcome.STALE
 _new_tuple = tuple.__new__
-
-
-def _ledger_field(name: str) -> Any:
-    """A Coordinator attribute that reads and writes the ledger's field ``name``."""
-
-    def get(self: Coordinator) -> Any:
-        return getattr(self._ledger, name)
-
-    def set_(self: Coordinator, value: Any) -> None:
-        setattr(self._ledger, name, value)
-
-    return property(get, set_)
-
-
-def _uuid4_hex() -> str:
-    """A random uuid4 hex (RFC 4122 version 4) for a shared ping's run id.
-
-    Drawn from :mod:`random` (seeded from the OS, reseeded in a forked child), not
-    :func:`uuid.uuid4` (a system call each): every shared ping needs one before it
-    knows whether it opens a window, so on a hot key that call was a tenth of a merged
-    ping's cost. A run id has to be unique, not unguessable.
-    """
-    bits = random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET
-    return f"{bits:032x}"
-
-
-#: The version (4) and variant (RFC 4122) bits of a uuid4, as uuid.UUID sets them.
-_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
-_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
 
 
 @final
@@ -150,26 +95,6 @@ class Coordinator(metaclass=NoPublicConstructor):
         self._runs = runs
         self._backend = backend
         self._delivery = delivery
-        self._on_backend_error = on_backend_error
-        #: The local side of windows shared through the backend.
-        self._shared: dict[tuple[str, str], SharedWindow] = {}
-        #: Local windows opened because a register failed, by the run id the failed
-        #: register proposed (its write may land later).
-        self._fail_open_runs: dict[str, Window] = {}
-        #: Run ids of registers in flight: the reconcile leaves their windows alone
-        #: (the register arms them, or fails open and the next reconcile adopts them).
-        self._registering: set[str] = set()
-        #: The last stored extend-or-coalesce registration applied, the local shared
-        #: window it left (None if none), and the result returned (_debounce_shared).
-        self._merged: tuple[Registration, SharedWindow | None, DebounceResult] | None = None
-        #: Run id -> when (Trio's clock) its shared window closed here, kept until the
-        #: next reconcile whose listing began after that.
-        self._closed_runs: dict[str, float] = {}
-        #: Run ids of the shared windows whose documents the release deletes at exit;
-        #: other windows this process owns stay in the store for peers to adopt.
-        self._release_runs: set[str] = set()
-        self._reconcile_soon = False
-        self._sweeping = False
         # The run's clock, bound once: trio.current_time() looks the run up in a
         # thread-local on every call, which would double the cost of a ping.
         self._now = trio.lowlevel.current_clock().current_time
@@ -177,7 +102,6 @@ class Coordinator(metaclass=NoPublicConstructor):
         self._ledger = ledger = Ledger()
         #: The handlers, the reducers and the error policy.
         self._fire_handlers = Handlers(handlers, on_error, ledger)
-        self._on_error = on_error
         #: The local windows; without a backend, all of them.
         self._local = LocalWindows(
             nursery, self._now, ledger, self._fire_handlers, self._abort, fencing=backend is None
@@ -189,41 +113,25 @@ class Coordinator(metaclass=NoPublicConstructor):
         # Pings taken by debounce_nowait's inlined hot path: counted in pings and
         # coalesced by statistics() (one increment per ping instead of two).
         self._hot_pings = 0
-        self._backend_errors = 0
-        self._fail_open = 0
-        self._unconfirmed = 0
-        self._unstored = 0
-        self._takeovers = 0
-        self._refires = 0
-        self._dropped = 0
-
-    # The ledger's counters and flags under the names the shared windows' code uses
-    # (it moves to a part of its own, as the local windows did, and these go).
-    _pending = _ledger_field("pending")
-    _running = _ledger_field("running")
-    _pings = _ledger_field("pings")
-    _coalesced = _ledger_field("coalesced")
-    _fires = _ledger_field("fires")
-    _cancelled = _ledger_field("cancelled")
-    _stale = _ledger_field("stale")
-    _handler_errors = _ledger_field("handler_errors")
-    _closed = _ledger_field("closed")
-    _aborted = _ledger_field("aborted")
-    _aborted_at = _ledger_field("aborted_at")
-    _wake_exit_on_pending = _ledger_field("wake_exit_on_pending")
-
-    @property
-    def _idle_lot(self) -> trio.lowlevel.ParkingLot:
-        return self._ledger.idle_lot
-
-    def _check_idle(self) -> None:
-        self._ledger.check_idle()
-
-    def _no_handler(self, workflow: str) -> LookupError:
-        return self._fire_handlers.missing(workflow)
+        #: The windows shared through the backend; None without one.
+        self._shared = (
+            None
+            if backend is None
+            else SharedWindows(
+                nursery,
+                self._now,
+                backend,
+                delivery,
+                on_backend_error,
+                ledger,
+                self._fire_handlers,
+                self._local,
+                self._abort,
+            )
+        )
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self._ledger.closed else "open"
         return f"<trio_debounce.Coordinator {state}, {len(self)} windows>"
 
     # ------------------------------------------------------------------ handlers
@@ -336,33 +244,25 @@ class Coordinator(metaclass=NoPublicConstructor):
           ValueError: also when ``mode`` or an option differs from the shared window's.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        if options and self._backend is None:
+        shared = self._shared
+        if shared is not None:
+            # Shielded: the ping is taken or refused as a whole, within the backend's
+            # operation deadline, never half-applied by a cancellation. A backend whose
+            # register cannot be cancelled needs no cancel scope (one per ping costs
+            # more than the rest of a merged ping); SharedWindows.ping shields the rest.
+            call = shared.ping(
+                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options or None
+            )
+            if shared.register_uncancellable:
+                return await call
+            with trio.CancelScope(shield=True):
+                return await call
+        if options:
             result = self._local.ping_with_options(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
             )
             await trio.lowlevel.cancel_shielded_checkpoint()
             return result
-        if self._backend is not None:
-            # Shielded: the ping is taken or refused as a whole, within the backend's
-            # operation deadline, never half-applied by a cancellation. A backend whose
-            # register cannot be cancelled needs no cancel scope (one per ping costs
-            # more than the rest of a merged ping); _debounce_shared shields the rest.
-            call = self._debounce_shared(
-                self._backend,
-                workflow,
-                key,
-                payload,
-                delay,
-                max_delay,
-                mode,
-                run_id,
-                on_fire,
-                options or None,
-            )
-            if self._backend._register_uncancellable:
-                return await call
-            with trio.CancelScope(shield=True):
-                return await call
         # debounce_nowait's inlined hot path serves the common coalescing ping.
         result = self.debounce_nowait(
             workflow,
@@ -481,11 +381,11 @@ class Coordinator(metaclass=NoPublicConstructor):
         # The hot path, inlined (no second frame): a ping with a float delay and no
         # on_fire into an open pending default window of the same mode (its run_id is
         # checked and, as for any ping into an open window, ignored). It
-        # does what _debounce_local does for such a ping, and never touches Trio's
-        # deadline heap (see _window_task); every other ping takes _debounce_local.
+        # does what LocalWindows.ping does for such a ping, and never touches Trio's
+        # deadline heap (see LocalWindows._run_window); every other ping goes there.
         try:
             window = self._windows.get((workflow, key))
-        except TypeError:  # unhashable: _debounce_local names the bad argument
+        except TypeError:  # unhashable: LocalWindows.ping names the bad argument
             window = None
         if (
             window is not None
@@ -519,897 +419,6 @@ class Coordinator(metaclass=NoPublicConstructor):
                 )
         return self._local.ping(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)
 
-    def _debounce_local(
-        self,
-        workflow: str,
-        key: str,
-        payload: Any,
-        delay: float,
-        max_delay: float | None,
-        mode: Mode | str,
-        run_id: str | None,
-        on_fire: Handler | None,
-    ) -> DebounceResult:
-        """A ping of a local window without options (see LocalWindows.ping)."""
-        return self._local.ping(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)
-
-    # ------------------------------------------------------- windows with options
-
-    def _shared_options(self, options: Mapping[str, Any], mode: Mode) -> dict[str, Any]:
-        """The options a shared ping passes to the backend's register, validated as
-        in-process (only those that differ from their defaults, so a backend that
-        predates them keeps working for windows without them)."""
-        _options.check_names(options)
-        order = options.get("order_key")
-        if order is not None:
-            order = _options.order_key(order)
-        drop_stale = options.get("drop_stale", False)
-        if not isinstance(drop_stale, bool):
-            raise TypeError(f"drop_stale must be a bool, not {drop_stale!r}")
-        if drop_stale and order is None:
-            raise ValueError("drop_stale=True needs an order_key on the ping")
-        opts = _options.window_options(
-            mode,
-            options.get("max_count"),
-            options.get("payload_policy", _options.LAST),
-            options.get("max_items"),
-            options.get("overflow"),
-            options.get("overlap", _options.ALLOW),
-            options.get("run_timeout"),
-            order is not None,
-            self._reducers,
-        )
-        extra: dict[str, Any] = {}
-        if opts.max_count is not None:
-            extra["max_count"] = opts.max_count
-        if opts.payload_policy != _options.LAST:
-            extra["payload_policy"] = opts.payload_policy
-        if opts.max_items is not None:
-            extra["max_items"] = opts.max_items
-        if opts.overflow is not None:
-            extra["overflow"] = opts.overflow
-        if opts.reducer:
-            # Referred to by name across processes: each process folds with its own.
-            extra["reducer"] = self._reducers[opts.payload_policy]
-        if opts.queue:
-            extra["overlap"] = opts.overlap
-        if opts.run_timeout is not None:
-            extra["run_timeout"] = opts.run_timeout
-        if order is not None:
-            extra["order_key"] = order
-        if drop_stale:
-            extra["drop_stale"] = True
-        return extra
-
-    def _debounce_options(
-        self,
-        workflow: str,
-        key: str,
-        payload: Any,
-        delay: float,
-        max_delay: float | None,
-        mode: Mode | str,
-        run_id: str | None,
-        on_fire: Handler | None,
-        options: Mapping[str, Any],
-    ) -> DebounceResult:
-        """A ping of a local window with options (see LocalWindows.ping_with_options)."""
-        return self._local.ping_with_options(
-            workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
-        )
-
-    # ------------------------------------------------------------ shared windows
-
-    async def _debounce_shared(
-        self,
-        backend: DebounceBackend,
-        workflow: str,
-        key: str,
-        payload: Any,
-        delay: float,
-        max_delay: float | None,
-        mode: Mode | str,
-        run_id: str | None,
-        on_fire: Handler | None,
-        options: Mapping[str, Any] | None = None,
-    ) -> DebounceResult:
-        """A ping of a shared window; ``options``: the ping's window options as given
-        (see _shared_options)."""
-        if self._closed:
-            raise _closed_error()
-        delay = _validate.duration("delay", delay)
-        if max_delay is not None:
-            max_delay = _validate.duration("max_delay", max_delay)
-            if max_delay < delay:
-                raise _validate.max_delay_below_delay(max_delay, delay)
-        _validate.run_id(run_id)
-        if run_id is not None:
-            _validate.shareable("run_id", run_id)
-        _validate.handler("on_fire", on_fire)
-        _validate.name("workflow", workflow)
-        _validate.name("key", key)
-        mode = _validate.mode(mode)
-        extra = {} if options is None else self._shared_options(options, mode)
-        ident = (workflow, key)
-        local = self._windows.get(ident)
-        if local is not None and self._now() < local.deadline:
-            # A window opened locally while the backend failed keeps its burst.
-            return self._fail_open_ping(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
-            )
-        shared = self._shared.get(ident)
-        if (
-            on_fire is None
-            and workflow not in self._handlers
-            and (shared is None or shared.on_fire is None)
-        ):
-            raise self._no_handler(workflow)
-        if run_id is None:
-            run_id = _uuid4_hex()
-        self._registering.add(run_id)
-
-        async def register() -> Registration:
-            # Options only when given: a backend that predates them keeps working.
-            return await backend.register(
-                workflow,
-                key,
-                mode=mode,
-                delay=delay,
-                max_delay=max_delay,
-                run_id=run_id,
-                payload=payload,
-                **extra,
-            )
-
-        try:
-            # register() inlined: one coroutine less per ping.
-            registration = await backend.register(
-                workflow,
-                key,
-                mode=mode,
-                delay=delay,
-                max_delay=max_delay,
-                run_id=run_id,
-                payload=payload,
-                **extra,
-            )
-            if registration.overflowed:
-                # Shielded (debounce() may not be): the ping is not taken yet.
-                with trio.CancelScope(shield=True):
-                    registration = await self._fire_early(
-                        backend, ident, registration, register, extra
-                    )
-        except BackendError as exc:
-            if isinstance(exc, (ValueError, BackendAuthError, BackendConfigError)):
-                # Bad input (a document too large) or misconfiguration: never failed open.
-                raise
-            self._backend_errors += 1
-            if self._on_backend_error == "raise":
-                if isinstance(exc, BackendUnavailableError):
-                    raise
-                raise BackendUnavailableError(f"the backend failed: {exc}") from exc
-            self._fail_open += 1
-            logger.warning(
-                "backend failed to register %r/%r (%s); failing open with a local window",
-                workflow,
-                key,
-                exc,
-            )
-            if self._closed:
-                raise _closed_error() from exc
-            result = self._fail_open_ping(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
-            )
-            # The write may still land (a timeout is ambiguous) and make us the owner
-            # of a shared window with this run id: reconcile soon, and then adopt or
-            # settle it instead of firing the burst twice.
-            self._fail_open_runs[run_id] = self._windows[ident]
-            self._reconcile_soon = True
-            return result
-        finally:
-            self._registering.discard(run_id)
-        for taken in registration.taken:
-            # A backend without the hook returns the fires the ping took (due windows
-            # it closed before opening the next): they run here.
-            self._run_taken(ident, taken.run_id, taken)
-        merged = self._merged
-        if (
-            merged is not None
-            and merged[0] is registration
-            and on_fire is None
-            and not self._closed
-            and self._shared.get(ident) is merged[1]
-            and (merged[1] is None or merged[1].state == OPEN)
-        ):
-            # Another ping of the write that carried the last one applied (the backend
-            # gives the pings of one write and outcome the same Registration): the
-            # local window is as that one left it, and _apply_registration would only
-            # count the ping.
-            self._pings += 1
-            self._coalesced += 1
-            return merged[2]
-        policy = extra.get("payload_policy", _options.LAST)
-        result = self._apply_registration(ident, registration, on_fire, policy, payload)
-        if registration.stored and (
-            registration.outcome is Registered.EXTENDED
-            or registration.outcome is Registered.COALESCED
-        ):
-            self._merged = (registration, self._shared.get(ident), result)
-        return result
-
-    async def _fire_early(
-        self,
-        backend: DebounceBackend,
-        ident: tuple[str, str],
-        registration: Registration,
-        register: Callable[[], Awaitable[Registration]],
-        extra: dict[str, Any],
-    ) -> Registration:
-        """A ping that found its window full under ``overflow="fire-early"``: the
-        window fires at once with what it holds (this process takes the fire by
-        compare-and-swap), then the ping opens the next window (or joins the one a
-        peer opened meanwhile)."""
-        for _ in range(_OVERFLOW_ROUNDS):
-            if not registration.overflowed:
-                return registration
-            await self._take_fire(backend, ident, registration.run_id, early=True)
-            # Not stale: judged by the register that found the window full.
-            extra.pop("drop_stale", None)
-            registration = await register()
-        workflow, key = ident
-        raise BackendUnavailableError(
-            f"the ping of {workflow!r}/{key!r} found a full window "
-            f"{_OVERFLOW_ROUNDS} times in a row; it was not stored"
-        )
-
-    def _fail_open_ping(
-        self,
-        workflow: str,
-        key: str,
-        payload: Any,
-        delay: float,
-        max_delay: float | None,
-        mode: Mode,
-        run_id: str | None,
-        on_fire: Handler | None,
-        options: Mapping[str, Any] | None,
-    ) -> DebounceResult:
-        """A ping into a local window, because the backend failed (or had failed)."""
-        if options is None:
-            return self._debounce_local(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire
-            )
-        return self._debounce_options(
-            workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
-        )
-
-    def _to_trio(self, wall_at: float) -> float:
-        assert self._backend is not None
-        return wall_to_trio(wall_at, wall_now=self._backend.wall_time(), trio_now=self._now())
-
-    def _set_trailing(self, shared: SharedWindow, pending: bool) -> None:
-        """Count (or stop counting) a shared window's trailing fire as pending."""
-        if pending and not shared.trailing:
-            shared.trailing = True
-            self._pending += 1
-            if self._wake_exit_on_pending:
-                self._idle_lot.unpark_all()
-        elif not pending and shared.trailing:
-            shared.trailing = False
-            self._pending -= 1
-            self._check_idle()
-
-    def _arm_shared(
-        self,
-        ident: tuple[str, str],
-        run_id: str,
-        mode: Mode,
-        deadline: float,
-        first_ping_at: float,
-        count: int,
-        payload: Any,
-        on_fire: Handler | None,
-        taker: bool,
-    ) -> SharedWindow:
-        """The local window of a shared one: update it, or arm a new task for it."""
-        shared = self._shared.get(ident)
-        if shared is None or shared.run_id != run_id or shared.state != OPEN:
-            shared = SharedWindow(
-                ident, run_id, mode, deadline, first_ping_at, count, payload, on_fire, taker
-            )
-            self._shared[ident] = shared
-            self._nursery.start_soon(self._shared_task, shared)
-        else:
-            if deadline < shared.deadline and shared.scope is not None:
-                shared.scope.deadline = deadline
-            shared.deadline = deadline
-            shared.count = count
-            shared.payload = payload
-            if on_fire is not None:
-                shared.on_fire = on_fire
-            shared.taker = taker
-        shared.confirmed_at = self._now()
-        self._set_trailing(shared, _owner_pending(shared))
-        return shared
-
-    def _apply_registration(
-        self,
-        ident: tuple[str, str],
-        registration: Registration,
-        on_fire: Handler | None,
-        policy: str = _options.LAST,
-        own_payload: Any = None,
-    ) -> DebounceResult:
-        run_id, mode, count = registration.run_id, registration.mode, registration.ping_count
-        scheduled = self._to_trio(registration.scheduled_at)
-        waiting = registration.waiting
-        pending_at = scheduled if _trailing_pending(mode, count) and not waiting else None
-        if registration.outcome is Registered.STALE:
-            self._stale += 1
-            if not run_id:
-                pending_at = None  # no window open
-            return _new_tuple(DebounceResult, (_STALE, run_id, pending_at, count, False, True))
-        self._pings += 1
-        if self._closed:
-            # The block ended while the ping was in flight: release() gives the window
-            # up (if it became ours) so peers open a fresh one.
-            return _new_tuple(DebounceResult, (_COALESCE, run_id, pending_at, count, False, True))
-        if registration.outcome is Registered.TOOK_OVER:
-            self._takeovers += 1
-        if registration.owner:
-            self._arm_shared(
-                ident,
-                run_id,
-                mode,
-                scheduled,
-                self._to_trio(registration.first_ping_at),
-                count,
-                registration.payload,  # as stored: an unconfirmed fire carries it
-                on_fire,
-                taker=False,
-            )
-            if registration.outcome is Registered.OPENED:
-                if mode is _TRAILING:
-                    return _new_tuple(
-                        DebounceResult, (_SCHEDULE_TRAILING, run_id, pending_at, count, True, True)
-                    )
-                workflow, key = ident
-                handler = on_fire if on_fire is not None else self._handlers.get(workflow)
-                # The ping's time (the window's first ping), kept through its retries.
-                now = self._to_trio(registration.first_ping_at)
-                leading_payload = registration.payload
-                if policy == _options.COLLECT:
-                    # A leading fire carries its ping's own payload, the list's first.
-                    leading_payload = leading_payload[0]
-                elif policy != _options.LAST and policy != _options.FIRST:
-                    leading_payload = own_payload  # not the reducer's value
-                fire = Fire(
-                    workflow,
-                    key,
-                    leading_payload,  # as every process reads it back
-                    run_id,
-                    1,
-                    now,
-                    now,
-                    Edge.LEADING,
-                    1,
-                    registration.fencing_token,
-                )
-                self._fires += 1
-                self._running += 1
-                self._nursery.start_soon(self._call_handler, handler, fire)
-                return _new_tuple(
-                    DebounceResult, (_FIRE_IMMEDIATE, run_id, pending_at, count, True, True)
-                )
-            self._coalesced += 1
-            return _new_tuple(DebounceResult, (_COALESCE, run_id, pending_at, count, True, True))
-        self._coalesced += 1
-        if not registration.stored:
-            self._unstored += 1
-        shared = self._shared.get(ident)
-        if registration.take_at is not None:
-            self._arm_shared(
-                ident,
-                run_id,
-                mode,
-                self._to_trio(registration.take_at),
-                self._to_trio(registration.first_ping_at),
-                count,
-                registration.payload,
-                on_fire,
-                taker=True,
-            )
-        elif shared is not None and shared.run_id == run_id and shared.state == OPEN:
-            shared.payload = registration.payload
-            shared.count = count
-            if on_fire is not None:
-                shared.on_fire = on_fire
-        return _new_tuple(
-            DebounceResult, (_COALESCE, run_id, pending_at, count, False, registration.stored)
-        )
-
-    def _detach_shared(self, shared: SharedWindow) -> None:
-        """Mark a shared window closed here and take it out of the table."""
-        shared.state = CLOSED
-        if self._shared.get(shared.ident) is shared:
-            del self._shared[shared.ident]
-        # A reconcile whose listing began before this must not re-arm the window.
-        self._closed_runs[shared.run_id] = self._now()
-
-    def _close_shared(self, shared: SharedWindow) -> None:
-        self._detach_shared(shared)
-        self._set_trailing(shared, False)
-        if shared.scope is not None:
-            shared.scope.cancel()
-
-    @enable_ki_protection
-    async def _shared_task(self, shared: SharedWindow) -> None:
-        backend = self._backend
-        assert backend is not None
-        workflow, key = shared.ident
-        try:
-            while True:
-                while shared.state == OPEN:
-                    deadline = shared.deadline
-                    if self._now() >= deadline:
-                        break
-                    with trio.CancelScope(deadline=deadline) as scope:
-                        shared.scope = scope
-                        await trio.sleep_forever()
-                    shared.scope = None
-                if shared.state == CLOSED:
-                    return
-                force = shared.state == FLUSHED
-                shared.finalizing = True
-                try:
-                    result = await backend.finalize(
-                        workflow,
-                        key,
-                        shared.run_id,
-                        take=shared.taker,
-                        force=force,
-                        delivery=self._delivery,
-                    )
-                except BackendError as exc:
-                    self._backend_errors += 1
-                    if self._delivery == "at-most-once":
-                        # Never fire on a guess: this window is dropped (a loss point).
-                        logger.warning(
-                            "finalize of %r/%r (run %s) failed (%s); at-most-once: the fire "
-                            "is dropped",
-                            workflow,
-                            key,
-                            shared.run_id,
-                            exc,
-                        )
-                        self._dropped += 1
-                        self._close_shared(shared)
-                        return
-                    # A commit whose answer was lost is proven (or taken back) by the
-                    # next adopt_orphans: at the next heartbeat, not a reconcile period
-                    # later, while its proof is fresh (see docs/protocol.rst).
-                    self._reconcile_soon = True
-                    if not shared.taker and isinstance(exc, LeaseLapsedError):
-                        # Paused past our own lease: a peer may own the window now. Do
-                        # not fire on our stale view; ask again after a heartbeat (the
-                        # backend proves a commit whose answer was lost then, or at
-                        # its next adopt_orphans).
-                        logger.warning(
-                            "finalize of %r/%r (run %s) failed (%s) and this process's "
-                            "lease has lapsed; retrying instead of firing",
-                            workflow,
-                            key,
-                            shared.run_id,
-                            exc,
-                        )
-                        shared.deadline = self._now() + backend.heartbeat_interval
-                        continue
-                    if shared.taker:
-                        logger.warning(
-                            "could not take the fire of %r/%r (run %s): %s; its owner fires it",
-                            workflow,
-                            key,
-                            shared.run_id,
-                            exc,
-                        )
-                        self._close_shared(shared)
-                        return
-                    logger.warning(
-                        "finalize of %r/%r (run %s) failed (%s); the owner fires anyway and "
-                        "deletes the window when the backend answers",
-                        workflow,
-                        key,
-                        shared.run_id,
-                        exc,
-                    )
-                    self._unconfirmed += 1
-                    now = self._now()
-                    fired_at = now if force else min(shared.deadline, now)
-                    # Unconfirmed: this process's latest payload, and fencing token 0
-                    # (older than any confirmed fire's).
-                    result = Finalization(
-                        Finalized.FIRE,
-                        trio_to_wall(fired_at, wall_now=backend.wall_time(), trio_now=now),
-                        shared.count,
-                        None,
-                        shared.mode,
-                        payload=shared.payload,
-                    )
-                finally:
-                    shared.finalizing = False
-                if result.outcome is Finalized.RESCHEDULE:
-                    assert result.scheduled_at is not None
-                    if shared.state == FLUSHED:
-                        # A flushed "queue-latest" window waits for its key's run.
-                        shared.state = OPEN
-                    if self._wake_exit_on_pending:
-                        self._idle_lot.unpark_all()  # a hand-off exit may take it now
-                    shared.deadline = self._to_trio(result.scheduled_at)
-                    shared.count = result.ping_count
-                    shared.confirmed_at = self._now()
-                    self._set_trailing(shared, _owner_pending(shared))
-                    continue
-                if result.outcome is Finalized.ABANDONED:
-                    self._close_shared(shared)
-                    return
-                break
-        except trio.Cancelled:
-            shared.scope = None
-            if not self._closed:
-                self._abort()
-            if shared.trailing:
-                self._cancelled += 1
-            self._close_shared(shared)
-            raise
-        await self._fire_shared(shared, result)
-
-    async def _take_fire(
-        self, backend: DebounceBackend, ident: tuple[str, str], run_id: str, *, early: bool
-    ) -> None:
-        """Take the fire of the shared window ``run_id`` now, from whoever owns it (a
-        compare-and-swap): an overflowing window under ``overflow="fire-early"``
-        (``early``: even while its key's run blocks), or a window that waited for a
-        ``queue-latest`` run that ended here. Its handler runs as a task.
-
-        Raises:
-          BackendError: with ``early``, if the store failed (the ping is not stored).
-        """
-        workflow, key = ident
-        try:
-            result = await backend.finalize(
-                workflow,
-                key,
-                run_id,
-                take=True,
-                force=True,
-                delivery=self._delivery,
-                early=early,
-            )
-        except BackendError as exc:
-            self._backend_errors += 1
-            self._reconcile_soon = True  # a lost commit is settled at the next heartbeat
-            if early:
-                raise
-            logger.warning(
-                "could not take the fire of %r/%r (run %s) whose run ended here: %s; its "
-                "owner fires it when it looks again",
-                workflow,
-                key,
-                run_id,
-                exc,
-            )
-            return
-        if result.outcome is not Finalized.FIRE:
-            return
-        self._run_taken(ident, run_id, result)
-
-    def _run_taken(self, ident: tuple[str, str], run_id: str, result: Finalization) -> None:
-        """Run the fire of the shared window ``run_id`` that this process took (a
-        ``fire`` finalization it committed as a taker): close its local window, if
-        any, and start the trailing fire (if its mode and count call for one) as a
-        task, with the window's ``on_fire`` here, else the workflow's handler."""
-        old = self._shared.get(ident)
-        on_fire = None
-        if old is not None and old.run_id == run_id:
-            on_fire = old.on_fire
-            if not old.finalizing:
-                self._close_shared(old)
-        assert result.first_ping_at is not None
-        shared = SharedWindow(
-            ident,
-            run_id,
-            result.mode or _TRAILING,
-            self._now(),
-            self._to_trio(result.first_ping_at),
-            result.ping_count,
-            result.payload,
-            on_fire,
-            taker=True,
-        )
-        self._set_trailing(shared, True)
-        self._nursery.start_soon(self._fire_shared, shared, result)
-
-    def _ping_took(self, workflow: str, key: str, result: Finalization) -> None:
-        """The backend's ``on_taken`` (see ``DebounceBackend.attach``): a ping of this process
-        found a due window and took its fire by compare-and-swap; run it at once, even
-        if the ping itself fails afterwards."""
-        self._run_taken((workflow, key), result.run_id, result)
-
-    async def _end_shared_run(self, ident: tuple[str, str], run_id: str) -> None:
-        """A ``queue-latest`` run of a shared window returned: record it, and fire the
-        window that waited for it, if any."""
-        backend = self._backend
-        assert backend is not None
-        try:
-            waiting = await backend.end_run(*ident, run_id)
-        except BackendError as exc:
-            self._backend_errors += 1
-            logger.warning("could not record the end of run %s of %r/%r: %s", run_id, *ident, exc)
-            return
-        if waiting is not None:
-            await self._take_fire(backend, ident, waiting, early=False)
-
-    async def _fire_shared(self, shared: SharedWindow, result: Finalization) -> None:
-        """Run the trailing fire of a shared window that the backend finalized for us
-        (it deleted the window, exactly once), if its mode and count call for one."""
-        assert result.scheduled_at is not None
-        workflow, key = shared.ident
-        count = result.ping_count
-        pending = _trailing_pending(result.mode or shared.mode, count)
-        first = shared.first_ping_at
-        if result.first_ping_at is not None:
-            first = self._to_trio(result.first_ping_at)
-        fired_at = self._to_trio(result.scheduled_at)
-        was_pending = shared.trailing
-        shared.trailing = False  # moved from pending to running below, in one step
-        self._detach_shared(shared)
-        if not pending:
-            # The record goes before the window stops counting as pending, so an exit
-            # cannot release the lease first (a peer would adopt the record and fire).
-            await self._complete(result.fire_id)
-            if was_pending:
-                self._pending -= 1
-                self._check_idle()
-            return
-        if not was_pending:
-            self._pending += 1
-        handler = shared.on_fire if shared.on_fire is not None else self._handlers.get(workflow)
-        fire = Fire(
-            workflow,
-            key,
-            result.payload,
-            shared.run_id,
-            count,
-            first,
-            fired_at,
-            Edge.TRAILING,
-            1,
-            result.fencing_token,
-        )
-        self._pending -= 1
-        self._running += 1
-        self._fires += 1
-        await self._call_handler(handler, fire, result.fire_id, shared_run=result.blocks)
-
-    async def _complete(self, fire_id: str | None) -> None:
-        """The handler of an at-least-once fire returned: delete its fire record."""
-        if fire_id is None or self._backend is None:
-            return
-        try:
-            await self._backend.complete(fire_id)
-        except BackendError as exc:
-            self._backend_errors += 1
-            logger.warning("could not delete fire record %s: %s", fire_id, exc)
-
-    async def _refire(self, orphan: OrphanFire) -> None:
-        """Run again a fire whose process died in its handler (at-least-once)."""
-        handler = self._handlers.get(orphan.workflow)
-        fire = Fire(
-            orphan.workflow,
-            orphan.key,
-            orphan.payload,
-            orphan.run_id,
-            orphan.ping_count,
-            self._to_trio(orphan.first_ping_at),
-            self._to_trio(orphan.fired_at),
-            Edge.TRAILING,
-            orphan.attempt,
-            orphan.fencing_token,
-        )
-        self._refires += 1
-        self._fires += 1
-        self._running += 1
-        await self._call_handler(handler, fire, orphan.fire_id)
-
-    async def _maintain(self, backend: DebounceBackend) -> None:
-        """The heartbeat task: renew the process lease once per interval; reconcile
-        owned windows and sweep at a slower pace, and at once after an outage."""
-        async with trio.open_nursery() as sweeps:
-            await self._heartbeat(backend, sweeps)
-
-    async def _heartbeat(self, backend: DebounceBackend, sweeps: trio.Nursery) -> None:
-        beats = 0
-        down = False
-        # At start: adopt what dead processes (or a hand-off with no peer alive) left.
-        try:
-            with trio.fail_after(backend.heartbeat_interval):
-                await self._reconcile(backend)
-        except (BackendError, trio.TooSlowError) as exc:
-            self._backend_errors += 1
-            logger.warning("backend reconcile at start failed: %s", exc or "no answer")
-            down = True
-        while True:
-            await trio.sleep(backend.heartbeat_interval)
-            beats += 1
-            try:
-                with trio.fail_after(backend.heartbeat_interval):
-                    dead = await backend.refresh_lease()
-                    if dead:
-                        logger.info("processes found dead: %s", ", ".join(sorted(dead)))
-                    if dead or down or self._reconcile_soon or beats % _RECONCILE_EVERY == 0:
-                        self._reconcile_soon = False
-                        await self._reconcile(backend)
-                    if beats % _SWEEP_EVERY == 0 and not self._sweeping:
-                        # Its own task: a sweep of a big bucket on a loaded machine
-                        # may take longer than a heartbeat interval, and must never
-                        # make a lease renewal late (nor count as an outage).
-                        self._sweeping = True
-                        sweeps.start_soon(self._sweep, backend)
-                if down:
-                    logger.info("backend reachable again")
-                down = False
-            except (BackendError, trio.TooSlowError) as exc:
-                self._backend_errors += 1
-                if not down:
-                    logger.warning(
-                        "backend heartbeat failed: %s",
-                        exc if str(exc) else "no answer within the heartbeat interval",
-                    )
-                down = True
-
-    async def _sweep(self, backend: DebounceBackend) -> None:
-        """One sweep of the store (see :meth:`DebounceBackend.sweep`), bounded by two
-        sweep periods; what it did not reach, the next one does."""
-        bound = 2 * _SWEEP_EVERY * backend.heartbeat_interval
-        try:
-            with trio.move_on_after(bound) as scope:
-                await backend.sweep()
-            if scope.cancelled_caught:
-                logger.info("sweep cut short after %.3g s; the next one goes on", bound)
-        except BackendError as exc:
-            self._backend_errors += 1
-            logger.info("sweep failed: %s", exc)
-        finally:
-            self._sweeping = False
-
-    async def _reconcile(self, backend: DebounceBackend) -> None:
-        """Arm a local task for every window the backend says is ours but we lack
-        (a write that timed out and committed later, say); adopt the windows and
-        interrupted fires of dead processes, for the workflows this coordinator
-        handles."""
-        if self._closed:
-            return
-        # Taken before the listing starts: a window confirmed after it may be missing
-        # from the listing and must not be dropped.
-        listed_at = self._now()
-        orphans = await backend.adopt_orphans(frozenset(self._handlers))
-        self._takeovers += len(orphans.windows)
-        for orphan in orphans.fires:
-            self._nursery.start_soon(self._refire, orphan)
-        owned_windows = orphans.owned
-        seen = {owned.run_id for owned in owned_windows}
-        for stale in list(self._shared.values()):
-            if (
-                not stale.taker
-                and stale.state == OPEN
-                and stale.confirmed_at < listed_at
-                and stale.run_id not in seen
-            ):
-                # Fired by a peer that took it, cancelled, or taken over since the
-                # backend last confirmed it: stop waiting for it (and never fire it
-                # unconfirmed later).
-                logger.info(
-                    "window %r/%r (run %s) is no longer this process's; dropping it",
-                    *stale.ident,
-                    stale.run_id,
-                )
-                self._close_shared(stale)
-        for run_id, window in list(self._fail_open_runs.items()):
-            if run_id not in seen and window.state == CLOSED:
-                del self._fail_open_runs[run_id]
-        for owned in owned_windows:
-            ident = (owned.workflow, owned.key)
-            shared = self._shared.get(ident)
-            if (
-                self._closed
-                or owned.run_id in self._registering
-                or self._closed_runs.get(owned.run_id, -_INF) >= listed_at
-            ):
-                continue
-            if shared is not None and shared.run_id == owned.run_id and shared.state != CLOSED:
-                # Open, or flushed and being finalized: ours already. A taker whose
-                # window became ours (adopted from its dead owner) is its owner now.
-                if shared.taker:
-                    shared.taker = False
-                    deadline = self._to_trio(owned.scheduled_at)
-                    if deadline < shared.deadline and shared.scope is not None:
-                        shared.scope.deadline = deadline
-                    shared.deadline = deadline
-                    shared.confirmed_at = self._now()
-                    self._set_trailing(shared, _owner_pending(shared))
-                continue
-            local = self._fail_open_runs.pop(owned.run_id, None)
-            payload: Any = None
-            on_fire: Handler | None = None
-            count = owned.ping_count
-            if local is not None:
-                if local.state != OPEN or self._windows.get(ident) is not local:
-                    # The local window already fired (or was cancelled) for this burst;
-                    # the late write only matters if peers pinged into it since.
-                    await self._settle_landed(backend, owned, local)
-                    continue
-                # Still open: adopt the local burst into the shared window (one fire).
-                payload, on_fire = local.payload, local.on_fire
-                count = max(count, local.count)
-                self._cancel_window(local)
-                logger.info(
-                    "a register of %r/%r that failed had landed; its local window joins "
-                    "the shared one",
-                    owned.workflow,
-                    owned.key,
-                )
-            logger.info(
-                "re-arming window %r/%r (run %s) that names this process as its owner",
-                owned.workflow,
-                owned.key,
-                owned.run_id,
-            )
-            self._arm_shared(
-                ident,
-                owned.run_id,
-                owned.mode,
-                self._to_trio(owned.scheduled_at),
-                self._to_trio(owned.first_ping_at),
-                count,
-                payload,
-                on_fire,
-                taker=False,
-            )
-        self._closed_runs = {run: at for run, at in self._closed_runs.items() if at >= listed_at}
-
-    async def _settle_landed(
-        self, backend: DebounceBackend, owned: OwnedWindow, local: Window
-    ) -> None:
-        """A failed register landed after its fail-open window closed: delete the
-        shared window, and fire it too if peers' pings reached it (never lose them)."""
-        result = await backend.finalize(
-            owned.workflow, owned.key, owned.run_id, force=True, delivery=self._delivery
-        )
-        if result.outcome is not Finalized.FIRE:
-            return
-        local_fired_at = local.flushed_at if local.flushed_at else local.deadline
-        if (
-            self._closed
-            or result.last_ping_at is None
-            or self._to_trio(result.last_ping_at) <= local_fired_at
-        ):
-            # The local fire came after every ping of the shared window: nothing to run.
-            await self._complete(result.fire_id)
-            return
-        shared = SharedWindow(
-            (owned.workflow, owned.key),
-            owned.run_id,
-            owned.mode,
-            self._now(),
-            self._to_trio(owned.first_ping_at),
-            result.ping_count,
-            local.payload,
-            local.on_fire,
-            taker=False,
-        )
-        self._set_trailing(shared, True)
-        self._nursery.start_soon(self._fire_shared, shared, result)
-
     # ------------------------------------------------------------ cancel / flush
 
     @enable_ki_protection
@@ -1432,25 +441,13 @@ class Coordinator(metaclass=NoPublicConstructor):
           TypeError, ValueError: ``workflow`` or ``key`` is not a non-empty str.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        if self._closed:
+        if self._ledger.closed:
             raise _closed_error()
         _validate.name("workflow", workflow)
         _validate.name("key", key)
         cancelled = self._local.cancel((workflow, key))
-        if self._backend is not None:
-            shared = self._shared.get((workflow, key))
-            if shared is not None:
-                if shared.trailing:
-                    self._cancelled += 1
-                self._close_shared(shared)
-            with trio.CancelScope(shield=True):
-                try:
-                    cancelled = await self._backend.cancel(workflow, key) or cancelled
-                except BackendError as exc:
-                    self._backend_errors += 1
-                    if self._on_backend_error == "raise":
-                        raise
-                    logger.warning("backend failed to cancel %r/%r: %s", workflow, key, exc)
+        if self._shared is not None:
+            cancelled = await self._shared.cancel(workflow, key) or cancelled
         await trio.lowlevel.cancel_shielded_checkpoint()
         return cancelled
 
@@ -1478,69 +475,21 @@ class Coordinator(metaclass=NoPublicConstructor):
           TypeError, ValueError: ``workflow`` or ``key`` is not a non-empty str.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        if self._closed:
+        if self._ledger.closed:
             raise _closed_error()
         _validate.name("workflow", workflow)
         _validate.name("key", key)
         flushed = self._local.flush((workflow, key))
-        shared = self._shared.get((workflow, key))
-        if shared is not None:
-            flushed = self._flush_shared(shared) or flushed
+        if self._shared is not None:
+            flushed = self._shared.flush((workflow, key)) or flushed
         await trio.lowlevel.cancel_shielded_checkpoint()
         return flushed
-
-    def _cancel_window(self, window: Window) -> None:
-        self._local.close(window)
-
-    def _flush_shared(self, shared: SharedWindow) -> bool:
-        """Make a shared window's task finalize it now (forced); True if it had a
-        trailing fire pending."""
-        if shared.state != OPEN:
-            return False
-        shared.state = FLUSHED
-        if shared.scope is not None:
-            shared.scope.cancel()
-        # True only for a fire this process knows is due: an owner's both-edges window
-        # with one known ping is finalized too, but fires only if peers pinged it.
-        return _trailing_pending(shared.mode, shared.count)
-
-    # ---------------------------------------------------------------- the tasks
-
-    @enable_ki_protection
-    async def _call_handler(
-        self,
-        handler: Handler | None,
-        fire: Fire,
-        fire_id: str | None = None,
-        *,
-        shared_run: bool = False,
-    ) -> None:
-        """Run a shared window's fire (counted as running by the caller), then its
-        after-steps: ``fire_id``, an at-least-once fire record, is deleted once the
-        handler has returned or raised (not if it was cancelled: a peer runs it again),
-        before the handler counts as finished, so an exit cannot cut the delete short;
-        ``shared_run``: a "queue-latest" run, ended in the key's shared record."""
-        # KI-protected, so Ctrl-C cannot land between the counters and the try; the
-        # handler and on_error run unprotected (see _invoke.invoke and _firing.report).
-        finished = False
-        try:
-            finished = await self._fire_handlers.call(handler, fire)
-        finally:
-            if finished and fire_id is not None:
-                with trio.CancelScope(shield=True):  # bounded by the op deadline
-                    await self._complete(fire_id)
-            if shared_run and finished:
-                # The same across processes, through the key's shared record. (A
-                # cancelled run keeps blocking until its run_timeout or our lease.)
-                with trio.CancelScope(shield=True):  # bounded by the op deadline
-                    await self._end_shared_run((fire.workflow, fire.key), fire.run_id)
-            self._ledger.handler_ended()
 
     def _hands_off(self, on_exit: OnExit, *, aborted: bool) -> bool:
         """Does leaving the block hand the shared windows off (instead of deleting
         them)? With ``on_exit="handoff"``; under at-least-once also on a cancel exit,
         a cancellation or an error, so that no stored ping is lost."""
-        if self._backend is None:
+        if self._shared is None:
             return False
         if on_exit == "handoff":
             return True
@@ -1562,8 +511,7 @@ class Coordinator(metaclass=NoPublicConstructor):
                 return True
         except TypeError:
             raise TypeError(f"workflow and key must be str, got {workflow!r} and {key!r}") from None
-        shared = self._shared.get((workflow, key))
-        return shared is not None and shared.state == OPEN and not shared.taker
+        return self._shared is not None and self._shared.is_open((workflow, key))
 
     async def window_status(self, workflow: str, key: str) -> WindowStatus | None:
         """The cluster-wide state of the shared window ``(workflow, key)``.
@@ -1587,7 +535,7 @@ class Coordinator(metaclass=NoPublicConstructor):
                 "window_status() reads the shared store: open the coordinator with a "
                 "backend (in memory, use has())"
             )
-        if self._closed:
+        if self._ledger.closed:
             raise _closed_error()
         _validate.name("workflow", workflow)
         _validate.name("key", key)
@@ -1600,28 +548,29 @@ class Coordinator(metaclass=NoPublicConstructor):
         not run yet (:meth:`has` says False for it). With a backend it counts the
         shared windows this coordinator owns or will take, too.
         """
-        return len(self._windows) + len(self._shared)
+        return len(self._windows) + (0 if self._shared is None else len(self._shared))
 
     def statistics(self) -> CoordinatorStatistics:
         """Return a :class:`CoordinatorStatistics` snapshot. Works after exit too."""
+        ledger = self._ledger
         return CoordinatorStatistics(
             open_windows=len(self),
-            pending_trailing_fires=self._pending,
-            running_handlers=self._running,
-            pings=self._pings + self._hot_pings,
-            coalesced=self._coalesced + self._hot_pings,
-            fires=self._fires,
-            cancelled=self._cancelled,
-            handler_errors=self._handler_errors,
-            backend_errors=self._backend_errors,
-            fail_open_windows=self._fail_open,
-            unconfirmed_fires=self._unconfirmed,
-            unstored_pings=self._unstored,
-            takeovers=self._takeovers,
-            refires=self._refires,
-            dropped_fires=self._dropped,
+            pending_trailing_fires=ledger.pending,
+            running_handlers=ledger.running,
+            pings=ledger.pings + self._hot_pings,
+            coalesced=ledger.coalesced + self._hot_pings,
+            fires=ledger.fires,
+            cancelled=ledger.cancelled,
+            handler_errors=ledger.handler_errors,
+            backend_errors=ledger.backend_errors,
+            fail_open_windows=ledger.fail_open,
+            unconfirmed_fires=ledger.unconfirmed,
+            unstored_pings=ledger.unstored,
+            takeovers=ledger.takeovers,
+            refires=ledger.refires,
+            dropped_fires=ledger.dropped,
             runs=self._runs.statistics(),
-            stale_pings=self._stale,
+            stale_pings=ledger.stale,
         )
 
     async def wait_idle(self) -> None:
@@ -1801,59 +750,55 @@ class Coordinator(metaclass=NoPublicConstructor):
         # in the store for a peer, non-persisted ones are dropped; running run handlers
         # finish first.
         await self._runs.close()
-        self._wake_exit_on_pending = on_exit != "wait"
+        ledger = self._ledger
+        shared = self._shared
+        ledger.wake_exit_on_pending = on_exit != "wait"
         while True:
             if on_exit == "flush":
                 self._local.flush_all()
-                for shared in list(self._shared.values()):
-                    if shared.trailing:
-                        self._flush_shared(shared)
+                if shared is not None:
+                    shared.flush_all()
             elif on_exit == "cancel":
                 self._local.cancel_all()
-            if self._hands_off(on_exit, aborted=False):
-                for shared in list(self._shared.values()):
-                    # Left in the store for a live peer (or the next coordinator); a
-                    # window whose finalize is in flight finishes first (its commit may
-                    # have landed), and is taken at the next turn if it reschedules.
-                    if shared.state == OPEN and not shared.finalizing:
-                        self._close_shared(shared)
-            elif on_exit == "cancel":
-                for shared in list(self._shared.values()):
-                    if shared.trailing and shared.state == OPEN:
-                        # The document is released (deleted) when the block closes.
-                        self._cancelled += 1
-                        self._release_runs.add(shared.run_id)
-                        self._close_shared(shared)
-            if self._pending == 0 and self._running == 0:
+            if shared is not None:
+                if self._hands_off(on_exit, aborted=False):
+                    shared.hand_off_all()
+                elif on_exit == "cancel":
+                    shared.cancel_all()
+            if ledger.idle:
                 break
-            await self._idle_lot.park()
+            await ledger.idle_lot.park()
         # Nothing is pending and no handler runs: what is left are leading-only
         # windows with nothing to fire. Close them now; their documents are deleted by
         # the release, so that peers' next pings open fresh windows.
-        self._closed = True
+        ledger.closed = True
         self._local.clear()
-        self._release_runs.update(s.run_id for s in self._shared.values() if not s.taker)
+        if shared is not None:
+            shared.release_owned()
         self._nursery.cancel_scope.cancel()
 
     @enable_ki_protection
     def _abort(self) -> None:
         """The body raised or was cancelled: cancel everything.
 
-        Each window's task then settles its pending fire by time (see
-        _settle_after_abort) as it sees the cancellation. Idempotent: the first call
-        fixes the abort time.
+        Each local window's task then decides its pending fire by time (see
+        LocalWindows._decide_after_abort) as it sees the cancellation; a shared
+        window's task drops its fire (the release or a hand-off deals with the
+        document). Idempotent: the first call fixes the abort time.
         """
-        if self._aborted:
+        ledger = self._ledger
+        if ledger.aborted:
             return
-        self._closed = True
-        self._aborted = True
-        self._aborted_at = self._now()
+        ledger.closed = True
+        ledger.aborted = True
+        ledger.aborted_at = self._now()
         self._local.clear()
-        # Without a hand-off, the release deletes the shared windows open here (their
-        # pending fires are dropped).
-        self._release_runs.update(s.run_id for s in self._shared.values() if not s.taker)
+        if self._shared is not None:
+            # Without a hand-off, the release deletes the shared windows open here
+            # (their pending fires are dropped).
+            self._shared.release_owned()
         self._nursery.cancel_scope.cancel()
-        self._check_idle()
+        ledger.check_idle()
 
 
 @asynccontextmanager
@@ -2014,11 +959,11 @@ async def open_coordinator(
     )
     # A ping that finds a due window takes its fire: under this delivery, and run by
     # this coordinator at once (see DebounceBackend.attach).
-    opened: list[Coordinator] = []
+    opened: list[SharedWindows] = []
 
     def on_taken(workflow: str, key: str, result: Finalization) -> None:
-        for coordinator in opened:
-            coordinator._ping_took(workflow, key, result)
+        for shared in opened:
+            shared.ping_took(workflow, key, result)
 
     if backend is not None:
         backend.attach(delivery=delivery, on_taken=on_taken)
@@ -2049,9 +994,10 @@ async def open_coordinator(
             coordinator: Coordinator = Coordinator._create(
                 nursery, handler_map, on_error, backend, on_backend_error, delivery, scheduler
             )
-            opened.append(coordinator)
             if backend is not None:
-                nursery.start_soon(coordinator._maintain, backend)
+                assert coordinator._shared is not None
+                opened.append(coordinator._shared)
+                nursery.start_soon(maintain, backend, coordinator._shared, coordinator._ledger)
             started = False
             try:
                 # Writes the run store's lease (if any): a failure raises from here.
@@ -2077,7 +1023,8 @@ async def open_coordinator(
             if coordinator._hands_off(on_exit, aborted=aborted):
                 await backend.handoff()
             else:
-                await backend.release(coordinator._release_runs)
+                assert coordinator._shared is not None
+                await backend.release(coordinator._shared.release_runs)
         backend.detach()
     try:
         if nursery_error is not None:
@@ -2152,22 +1099,6 @@ def _handler_map(
         if handler is None:
             raise TypeError(f"{what}[{workflow!r}] must be an async callable, not None")
     return handler_map
-
-
-def _trailing_pending(mode: Mode, count: int) -> bool:
-    """Does a window of ``mode`` with ``count`` pings have a trailing fire to come?"""
-    return mode is _TRAILING or (mode is _BOTH and count >= 2)
-
-
-def _owner_pending(shared: SharedWindow) -> bool:
-    """Is a trailing fire pending on this shared window, as far as this process knows?
-
-    An owner's both-edges window counts from its first ping: peers' pings may have
-    given it a trailing fire that the owner learns of only when it finalizes.
-    """
-    return _trailing_pending(shared.mode, shared.count) or (
-        shared.mode is _BOTH and not shared.taker
-    )
 
 
 def _only_cancellations(exc: BaseException) -> bool:

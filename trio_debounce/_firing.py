@@ -36,16 +36,23 @@ class Ledger:
     __slots__ = (
         "aborted",
         "aborted_at",
+        "backend_errors",
         "cancelled",
         "closed",
         "coalesced",
+        "dropped",
+        "fail_open",
         "fires",
         "handler_errors",
         "idle_lot",
         "pending",
         "pings",
+        "refires",
         "running",
         "stale",
+        "takeovers",
+        "unconfirmed",
+        "unstored",
         "wake_exit_on_pending",
     )
 
@@ -58,6 +65,14 @@ class Ledger:
         self.cancelled = 0
         self.stale = 0
         self.handler_errors = 0
+        # The shared windows' counters (zero without a backend).
+        self.backend_errors = 0
+        self.fail_open = 0
+        self.unconfirmed = 0
+        self.unstored = 0
+        self.takeovers = 0
+        self.refires = 0
+        self.dropped = 0
         #: Unparked whenever the coordinator may have become idle (and, while an exit
         #: with on_exit="flush" or "cancel" waits, when a trailing fire becomes pending).
         self.idle_lot = trio.lowlevel.ParkingLot()

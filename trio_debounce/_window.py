@@ -1,14 +1,13 @@
 """The local side of a debounce window: the engine's state plus its task's state.
 
-A window is a plain slotted object owned by the coordinator's table; its task (see
-``Coordinator._window_task``) only sleeps until the window is due and then fires it.
+A window is a plain slotted object owned by the local table; its task (see
+``LocalWindows._run_window``) only sleeps until the window is due and then fires it.
 A ping that lands in an open window changes it through the engine (``_engine``) and
 nothing else.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 from . import _engine
@@ -99,70 +98,6 @@ class Window(WindowState):
     def __repr__(self) -> str:
         return (
             f"<Window {self.ident!r} mode={self.mode.value} pings={self.count} "
-            f"deadline={self.deadline!r} state={self.state}>"
-        )
-
-
-class SharedWindow:
-    """This process's local side of a window shared through a backend.
-
-    The owner's task sleeps until the window is due and then asks the backend to
-    finalize it; a *taker* (a non-owner whose ping moved the fire earlier than the
-    owner armed) does the same with ``take=True``. Times are on Trio's clock.
-    """
-
-    __slots__ = (
-        "confirmed_at",
-        "count",
-        "deadline",
-        "finalizing",
-        "first_ping_at",
-        "ident",
-        "mode",
-        "on_fire",
-        "payload",
-        "run_id",
-        "scope",
-        "state",
-        "taker",
-        "trailing",
-    )
-
-    def __init__(
-        self,
-        ident: tuple[str, str],
-        run_id: str,
-        mode: Mode,
-        deadline: float,
-        first_ping_at: float,
-        count: int,
-        payload: Any,
-        on_fire: Handler | None,
-        taker: bool,
-    ) -> None:
-        self.ident = ident
-        self.run_id = run_id
-        self.mode = mode
-        self.deadline = deadline
-        self.first_ping_at = first_ping_at
-        self.count = count
-        #: The latest payload of this process's pings (the owner's latest local one).
-        self.payload = payload
-        self.on_fire = on_fire
-        self.taker = taker
-        #: When (Trio's clock) the backend last said this window is ours to fire.
-        self.confirmed_at = -math.inf
-        #: True while the task's finalize is in flight (its commit may land any time).
-        self.finalizing = False
-        #: True while this window is counted as a pending trailing fire.
-        self.trailing = False
-        self.scope: trio.CancelScope | None = None
-        self.state = OPEN
-
-    def __repr__(self) -> str:
-        role = "taker" if self.taker else "owner"
-        return (
-            f"<SharedWindow {self.ident!r} {role} run={self.run_id} pings={self.count} "
             f"deadline={self.deadline!r} state={self.state}>"
         )
 

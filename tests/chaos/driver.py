@@ -180,7 +180,8 @@ async def run(args: argparse.Namespace) -> None:
             log.write("err", key=key, payload=payload, error=repr(exc), t0=t0)
             return
         # No checkpoint since the call returned: a fail-open window is still listed.
-        fail_open = result.active_run_id in coordinator._fail_open_runs
+        assert coordinator._shared is not None  # the driver always has a backend
+        fail_open = result.active_run_id in coordinator._shared._fail_open_runs
         log.write(
             "ping",
             key=key,
