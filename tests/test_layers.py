@@ -77,8 +77,8 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 OVERSIZED: dict[str, int] = {
     "_coordinator": 1426,
     "_coordinator:Coordinator": 1160,
-    "_protocol": 2446,
-    "_protocol:KvDebounceBackend": 1909,
+    "_protocol._backend": 2446,
+    "_protocol._backend:KvDebounceBackend": 1909,
     "_runs": 1133,
     "_runs:RunScheduler": 1008,
     "nats._store": 821,

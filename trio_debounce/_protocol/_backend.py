@@ -31,8 +31,8 @@ from typing import Any
 
 import trio
 
-from . import _engine, _validate
-from ._backend import (
+from .. import _engine, _validate
+from .._backend import (
     DebounceBackend,
     Delivery,
     Finalization,
@@ -44,7 +44,7 @@ from ._backend import (
     Registration,
     WindowStatus,
 )
-from ._errors import (
+from .._errors import (
     BackendError,
     BackendUnavailableError,
     DocumentTooLargeError,
@@ -52,12 +52,12 @@ from ._errors import (
     ProcessIdTakenError,
     RevisionConflict,
 )
-from ._keys import WINDOW_PREFIX, parse_window_key, process_key, window_key
-from ._kv import KvEntry, KvStore
-from ._options import DEFAULT, InitialFactory, Reducer, WindowOptions
-from ._payload import JsonSerializer, PayloadSerializer
-from ._types import Mode
-from ._wallclock import wall_to_trio
+from .._keys import WINDOW_PREFIX, parse_window_key, process_key, window_key
+from .._kv import KvEntry, KvStore
+from .._options import DEFAULT, InitialFactory, Reducer, WindowOptions
+from .._payload import JsonSerializer, PayloadSerializer
+from .._types import Mode
+from .._wallclock import wall_to_trio
 
 logger = logging.getLogger("trio_debounce.backend")
 
