@@ -19,7 +19,6 @@ in-memory fake in tests. The rules are in :doc:`/protocol`; in short:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import random
@@ -31,7 +30,7 @@ from typing import Any
 
 import trio
 
-from .. import _engine, _validate
+from .. import _validate
 from .._backend import (
     DebounceBackend,
     Delivery,
@@ -52,30 +51,29 @@ from .._errors import (
     ProcessIdTakenError,
     RevisionConflict,
 )
-from .._keys import WINDOW_PREFIX, parse_window_key, process_key, window_key
+from .._keys import parse_window_key, process_key, window_key
 from .._kv import KvEntry, KvStore
-from .._options import DEFAULT, InitialFactory, Reducer, WindowOptions
+from .._options import InitialFactory, Reducer
 from .._payload import JsonSerializer, PayloadSerializer
 from .._types import Mode
 from .._wallclock import wall_to_trio
+from . import _rules
+from ._documents import (
+    FIRE_PREFIX,
+    LEASE_PREFIX,
+    SWEEPER_KEY,
+    WINDOW_KEY_PREFIX,
+    FireRecord,
+    Lease,
+    RunMarker,
+    WindowDoc,
+    decode_lease,
+    encode_lease,
+)
+from ._rules import Ping
 
 logger = logging.getLogger("trio_debounce.backend")
 
-SCHEMA_VERSION = 1
-#: The version of a window document that uses issue 8's options (``max_count``,
-#: ``payload_policy="first"``, order keys); documents without them stay version 1, so
-#: processes that predate them keep reading those. Readers accept both.
-WINDOW_SCHEMA_OPTIONS = 2
-#: The version of a window document that needs the later options: a named reducer,
-#: ``overflow="fire-early"``, ``overlap="queue-latest"`` (and the running state of its
-#: runs), or the last fired order key that ``drop_stale`` reads. A version-2 reader
-#: would misread those, so they are written as version 3; readers take 1, 2 and 3.
-WINDOW_SCHEMA_RUNS = 3
-_BUILTIN_POLICIES = ("last", "first", "collect")
-SWEEPER_KEY = "s.sweeper"
-_LEASE_PREFIX = "p."
-_WINDOW_PREFIX = WINDOW_PREFIX + "."
-_FIRE_PREFIX = "f."
 #: A tombstone that keeps a key's last fired order key (for ``drop_stale``) is swept
 #: this many process leases after the key's last ping.
 _ORDER_LEASES = 10
@@ -84,436 +82,6 @@ _ORDER_LEASES = 10
 _TWIN_LOOKS = 4
 #: Fencing tokens are ``(bucket creation time in ms) << _TOKEN_SHIFT | revision``.
 _TOKEN_SHIFT = 40
-#: How many tombstones before it a window names in ``after``.
-_AFTER_KEEP = 4
-
-
-@dataclass(frozen=True, slots=True)
-class RunMarker:
-    """A ``queue-latest`` run in progress, kept in its key's document: it blocks the
-    key's next fire until its process ends it (:meth:`KvDebounceBackend.end_run`), until
-    ``until`` (wall clock: the fire time plus ``run_timeout``), or until the lease of
-    ``process`` (in its opening ``epoch``) lapses."""
-
-    process: str
-    epoch: str
-    run_id: str
-    until: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class WindowDoc:
-    """The shared document of one window (schema version 1, 2 or 3, by the options it
-    uses); times are wall clock."""
-
-    owner: str
-    epoch: str
-    run_id: str
-    mode: Mode
-    delay: float
-    max_delay: float | None
-    first: float
-    last: float
-    at: float
-    cap: float | None
-    armed: float
-    count: int
-    write: str
-    #: The write id of the write that opened the window (kept by every later write).
-    opened_by: str
-    #: The latest payload, serialized (None: no ping stored one).
-    payload: str | None = None
-    #: True once the window has fired under at-most-once delivery: a tombstone that
-    #: proves the fire, which the next ping opens a new window over.
-    fired: bool = False
-    #: The window's max_count (version 2 documents only): the ping that brings
-    #: ``count`` to it makes the window due at once.
-    max_count: int | None = None
-    #: ``"last"``, ``"first"`` or ``"collect"`` (version 2 documents only when not
-    #: ``"last"``). Under ``"collect"``, ``payload`` is the serialized list of the
-    #: window's payloads, and ``ranks`` their ``[order key, arrival]`` pairs.
-    payload_policy: str = "last"
-    max_items: int | None = None
-    ranks: tuple[tuple[float, int], ...] = ()
-    #: True when the window's pings carry order keys (version 2 only); ``order`` is
-    #: then the order key of the stored ``payload``.
-    ordered: bool = False
-    order: float | None = None
-    #: ``"fire-early"`` or ``"drop-oldest"`` with ``"collect"`` or a reducer (a
-    #: version-2 ``"collect"`` document means ``"drop-oldest"``).
-    overflow: str | None = None
-    #: Payloads a reducer has folded in (version 3); ``"collect"`` counts its ``ranks``.
-    held: int = 0
-    #: ``overlap="queue-latest"`` (version 3), and its ``run_timeout`` in seconds.
-    queue: bool = False
-    run_timeout: float | None = None
-    #: The key's ``queue-latest`` run in progress, carried from window to window.
-    running: RunMarker | None = None
-    #: The highest order key of the window's pings (with ``ordered``).
-    max_order: float | None = None
-    #: The highest order key fired for the key, carried from window to window (and
-    #: kept in the tombstone after the last one) for ``drop_stale``.
-    fired_order: float | None = None
-    #: ``(run id, write id)`` of the tombstones this window's key had before it, the
-    #: latest first (at most ``_AFTER_KEEP``): the proof of how each of those runs was
-    #: committed, kept (in this window's tombstone too) so that a fire record of such
-    #: a run is decided by it after its tombstone is gone (see ``_commit_landed``).
-    #: Any schema version; older readers ignore it.
-    after: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def has_options(self) -> bool:
-        return self.max_count is not None or self.payload_policy != "last" or self.ordered
-
-    @property
-    def needs_v3(self) -> bool:
-        return (
-            self.payload_policy not in _BUILTIN_POLICIES
-            or self.overflow == "fire-early"
-            or self.queue
-            or self.running is not None
-            or self.fired_order is not None
-        )
-
-    @property
-    def accumulates(self) -> bool:
-        return self.payload_policy not in ("last", "first")
-
-    @property
-    def items(self) -> int:
-        """Payloads held, for ``max_items`` (``"collect"`` or a reducer)."""
-        return len(self.ranks) if self.payload_policy == "collect" else self.held
-
-    @property
-    def keeps_tombstone(self) -> bool:
-        """Does a commit (or cancel) of this window leave a tombstone rather than
-        delete it? Yes when the key's state must outlive the window: the running
-        state of a ``queue-latest`` run, the last fired order key, or the proof of
-        the commit of the run before (``after``)."""
-        return self.running is not None or self.fired_order is not None or bool(self.after)
-
-    def closed(self) -> WindowDoc | None:
-        """What closing this window without a fire (cancel, release) writes: its
-        tombstone if it keeps one, else None (a delete)."""
-        if not self.keeps_tombstone:
-            return None
-        return replace(self, fired=True, write=uuid.uuid4().hex)
-
-    def encode(self) -> bytes:
-        extra: dict[str, Any] = {}
-        if self.max_count is not None:
-            extra["max_count"] = self.max_count
-        if self.payload_policy != "last":
-            extra["policy"] = self.payload_policy
-        v3 = self.needs_v3
-        if self.accumulates:
-            extra["max_items"] = self.max_items
-            if v3:
-                extra["overflow"] = self.overflow
-        if self.payload_policy == "collect":
-            extra["ranks"] = [list(rank) for rank in self.ranks]
-        elif self.accumulates:
-            extra["held"] = self.held
-        if self.ordered:
-            extra["ordered"] = True
-            extra["order"] = self.order
-            if self.max_order is not None:
-                extra["max_order"] = self.max_order
-        if self.queue:
-            extra["queue"] = True
-            extra["run_timeout"] = self.run_timeout
-        if self.running is not None:
-            marker = self.running
-            extra["running"] = {
-                "process": marker.process,
-                "epoch": marker.epoch,
-                "run": marker.run_id,
-                "until": marker.until,
-            }
-        if self.fired_order is not None:
-            extra["fired_order"] = self.fired_order
-        if self.after:
-            extra["after"] = [list(proof) for proof in self.after]
-        if v3:
-            version = WINDOW_SCHEMA_RUNS
-        elif self.has_options:
-            version = WINDOW_SCHEMA_OPTIONS
-        else:
-            version = SCHEMA_VERSION
-        return json.dumps(
-            {
-                "v": version,
-                "owner": self.owner,
-                "epoch": self.epoch,
-                "run": self.run_id,
-                "mode": self.mode.value,
-                "delay": self.delay,
-                "max_delay": self.max_delay,
-                "first": self.first,
-                "last": self.last,
-                "at": self.at,
-                "cap": self.cap,
-                "armed": self.armed,
-                "count": self.count,
-                "write": self.write,
-                "open": self.opened_by,
-                "payload": self.payload,
-                "fired": self.fired,
-                **extra,
-            },
-            separators=(",", ":"),
-            ensure_ascii=False,
-        ).encode("utf-8")
-
-    @classmethod
-    def decode(cls, raw: bytes) -> WindowDoc:
-        """Parse a document; raises ValueError for anything but a valid version 1, 2 or 3."""
-        obj = _loads(raw)
-        versions = (SCHEMA_VERSION, WINDOW_SCHEMA_OPTIONS, WINDOW_SCHEMA_RUNS)
-        if not isinstance(obj, dict) or obj.get("v") not in versions:
-            raise ValueError("not a version 1, 2 or 3 window document")
-        max_count = None
-        policy = "last"
-        ordered = False
-        order = None
-        max_items = None
-        ranks: tuple[tuple[float, int], ...] = ()
-        extra: dict[str, Any] = {}
-        if obj["v"] >= WINDOW_SCHEMA_OPTIONS:
-            v3 = obj["v"] == WINDOW_SCHEMA_RUNS
-            max_count = obj.get("max_count")
-            if max_count is not None and (
-                isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1
-            ):
-                raise ValueError(f"bad max_count {max_count!r}")
-            policy = obj.get("policy", "last")
-            if not isinstance(policy, str) or not (policy in _BUILTIN_POLICIES or (v3 and policy)):
-                raise ValueError(f"bad payload policy {policy!r}")
-            if policy not in ("last", "first"):
-                max_items = obj["max_items"]
-                if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
-                    raise ValueError(f"bad max_items {max_items!r}")
-                overflow = obj.get("overflow", "drop-oldest") if v3 else "drop-oldest"
-                if overflow not in ("fire-early", "drop-oldest") or (
-                    overflow == "drop-oldest" and policy != "collect"
-                ):
-                    raise ValueError(f"bad overflow {overflow!r}")
-                extra["overflow"] = overflow
-                if policy == "collect":
-                    ranks = tuple((_float(o), int(n)) for o, n in obj["ranks"])
-                else:
-                    extra["held"] = int(obj["held"])
-            ordered = obj.get("ordered", False) is True
-            if ordered:
-                order = _order(obj.get("order"))
-                if obj.get("max_order") is not None:
-                    extra["max_order"] = _order(obj["max_order"])
-            if v3:
-                if obj.get("queue", False) is True:
-                    extra["queue"] = True
-                    timeout = obj.get("run_timeout")
-                    extra["run_timeout"] = None if timeout is None else _num(obj, "run_timeout")
-                running = obj.get("running")
-                if running is not None:
-                    if not isinstance(running, dict):
-                        raise ValueError("running is not an object")
-                    until = running.get("until")
-                    extra["running"] = RunMarker(
-                        _str(running, "process"),
-                        _str(running, "epoch"),
-                        _str(running, "run"),
-                        None if until is None else _num(running, "until"),
-                    )
-                if obj.get("fired_order") is not None:
-                    extra["fired_order"] = _order(obj["fired_order"])
-        after = obj.get("after")
-        if after is not None:
-            if not isinstance(after, list) or not 0 < len(after) <= _AFTER_KEEP:
-                raise ValueError(f"bad after {after!r}")
-            proofs = []
-            for proof in after:
-                if (
-                    not isinstance(proof, list)
-                    or len(proof) != 2
-                    or not all(isinstance(part, str) for part in proof)
-                ):
-                    raise ValueError(f"bad after {after!r}")
-                proofs.append((_utf8("after", proof[0]), _utf8("after", proof[1])))
-            extra["after"] = tuple(proofs)
-        doc = cls(
-            owner=_str(obj, "owner"),
-            epoch=_str(obj, "epoch"),
-            run_id=_str(obj, "run"),
-            mode=Mode(obj["mode"]),
-            delay=_num(obj, "delay"),
-            max_delay=None if obj.get("max_delay") is None else _num(obj, "max_delay"),
-            first=_num(obj, "first"),
-            last=_num(obj, "last"),
-            at=_num(obj, "at"),
-            cap=None if obj.get("cap") is None else _num(obj, "cap"),
-            armed=_num(obj, "armed"),
-            count=int(obj["count"]),
-            write=_str(obj, "write"),
-            opened_by=_str(obj, "open"),
-            payload=_opt_str(obj, "payload"),
-            fired=obj.get("fired", False) is True,
-            max_count=max_count,
-            payload_policy=policy,
-            ordered=ordered,
-            order=order,
-            max_items=max_items,
-            ranks=ranks,
-            **extra,
-        )
-        if doc.count < 1:
-            raise ValueError("count < 1")
-        return doc
-
-
-def _reject(text: str) -> float:
-    raise ValueError(f"not a finite number: {text[:40]}")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        _reject(text)
-    return value
-
-
-def _loads(raw: bytes) -> Any:
-    """JSON of a stored document: NaN, infinities and nesting too deep to parse are
-    refused with ValueError like any other unreadable document, so that every decoder
-    raises only ValueError, KeyError or TypeError (what their callers catch)."""
-    try:
-        return json.loads(raw, parse_constant=_reject, parse_float=_finite_float)
-    except RecursionError:
-        raise ValueError("a document nested too deeply") from None
-
-
-def _order(value: Any) -> float:
-    """An order key as stored (an int or a finite float, kept as it is)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"bad order key {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"bad order key {value!r}")
-    return value
-
-
-def _float(value: Any) -> float:
-    """``float(value)``, with an int beyond the float range refused as ValueError."""
-    try:
-        return float(value)
-    except OverflowError:
-        raise ValueError("a number beyond the float range") from None
-
-
-def _str(obj: dict[str, Any], name: str) -> str:
-    value = obj[name]
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} is not a non-empty string")
-    return _utf8(name, value)
-
-
-def _opt_str(obj: dict[str, Any], name: str) -> str | None:
-    value = obj.get(name)
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{name} is not a string")
-    return value if value is None else _utf8(name, value)
-
-
-def _utf8(name: str, value: str) -> str:
-    # A "\ud800" escape parses to a lone surrogate, which no document can be
-    # written back with (the encoders write UTF-8).
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{name} holds a lone surrogate") from None
-    return value
-
-
-def _num(obj: dict[str, Any], name: str) -> float:
-    value = obj[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} is not a number")
-    try:
-        value = float(value)
-    except OverflowError:
-        raise ValueError(f"{name} is too large") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name} is not finite")
-    return value
-
-
-def _stale(order_key: float | None, fired_order: float | None) -> bool:
-    """Is a ping with ``order_key`` stale: not above the key's last fired order key?"""
-    return order_key is not None and _engine.is_stale(order_key, fired_order)
-
-
-def _options_of(doc: WindowDoc) -> WindowOptions | None:
-    """The window options a document holds, as the engine takes them (None: plain)."""
-    opts = WindowOptions(
-        max_count=doc.max_count,
-        payload_policy=doc.payload_policy,
-        max_items=doc.max_items,
-        overflow=doc.overflow,
-        overlap="queue-latest" if doc.queue else "allow",
-        run_timeout=doc.run_timeout,
-        ordered=doc.ordered,
-    )
-    return None if opts == DEFAULT else opts
-
-
-class WindowFull(Exception):
-    """Raised by a ping into a window that holds ``max_items`` under
-    ``overflow="fire-early"``: the window fires first (see :class:`Registration`)."""
-
-    def __init__(self, doc: WindowDoc) -> None:
-        super().__init__(f"window {doc.run_id} is full")
-        self.doc = doc
-
-
-@dataclass(frozen=True, slots=True)
-class _Lease:
-    process: str
-    epoch: str
-    expires: float
-    #: Handed off: the process left, its windows are for peers to take at once.
-    released: bool = False
-    #: The holder's heartbeat interval, seconds: how long a newcomer with the same
-    #: process id watches this lease for a renewal. None in leases written before
-    #: it was recorded (or holding no usable value): the reader uses its own.
-    heartbeat: float | None = None
-
-    def live(self, now: float, skew: float) -> bool:
-        return not self.released and now <= self.expires + skew
-
-
-def _decode_lease(raw: bytes) -> _Lease:
-    obj = _loads(raw)
-    if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
-        raise ValueError("not a version 1 lease")
-    heartbeat = _validate.advisory_seconds(obj.get("beat"))
-    return _Lease(
-        _str(obj, "process"),
-        _str(obj, "epoch"),
-        _num(obj, "expires"),
-        obj.get("released", False) is True,
-        heartbeat,
-    )
-
-
-def _encode_lease(lease: _Lease) -> bytes:
-    doc: dict[str, object] = {
-        "v": SCHEMA_VERSION,
-        "process": lease.process,
-        "epoch": lease.epoch,
-        "expires": lease.expires,
-        "released": lease.released,
-    }
-    if lease.heartbeat is not None:
-        doc["beat"] = lease.heartbeat  # optional: older readers ignore it
-    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 
 @dataclass(slots=True)
@@ -527,64 +95,6 @@ class _TwinWatch:
     until: float
     #: Seconds between two looks at the lease.
     step: float
-
-
-@dataclass(frozen=True, slots=True)
-class _FireRecord:
-    """An at-least-once fire in progress (``f.<id>``): outlives its window's document
-    until the handler returns, so a survivor can run it again."""
-
-    owner: str
-    epoch: str
-    workflow: str
-    key: str
-    run_id: str
-    payload: str | None
-    count: int
-    first: float
-    at: float
-    attempt: int
-    #: The write id of the commit this record belongs to (its tombstone names it);
-    #: None in records of older versions.
-    write: str | None = None
-
-    def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "v": SCHEMA_VERSION,
-                "owner": self.owner,
-                "epoch": self.epoch,
-                "workflow": self.workflow,
-                "key": self.key,
-                "run": self.run_id,
-                "payload": self.payload,
-                "count": self.count,
-                "first": self.first,
-                "at": self.at,
-                "attempt": self.attempt,
-                **({} if self.write is None else {"write": self.write}),
-            },
-            separators=(",", ":"),
-        ).encode("utf-8")
-
-    @classmethod
-    def decode(cls, raw: bytes) -> _FireRecord:
-        obj = _loads(raw)
-        if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
-            raise ValueError("not a version 1 fire record")
-        return cls(
-            owner=_str(obj, "owner"),
-            epoch=_str(obj, "epoch"),
-            workflow=_str(obj, "workflow"),
-            key=_str(obj, "key"),
-            run_id=_str(obj, "run"),
-            payload=_opt_str(obj, "payload"),
-            count=int(obj["count"]),
-            first=_num(obj, "first"),
-            at=_num(obj, "at"),
-            attempt=int(obj["attempt"]),
-            write=_opt_str(obj, "write"),
-        )
 
 
 @dataclass(slots=True)
@@ -622,52 +132,11 @@ _JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 @dataclass(slots=True, eq=False)
-class _Ping:
+class _Call(Ping):
     """One register call, waiting to be written (alone, or merged into a batch)."""
 
-    mode: Mode
-    delay: float
-    max_delay: float | None
-    run_id: str
-    text: str
-    own: Any
-    max_count: int | None
-    payload_policy: str
-    order_key: float | None
-    max_items: int | None
     #: Trio time by which the call must be answered (its arrival + op_timeout).
-    deadline: float
-    overflow: str | None = None
-    reducer: tuple[Reducer, InitialFactory | None] | None = None
-    #: ``overlap="queue-latest"``.
-    queue: bool = False
-    run_timeout: float | None = None
-    drop_stale: bool = False
-    #: Written in a batch of its own (its document was too large in a merged one).
-    alone: bool = False
-    #: The ping's time: the backend's wall clock when the call was made, kept through
-    #: group commit, conflicts and retries (None: the time the batch is applied at).
-    now: float | None = None
-    #: Joins a due window instead of taking its fire: the fire could not be written
-    #: (its record would be too large for the store), so this ping does as pings did
-    #: before the due-time rule, rather than fail.
-    joins_due: bool = False
-    #: No window option beyond mode, delay and max_delay: merged by _fold_plain.
-    plain: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.plain = (
-            self.payload_policy == "last"
-            and self.order_key is None
-            and self.reducer is None
-            and self.max_count is None
-            and self.max_items is None
-            and self.overflow is None
-            and not self.queue
-            and self.run_timeout is None
-            and not self.drop_stale
-        )
-
+    deadline: float = 0.0
     result: Registration | BaseException | None = None
     #: The call's task while it waits (parked by :func:`_park`), else None.
     task: trio.lowlevel.Task | None = None
@@ -681,53 +150,16 @@ class _KeyQueue:
     """The pings of one key that wait for the write in flight (group commit)."""
 
     writing: bool = False
-    waiting: list[_Ping] = field(default_factory=list)
+    waiting: list[_Call] = field(default_factory=list)
     #: Finalizes waiting for the key's turn; they go before the next batch of pings.
     finalizers: list[trio.Event] = field(default_factory=list)
-
-
-def _commit_landed(doc: WindowDoc | None, run_id: str, write: str) -> bool | None:
-    """Did the commit of write ``write`` (a fire record's) close run ``run_id``, judged by
-    its key's document ``doc`` as read now?
-
-    True or False where the document proves it; None while the run's window is still
-    open (its owner fires it). The proof is the run's tombstone (``fired``, naming the
-    write that committed) or, once pings have opened newer windows over it, their
-    ``after``, read the same way. The sweeper keeps a key's tombstone while any fire
-    record of the key exists, so a gone document means the record's commit never
-    landed (the record itself landed after the tombstone was swept), as does a run
-    missing from a newer window's ``after`` that holds fewer than ``_AFTER_KEEP``
-    runs (the key had no tombstone before them). A full ``after`` without the run
-    has lost the proof: the record is taken to have committed, and runs
-    (at-least-once; see docs/protocol.rst, "Fire records and their proof").
-    """
-    if doc is None:
-        return False
-    if doc.run_id == run_id:
-        return doc.write == write if doc.fired else None
-    for proof_run, proof_write in doc.after:
-        if proof_run == run_id:
-            return proof_write == write
-    return len(doc.after) >= _AFTER_KEEP
-
-
-def _due_at(doc: WindowDoc | None, now: float, blocked: float | None) -> bool:
-    """Is ``doc`` an open window that is due at ``now`` (its ``at`` has come: its
-    deadline, its cap, or the time of the ping that reached its ``max_count``), so that
-    a ping at ``now`` must not join it? A ``queue-latest`` window that waits for its
-    key's run (``blocked``) is not: pings join it."""
-    return (
-        doc is not None
-        and not doc.fired
-        and not _engine.joins(doc.at, now, doc.queue and blocked is not None)
-    )
 
 
 def _refuse_abort(raise_cancel: Any) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED
 
 
-async def _park(ping: _Ping) -> None:
+async def _park(ping: _Call) -> None:
     """Wait until :func:`_wake` (``ping``'s result, or its turn to lead a write).
 
     The wait refuses cancellation, like a shielded one (a merged ping cannot be
@@ -738,7 +170,7 @@ async def _park(ping: _Ping) -> None:
     await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
 
 
-def _wake(ping: _Ping) -> None:
+def _wake(ping: _Call) -> None:
     """Wake ``ping``'s call if it is parked (once: a second wake is a no-op)."""
     task = ping.task
     if task is not None:
@@ -746,24 +178,7 @@ def _wake(ping: _Ping) -> None:
         trio.lowlevel.reschedule(task)
 
 
-def _plain_window(doc: WindowDoc | None, mode: Mode) -> bool:
-    """Is ``doc`` an open window of ``mode`` with no option beyond mode, delay and
-    max_delay (what a run of plain pings can be folded into)?"""
-    return (
-        doc is not None
-        and not doc.fired
-        and doc.mode is mode
-        and doc.payload_policy == "last"
-        and not doc.ordered
-        and doc.max_count is None
-        and doc.max_items is None
-        and doc.overflow is None
-        and not doc.queue
-        and doc.run_timeout is None
-    )
-
-
-def _settle(ping: _Ping, result: Registration | BaseException) -> None:
+def _settle(ping: _Call, result: Registration | BaseException) -> None:
     """Give ``ping`` its result and wake its call."""
     ping.result = result
     _wake(ping)
@@ -814,10 +229,11 @@ class KvDebounceBackend(DebounceBackend):
         self._op_timeout = _validate.positive_duration("op_timeout", op_timeout)
         self._skew = _validate.positive_duration("max_clock_skew", max_clock_skew)
         self._wall = wall_time
+        self._me = _rules.Identity(process_id, self._epoch, self._serializer, store.max_value_bytes)
         self._lease_revision = 0
         self._refreshes = 0
         #: process id -> its lease as last read (the local lease table).
-        self._leases: dict[str, _Lease] = {}
+        self._leases: dict[str, Lease] = {}
         #: (process, epoch) of the leases that were live at the last reload.
         self._live_at_last_look: set[tuple[str, str]] = set()
         self._seen_released: set[tuple[str, str]] = set()
@@ -858,11 +274,11 @@ class KvDebounceBackend(DebounceBackend):
         self._queued_end_runs: dict[str, str] = {}
         self._lease_expires = -math.inf
         #: The lease of the coordinator that took our process id (we are fenced).
-        self._taken_by: _Lease | None = None
+        self._taken_by: Lease | None = None
         #: The lease of another epoch of our process id that our first write replaced:
         #: until it lapses, that coordinator may still run a fire (a stalled holder is
         #: fenced only at its next heartbeat), so its fire records are not adopted.
-        self._replaced: _Lease | None = None
+        self._replaced: Lease | None = None
         #: Before this opening's first lease write: the live lease of another epoch
         #: of our process id being watched for a renewal (a live twin), if any.
         self._twin_watch: _TwinWatch | None = None
@@ -990,7 +406,7 @@ class KvDebounceBackend(DebounceBackend):
     # ------------------------------------------------------------------ leases
 
     def _mine(self, doc: WindowDoc) -> bool:
-        return doc.owner == self._process_id and doc.epoch == self._epoch
+        return self._me.owns(doc)
 
     async def _owner_live(self, doc: WindowDoc, now: float) -> bool:
         """Is the document's owner process live? Known live owners cost no request."""
@@ -1011,7 +427,7 @@ class KvDebounceBackend(DebounceBackend):
         lease = None
         if entry is not None and entry.value is not None:
             try:
-                lease = _decode_lease(entry.value)
+                lease = decode_lease(entry.value)
             except (ValueError, KeyError, TypeError):
                 logger.warning("lease %s is unreadable; its process counts as dead", entry.key)
         if lease is None:
@@ -1037,17 +453,17 @@ class KvDebounceBackend(DebounceBackend):
                 f"two live coordinators must never share a process id"
             )
 
-    def _foreign_lease(self, entry: KvEntry | None) -> _Lease | None:
+    def _foreign_lease(self, entry: KvEntry | None) -> Lease | None:
         """The lease in ``entry`` if it is another epoch's (of our process id)."""
         if entry is None or entry.value is None:
             return None
         try:
-            lease = _decode_lease(entry.value)
+            lease = decode_lease(entry.value)
         except (ValueError, KeyError, TypeError):
             return None
         return lease if lease.epoch != self._epoch else None
 
-    def _twin_wait(self, holder: _Lease) -> float:
+    def _twin_wait(self, holder: Lease) -> float:
         """Seconds to watch ``holder`` (a live lease of another epoch of our process
         id) for a renewal: its heartbeat interval (ours if it did not record one,
         capped at our lease) plus the skew margin."""
@@ -1172,10 +588,10 @@ class KvDebounceBackend(DebounceBackend):
                 f"before this opening writes its own"
             )
         now = self._wall()
-        lease = _Lease(
+        lease = Lease(
             self._process_id, self._epoch, now + self._lease, heartbeat=self.heartbeat_interval
         )
-        value = _encode_lease(lease)
+        value = encode_lease(lease)
         for attempt in range(5):
             try:
                 self._lease_revision = await self._call(
@@ -1229,12 +645,12 @@ class KvDebounceBackend(DebounceBackend):
         lapsed (beyond the skew).
         """
         now = self._wall()
-        table: dict[str, _Lease] = {}
-        for entry in await self._call(self._store.entries, _LEASE_PREFIX):
+        table: dict[str, Lease] = {}
+        for entry in await self._call(self._store.entries, LEASE_PREFIX):
             if entry.value is None:
                 continue
             try:
-                lease = _decode_lease(entry.value)
+                lease = decode_lease(entry.value)
             except (ValueError, KeyError, TypeError):
                 continue
             if entry.key != process_key(lease.process):
@@ -1256,242 +672,6 @@ class KvDebounceBackend(DebounceBackend):
         return dead
 
     # ---------------------------------------------------------------- register
-
-    def _window_state(self, doc: WindowDoc, waiting: bool) -> _engine.WindowState:
-        """The engine's view of an open window's document: its times, count and
-        accumulation, payloads deserialized ("last" and "first" keep the stored text)."""
-        opts = _options_of(doc)
-        trailing = doc.mode is Mode.TRAILING or (doc.mode is Mode.BOTH and doc.count > 1)
-        cap = _engine.INF if doc.cap is None else doc.cap
-        state = _engine.WindowState(doc.mode, doc.first, doc.at, cap, doc.payload, trailing, opts)
-        state.count = doc.count
-        state.waiting = waiting
-        if opts is not None:
-            state.best = doc.order
-            state.max_order = doc.max_order
-            state.held = doc.held
-            if opts.payload_policy == "collect":
-                values = self._load(doc.payload) or []
-                state.acc = [(o, n, v) for (o, n), v in zip(doc.ranks, values, strict=True)]
-                state.held = len(state.acc)
-            elif opts.reducer:
-                state.acc = self._load(doc.payload)
-        return state
-
-    def _apply_ping(
-        self,
-        doc: WindowDoc | None,
-        owner_live: bool,
-        now: float,
-        mode: Mode,
-        delay: float,
-        max_delay: float | None,
-        run_id: str,
-        write: str,
-        payload: str,
-        max_count: int | None = None,
-        payload_policy: str = "last",
-        order_key: float | None = None,
-        max_items: int | None = None,
-        overflow: str | None = None,
-        reducer: tuple[Reducer, InitialFactory | None] | None = None,
-        queue: bool = False,
-        run_timeout: float | None = None,
-        drop_stale: bool = False,
-        blocked_until: float | None = None,
-    ) -> tuple[Registered, WindowDoc, float | None]:
-        """Apply one ping to a window's document, as read (no I/O).
-
-        Returns the outcome, the document to write (for ``stale``, the document as
-        read: nothing is written) and, for a ``coalesced`` ping that moved the fire
-        earlier than the owner armed, when to take it. ``blocked_until``: when the
-        key's ``queue-latest`` run (``doc.running``) stops blocking for sure, or None
-        if it does not block now (the caller reads its process's lease).
-
-        Raises:
-          ValueError: the ping's options differ from the open window's.
-          WindowFull: the window holds ``max_items`` (or as much as the store takes)
-            under ``overflow="fire-early"``: nothing to write; it fires first.
-          Exception: whatever the reducer or the serializer raise.
-        """
-        if doc is None or doc.fired:
-            running = None if doc is None or blocked_until is None else doc.running
-            fired_order = None if doc is None else doc.fired_order
-            if drop_stale and _stale(order_key, fired_order):
-                assert doc is not None
-                return Registered.STALE, doc, None
-            window_opts = WindowOptions(
-                max_count=max_count,
-                payload_policy=payload_policy,
-                max_items=max_items,
-                overflow=overflow,
-                overlap="queue-latest" if queue else "allow",
-                run_timeout=run_timeout,
-                ordered=order_key is not None,
-            )
-            # The engine decides the window's times and what it holds; the document
-            # keeps the payloads serialized.
-            first: Any = payload
-            value: Any = None
-            if payload_policy == "collect":
-                first = self._serializer.loads(payload)
-            elif reducer is not None:
-                value = _engine.first_value(reducer, self._serializer.loads(payload))
-            state = _engine.open_window(
-                now,
-                first,
-                delay=delay,
-                max_delay=max_delay,
-                mode=mode,
-                opts=None if window_opts == DEFAULT else window_opts,
-                order=order_key,
-                value=value,
-            )
-            ranks: tuple[tuple[float, int], ...] = ()
-            held = 0
-            if payload_policy == "collect":
-                ranks = tuple((float(o), n) for o, n, _ in state.acc)
-                payload = self._serializer.dumps([item[2] for item in state.acc])
-            elif reducer is not None:
-                payload = self._serializer.dumps(state.acc)
-                held = state.held
-            if _engine.leading(mode):
-                # The leading fire happens with this write: its order key is fired.
-                fired_order = _engine.fired_order_after(fired_order, order_key)
-            at = state.deadline
-            cap = None if state.cap == _engine.INF else state.cap
-            new = WindowDoc(
-                self._process_id,
-                self._epoch,
-                run_id,
-                mode,
-                delay,
-                max_delay,
-                now,
-                now,
-                at,
-                cap,
-                at,
-                1,
-                write,
-                write,
-                payload,
-                max_count=max_count,
-                payload_policy=payload_policy,
-                ordered=order_key is not None,
-                order=order_key,
-                max_items=max_items,
-                ranks=ranks,
-                overflow=overflow,
-                held=held,
-                queue=queue,
-                run_timeout=run_timeout,
-                running=running,
-                max_order=order_key,
-                fired_order=fired_order,
-                after=() if doc is None else ((doc.run_id, doc.write), *doc.after)[:_AFTER_KEEP],
-            )
-            return Registered.OPENED, new, None
-        if doc.mode is not mode:
-            raise ValueError(
-                f"mode {mode.value!r} differs from the mode {doc.mode.value!r} of the open "
-                f"window (run {doc.run_id})"
-            )
-        if doc.max_count != max_count:
-            raise ValueError(
-                f"max_count {max_count!r} differs from the max_count {doc.max_count!r} of the "
-                f"open window (run {doc.run_id})"
-            )
-        if doc.payload_policy != payload_policy:
-            raise ValueError(
-                f"payload_policy {payload_policy!r} differs from the payload_policy "
-                f"{doc.payload_policy!r} of the open window (run {doc.run_id})"
-            )
-        if doc.ordered != (order_key is not None):
-            raise ValueError(
-                f"the open window (run {doc.run_id}) was opened "
-                + ("with an order_key: every ping of it needs one" if doc.ordered else
-                   "without an order_key: its pings cannot carry one")
-            )  # fmt: skip
-        overlaps = ("allow", "queue-latest")
-        for name, mine, theirs in (
-            ("max_items", max_items, doc.max_items),
-            ("overflow", overflow, doc.overflow),
-            ("overlap", overlaps[queue], overlaps[doc.queue]),
-            ("run_timeout", run_timeout, doc.run_timeout),
-        ):
-            if mine != theirs:
-                raise ValueError(
-                    f"{name} {mine!r} differs from the {name} {theirs!r} of the open window "
-                    f"(run {doc.run_id})"
-                )
-        if drop_stale and _stale(order_key, doc.fired_order):
-            return Registered.STALE, doc, None
-        if doc.overflow == "fire-early" and doc.items >= (doc.max_items or 0):
-            raise WindowFull(doc)
-        # Waiting: due while the key's run blocks; pings join it and leave its time alone.
-        waiting = doc.queue and blocked_until is not None and doc.at <= now
-        # The engine applies the ping (its times, count and payload policy) to the
-        # document's window, payloads deserialized; the document stores them serialized.
-        state = self._window_state(doc, waiting)
-        opts = state.opts
-        policy_value: Any = payload  # "last" and "first" keep the stored text
-        folded: Any = None
-        if opts is not None and opts.payload_policy == "collect":
-            policy_value = self._load(payload)
-        elif reducer is not None:
-            folded = reducer[0](state.acc, self._serializer.loads(payload))
-        # A ping older than the window's latest (its write landed late) leaves the
-        # latest ping's time standing, as if the pings had landed in time order; the
-        # max_count ping makes the window due at the latest ping's time, and the next
-        # ping, at that time or later, takes its fire and opens the next window.
-        _engine.absorb(
-            state, now, policy_value, delay=delay, order=order_key, value=folded, latest=doc.last
-        )
-        ranks = doc.ranks
-        held = doc.held
-        if opts is not None and opts.payload_policy == "collect":
-            ranks = tuple((float(o), n) for o, n, _ in state.acc)
-            payload = self._serializer.dumps([item[2] for item in state.acc])
-        elif reducer is not None:
-            payload = self._serializer.dumps(state.acc)
-            held = state.held
-        else:
-            # A window whose stored payload is missing takes this ping's.
-            payload = state.payload if state.payload is not None else payload
-        at = state.deadline
-        changes: dict[str, Any] = {
-            "last": max(now, doc.last),
-            "at": at,
-            "count": state.count,
-            "write": write,
-            "payload": payload,
-            "order": state.best if opts is not None else doc.order,
-            "ranks": ranks,
-            "held": held,
-            "max_order": state.max_order if opts is not None else doc.max_order,
-            "running": doc.running if blocked_until is not None else None,
-        }
-        if doc.accumulates:
-            # Bounded by the store's size limit too: "fire-early" fires what the window
-            # holds, "drop-oldest" drops more of the lowest items.
-            limit = self._store.max_value_bytes
-            items = state.acc
-            while len(replace(doc, **changes).encode()) > limit:
-                if doc.overflow == "fire-early":
-                    raise WindowFull(doc)
-                if len(items) <= 1:
-                    break  # this payload alone is too large: the write refuses it
-                del items[0]
-                changes["ranks"] = tuple((float(o), n) for o, n, _ in items)
-                changes["payload"] = self._serializer.dumps([item[2] for item in items])
-        if self._mine(doc):
-            return Registered.EXTENDED, replace(doc, armed=at, **changes), None
-        if owner_live or not self._can_take_over():
-            take_at = at if at < doc.armed and not waiting else None
-            return Registered.COALESCED, replace(doc, **changes), take_at
-        new = replace(doc, owner=self._process_id, epoch=self._epoch, armed=at, **changes)
-        return Registered.TOOK_OVER, new, None
 
     async def register(
         self,
@@ -1545,24 +725,24 @@ class KvDebounceBackend(DebounceBackend):
                     f"could not write the lease of process {self._process_id!r} within "
                     f"{self._op_timeout} s"
                 )
-        ping = _Ping(
-            mode,
-            delay,
-            max_delay,
-            run_id,
-            text,
-            own,
-            max_count,
-            payload_policy,
-            order_key,
-            max_items,
-            deadline,
-            overflow,
-            reducer,
-            overlap == "queue-latest",
-            run_timeout,
-            drop_stale,
+        ping = _Call(
+            mode=mode,
+            delay=delay,
+            max_delay=max_delay,
+            run_id=run_id,
+            text=text,
+            own=own,
+            max_count=max_count,
+            payload_policy=payload_policy,
+            order_key=order_key,
+            max_items=max_items,
+            overflow=overflow,
+            reducer=reducer,
+            queue=overlap == "queue-latest",
+            run_timeout=run_timeout,
+            drop_stale=drop_stale,
             now=now,
+            deadline=deadline,
         )
         # Group commit: the pings of a key that arrive while a write of it is in flight
         # wait for it, then go out together, in arrival order, in the next write (led
@@ -1578,7 +758,7 @@ class KvDebounceBackend(DebounceBackend):
                 await _park(ping)
                 continue
             queue.writing = True
-            batch: list[_Ping] = []
+            batch: list[_Call] = []
             with trio.CancelScope(shield=True):
                 try:
                     if kv_key in self._answered:
@@ -1618,8 +798,8 @@ class KvDebounceBackend(DebounceBackend):
         return result
 
     async def _commit(
-        self, workflow: str, key: str, kv_key: str, batch: list[_Ping]
-    ) -> list[_Ping]:
+        self, workflow: str, key: str, kv_key: str, batch: list[_Call]
+    ) -> list[_Call]:
         """Write the pings of ``batch`` (one key, arrival order) by one compare-and-swap.
 
         Settles each ping it writes or refuses (its ``result``: a Registration or the
@@ -1633,10 +813,10 @@ class KvDebounceBackend(DebounceBackend):
         last_doc: WindowDoc | None = None
         last_live = False
         error: BackendError | None = None
-        rest: list[_Ping] = []
+        rest: list[_Call] = []
         #: The pings of the write whose answer was lost, their outcomes, its take time,
         #: and until when the window it wrote waits for its key's queue-latest run.
-        sent: tuple[list[tuple[_Ping, Registered]], float | None, float | None] | None = None
+        sent: tuple[list[tuple[_Call, Registered]], float | None, float | None] | None = None
         base = -1  # the revision that write expected
         in_flight = ambiguous = resolving = False
         while True:
@@ -1674,14 +854,25 @@ class KvDebounceBackend(DebounceBackend):
                         blocked = None
                         if doc is not None and doc.running is not None:
                             blocked = await self._blocked_until(doc.running, now)
-                        applied = self._apply_batch(
-                            doc, live, now, batch, write, known is not None, blocked
+                        applied = _rules.apply_batch(
+                            doc,
+                            live,
+                            now,
+                            [ping for ping in batch if ping.result is None],
+                            write,
+                            known is not None,
+                            blocked,
+                            self._me,
+                            takeover=self._can_take_over(),
                         )
                         if applied is None:
                             # Refused, stale or full on a remembered document: re-read.
                             self._forget(kv_key)
                             continue
-                        pings, new, take_at, rest = applied
+                        for ping, answer in applied.answers:
+                            _settle(ping, answer)
+                        pings, new, take_at = applied.pings, applied.doc, applied.take_at
+                        rest = applied.rest
                         if not pings and rest:
                             # The first ping is at or after the window's due time: it
                             # never joins it. Take its fire (a compare-and-swap, as a
@@ -1749,14 +940,9 @@ class KvDebounceBackend(DebounceBackend):
             break
         waiting = [ping for ping in batch if ping.result is None and ping not in rest]
         if (
-            last_doc is not None
-            and not last_doc.fired
-            and last_live
-            and not self._mine(last_doc)
-            and last_doc.mode is not Mode.LEADING
-            and not last_doc.accumulates
-            and error is None
-            and all(ping.now is None or ping.now < last_doc.at for ping in waiting)
+            error is None
+            and last_doc is not None
+            and _rules.absorbs_unstored(last_doc, last_live, self._me, waiting)
         ):
             # Contention until the deadline, but a live owner has a fire pending that
             # comes after these pings' arrival: absorbed without a write.
@@ -1801,7 +987,7 @@ class KvDebounceBackend(DebounceBackend):
         kv_key: str,
         doc: WindowDoc,
         revision: int,
-        ping: _Ping,
+        ping: _Call,
         deadline: float,
     ) -> bool:
         """Take the fire of ``doc``, a window that ``ping`` found due at its time (see
@@ -1889,187 +1075,6 @@ class KvDebounceBackend(DebounceBackend):
         finally:
             self._release_turn(kv_key, queue)
 
-    def _apply_batch(
-        self,
-        doc: WindowDoc | None,
-        live: bool,
-        now: float,
-        batch: list[_Ping],
-        write: str,
-        remembered: bool,
-        blocked: float | None = None,
-    ) -> tuple[list[tuple[_Ping, Registered]], WindowDoc | None, float | None, list[_Ping]] | None:
-        """Apply the unsettled pings of ``batch`` to ``doc`` in order (``_apply_ping``
-        each, as if written one after the other; ``blocked`` as it takes it).
-
-        Returns the pings applied with their outcomes, the document to write, the take
-        time, and the pings left for the next write: a ping that opens a leading or
-        both-edges window goes alone (its leading fire carries its own payload), and so
-        does one marked ``alone``. A ping that writes nothing is settled on its own,
-        the others go on: refused (ValueError, or whatever its reducer or the
-        serializer raise) with the error; ``drop_stale`` and stale with its ``stale``
-        registration; into a full ``fire-early`` window with an ``overflowed`` one (or,
-        after pings of this write, left for the next write, so that the window it fires
-        holds them). Each of these decisions is made on a fresh read: on a
-        ``remembered`` document (it may be stale) the result is None instead.
-
-        Each ping is applied at its own time (``ping.now``; ``now`` for a ping without
-        one). A ping at or after the due time of the window as the pings before it
-        left it never joins that window: the pings before it are written, and it and
-        the rest are left for the next write; if it is the first, nothing is applied
-        and the result is ``([], doc, None, rest)`` with that due ``doc``: the caller
-        takes its fire, then applies the rest to what that leaves.
-        """
-        applied: list[tuple[_Ping, Registered]] = []
-        take_at: float | None = None
-        pending = [ping for ping in batch if ping.result is None]
-        fold = 0  # pending[:fold] are applied already (by _fold_plain)
-        for index, ping in enumerate(pending):
-            if index < fold:
-                continue
-            at = now if ping.now is None else ping.now
-            if not ping.joins_due and _due_at(doc, at, blocked):
-                return applied, doc, take_at, pending[index:]
-            if applied and ping.alone:
-                return applied, doc, take_at, pending[index:]
-            if ping.plain and not ping.alone and _plain_window(doc, ping.mode):
-                assert doc is not None
-                folded = self._fold_plain(doc, live, now, pending, index, write, blocked)
-                if folded is not None:
-                    fold, doc, take_at, outcome = folded
-                    applied.extend((other, outcome) for other in pending[index:fold])
-                    if outcome is not Registered.COALESCED:
-                        live = True
-                    continue
-            try:
-                outcome, new, take = self._apply_ping(
-                    doc,
-                    live,
-                    at,
-                    ping.mode,
-                    ping.delay,
-                    ping.max_delay,
-                    ping.run_id,
-                    write,
-                    ping.text,
-                    ping.max_count,
-                    ping.payload_policy,
-                    ping.order_key,
-                    ping.max_items,
-                    ping.overflow,
-                    ping.reducer,
-                    ping.queue,
-                    ping.run_timeout,
-                    ping.drop_stale,
-                    blocked,
-                )
-            except WindowFull as full:
-                if remembered:
-                    return None
-                if applied:
-                    return applied, doc, take_at, pending[index:]
-                # Nothing written: the caller fires the full window, then pings again.
-                _settle(
-                    ping,
-                    Registration(
-                        Registered.COALESCED,
-                        full.doc.run_id,
-                        full.doc.mode,
-                        full.doc.at,
-                        full.doc.first,
-                        full.doc.count,
-                        stored=False,
-                        overflowed=True,
-                    ),
-                )
-                continue
-            except Exception as exc:  # options that differ, a reducer that raises
-                if remembered:
-                    return None
-                _settle(ping, exc)
-                continue
-            if outcome is Registered.STALE:
-                if remembered:
-                    return None
-                _settle(ping, self._stale_registration(new, blocked, at))
-                continue
-            applied.append((ping, outcome))
-            doc, take_at = new, take
-            if outcome is not Registered.COALESCED:
-                live = True  # ours from now on
-            if ping.alone or (outcome is Registered.OPENED and ping.mode is not Mode.TRAILING):
-                return applied, doc, take_at, pending[index + 1 :]
-        return applied, doc, take_at, []
-
-    def _fold_plain(
-        self,
-        doc: WindowDoc,
-        live: bool,
-        now: float,
-        pending: list[_Ping],
-        start: int,
-        write: str,
-        blocked: float | None,
-    ) -> tuple[int, WindowDoc, float | None, Registered] | None:
-        """Apply the plain pings ``pending[start:end]`` (a run of them, up to the first
-        ping that is not plain or has another mode) to the open plain window ``doc``
-        at once: one document instead of one per ping, the same as ``_apply_ping``
-        for each in turn (tests/test_group_commit.py checks it against that).
-
-        Returns ``end``, the document, the take time (as the run's last ping left it)
-        and the outcome every ping of the run gets; None if the run would take the
-        window over (``_apply_ping`` takes that ping alone, then the run is ours).
-        """
-        mine = self._mine(doc)
-        if not mine and not live and self._can_take_over():
-            return None
-        end = start
-        mode = doc.mode
-        state = self._window_state(doc, False)
-        latest = doc.last
-        while end < len(pending):
-            ping = pending[end]
-            if not ping.plain or ping.alone or ping.mode is not mode:
-                break
-            t = now if ping.now is None else ping.now
-            if not _engine.absorbs(state, t):
-                break  # due at its time (the first ping was checked by the caller)
-            # An older ping (landed late) leaves the latest one's time alone.
-            _engine.absorb(state, t, ping.text, delay=ping.delay, latest=latest)
-            latest = max(latest, t)
-            end += 1
-        at = state.deadline
-        changes: dict[str, Any] = {
-            "last": latest,
-            "at": at,
-            "count": state.count,
-            "write": write,
-            "payload": state.payload,
-            "order": None,
-            "running": doc.running if blocked is not None else None,
-        }
-        if mine:
-            return end, replace(doc, armed=at, **changes), None, Registered.EXTENDED
-        take_at = at if at < doc.armed else None
-        return end, replace(doc, **changes), take_at, Registered.COALESCED
-
-    def _stale_registration(
-        self, doc: WindowDoc, blocked: float | None, now: float
-    ) -> Registration:
-        """The result of a ``drop_stale`` ping that was dropped (nothing written)."""
-        if doc.fired:
-            return Registration(Registered.STALE, "", doc.mode, doc.at, doc.first, 0)
-        waiting = blocked is not None and doc.queue and doc.at <= now
-        return Registration(
-            Registered.STALE,
-            doc.run_id,
-            doc.mode,
-            blocked if waiting and blocked is not None else doc.at,
-            doc.first,
-            doc.count,
-            waiting=waiting,
-        )
-
     async def _blocked_until(self, marker: RunMarker, now: float) -> float | None:
         """Until when (wall clock) the ``queue-latest`` run ``marker`` surely blocks its
         key's next fire: its ``until``, or its process's lease expiry (plus the skew)
@@ -2109,7 +1114,7 @@ class KvDebounceBackend(DebounceBackend):
     def _settle_batch(
         self,
         kv_key: str,
-        pings: list[tuple[_Ping, Registered]],
+        pings: list[tuple[_Call, Registered]],
         doc: WindowDoc,
         take_at: float | None,
         revision: int,
@@ -2160,41 +1165,13 @@ class KvDebounceBackend(DebounceBackend):
             _settle(ping, result)
 
     def _load(self, text: str | None) -> Any:
-        """A stored payload, deserialized (None if none was stored, or if it cannot be
-        deserialized: written by something else, or by another serializer; logged)."""
-        if text is None:
-            return None
-        try:
-            return self._serializer.loads(text)
-        except (Exception, RecursionError) as exc:
-            logger.warning(
-                "a stored payload (%d chars) cannot be deserialized (%s: %.80s); "
-                "the handler gets None",
-                len(text),
-                type(exc).__name__,
-                exc,
-            )
-            return None
+        return _rules.load_payload(self._serializer, text)
 
     def _token(self, revision: int) -> int:
         """The fencing token of a step that committed at ``revision``."""
         return self._token_base | revision
 
     # ---------------------------------------------------------------- finalize
-
-    def _commits(
-        self, doc: WindowDoc | None, run_id: str, take: bool, force: bool, early: bool
-    ) -> bool:
-        """Would a finalize of ``run_id`` commit a fire on ``doc`` as it is? (Not sure
-        while the key's ``queue-latest`` run may block it: that is read afresh.)"""
-        return (
-            doc is not None
-            and not doc.fired
-            and doc.run_id == run_id
-            and (take or self._mine(doc))
-            and (force or doc.at <= self._wall())
-            and (early or not doc.queue or doc.running is None)
-        )
 
     async def finalize(
         self,
@@ -2252,7 +1229,9 @@ class KvDebounceBackend(DebounceBackend):
                         known, read = (read if committing is None else None), None
                     if known is not None:
                         revision, doc = known
-                        if not self._commits(doc, run_id, take, force, early):
+                        if not _rules.would_commit(
+                            doc, run_id, self._me, self._wall(), take=take, force=force, early=early
+                        ):
                             known = None
                     if known is None:
                         entry, revision, doc = await self._read(kv_key)
@@ -2315,26 +1294,18 @@ class KvDebounceBackend(DebounceBackend):
                         await self.refresh_lease()
                         self._forget(kv_key)
                         continue
-                    fired_at = now if force else doc.at
-                    if not force and doc.queue:
-                        # It may have waited for a run: one that timed out (at its
-                        # `until`), or whose process died or whose end was recorded late
-                        # (noticed now).
-                        marker = doc.running
-                        released = now
-                        if marker is not None and marker.until is not None:
-                            released = min(now, marker.until)
-                        fired_at = max(doc.at, released)
+                    # A queue-latest window may have waited for a run: one that timed
+                    # out (at its `until`), or whose process died or whose end was
+                    # recorded late (noticed now).
+                    fired_at = _rules.fire_time(doc, now, force)
                     write = uuid.uuid4().hex
-                    fire_id = _FIRE_PREFIX + write
+                    fire_id = FIRE_PREFIX + write
                     committing = (doc, write, fired_at, fire_id)
-                    tombstone = self._tombstone(doc, write, fired_at)
-                    if tombstone is None:
-                        # Both modes leave a tombstone naming this commit's write id
-                        # (the sweeper removes it a lease later), so a commit whose
-                        # answer was lost is proven by a read, never guessed from a
-                        # gone window (a peer's fire would look the same).
-                        tombstone = replace(doc, fired=True, write=write)
+                    # Both modes leave a tombstone naming this commit's write id (the
+                    # sweeper removes it a lease later), so a commit whose answer was
+                    # lost is proven by a read, never guessed from a gone window (a
+                    # peer's fire would look the same).
+                    tombstone = _rules.tombstone(doc, write, fired_at, self._me)
                     if delivery == "at-most-once":
                         revision = await self._call(
                             self._store.put, kv_key, tombstone.encode(), last=revision
@@ -2456,7 +1427,7 @@ class KvDebounceBackend(DebounceBackend):
                     del self._unproven[kv_key]
         return fires
 
-    def _orphan(self, fire_id: str, record: _FireRecord, attempt: int, revision: int) -> OrphanFire:
+    def _orphan(self, fire_id: str, record: FireRecord, attempt: int, revision: int) -> OrphanFire:
         """Fire record ``fire_id`` as a fire to run (``attempt``), whose fencing token
         is the record's write at ``revision``."""
         return OrphanFire(
@@ -2481,7 +1452,7 @@ class KvDebounceBackend(DebounceBackend):
             return None  # a peer took us for dead and adopted it: it runs it
         doc = self._parse(await self._get(kv_key))
         run_id = unproven.window.run_id
-        if not _commit_landed(doc, run_id, unproven.write):
+        if not _rules.commit_landed(doc, run_id, unproven.write):
             # Still open (its owner fires it), or closed by another write.
             with contextlib.suppress(RevisionConflict):
                 await self._remove_record(unproven.fire_id, entry.revision)
@@ -2518,7 +1489,7 @@ class KvDebounceBackend(DebounceBackend):
             # A peer took us for dead and adopted the record: it runs the fire.
             return Finalization(Finalized.ABANDONED)
         self._fire_records[fire_id] = record.revision
-        landed = _commit_landed(doc, window.run_id, write)
+        landed = _rules.commit_landed(doc, window.run_id, write)
         if landed is False:
             # The run was closed by another write (a peer took the fire; its tombstone
             # or a newer window's after names it, or the tombstone is gone): ours
@@ -2534,9 +1505,7 @@ class KvDebounceBackend(DebounceBackend):
                 return None
             assert entry is not None
             self._forget(kv_key)
-            tombstone = self._tombstone(window, write, fired_at) or replace(
-                window, fired=True, write=write
-            )
+            tombstone = _rules.tombstone(window, write, fired_at, self._me)
             try:  # the record landed, the window's commit did not: finish it
                 closed = await self._commit_window(kv_key, tombstone, entry.revision)
             except RevisionConflict:
@@ -2544,24 +1513,6 @@ class KvDebounceBackend(DebounceBackend):
                 return None
             self._remember(kv_key, closed, tombstone)
         return self._fire(kv_key, window, fired_at, self._token(record.revision), fire_id)
-
-    def _tombstone(self, doc: WindowDoc, write: str, fired_at: float) -> WindowDoc | None:
-        """The document that commits ``doc``'s fire when the key's state must outlive
-        the window (None: the window is deleted): a tombstone (``fired``) with the
-        running state of this fire's ``queue-latest`` run, and the highest order key
-        fired for the key."""
-        pending = doc.mode is Mode.TRAILING or (doc.mode is Mode.BOTH and doc.count >= 2)
-        fired_order = doc.fired_order
-        top = doc.max_order if doc.max_order is not None else doc.order
-        if pending and top is not None:
-            fired_order = top if fired_order is None else max(fired_order, top)
-        running = doc.running
-        if doc.queue and pending:
-            until = None if doc.run_timeout is None else fired_at + doc.run_timeout
-            running = RunMarker(self._process_id, self._epoch, doc.run_id, until)
-        if running is None and fired_order is None:
-            return None
-        return replace(doc, fired=True, write=write, running=running, fired_order=fired_order)
 
     async def _commit_window(self, kv_key: str, tombstone: WindowDoc | None, last: int) -> int:
         """Close a window by a revision-checked delete, or by writing its tombstone;
@@ -2574,8 +1525,8 @@ class KvDebounceBackend(DebounceBackend):
 
     def _fire_record(
         self, workflow: str, key: str, doc: WindowDoc, fired_at: float, attempt: int, write: str
-    ) -> _FireRecord:
-        return _FireRecord(
+    ) -> FireRecord:
+        return FireRecord(
             self._process_id,
             self._epoch,
             workflow,
@@ -2589,17 +1540,17 @@ class KvDebounceBackend(DebounceBackend):
             write,
         )
 
-    async def _read_record(self, fire_id: str) -> tuple[KvEntry, _FireRecord] | None:
+    async def _read_record(self, fire_id: str) -> tuple[KvEntry, FireRecord] | None:
         """Fire record ``fire_id`` as stored, or None if it is gone or unreadable."""
         entry = await self._get(fire_id)
         if entry is None or entry.value is None:
             return None
         try:
-            return entry, _FireRecord.decode(entry.value)
+            return entry, FireRecord.decode(entry.value)
         except (ValueError, KeyError, TypeError):
             return None
 
-    def _own_record(self, record: _FireRecord) -> bool:
+    def _own_record(self, record: FireRecord) -> bool:
         """Is ``record`` this process's, in this opening (not adopted by a peer)?"""
         return record.owner == self._process_id and record.epoch == self._epoch
 
@@ -2808,7 +1759,7 @@ class KvDebounceBackend(DebounceBackend):
 
     async def owned_windows(self) -> list[OwnedWindow]:
         owned = []
-        for entry in await self._call(self._store.entries, _WINDOW_PREFIX):
+        for entry in await self._call(self._store.entries, WINDOW_KEY_PREFIX):
             doc = self._parse(entry)
             if doc is None or doc.fired or not self._mine(doc):
                 continue
@@ -2829,7 +1780,7 @@ class KvDebounceBackend(DebounceBackend):
         may come from a replica that lags, and sweeping the proof of a committed
         record would have it taken back (a lost fire)."""
         for write in (doc.write, *(proof_write for _, proof_write in doc.after)):
-            entry = await self._call(self._store.get_current, _FIRE_PREFIX + write)
+            entry = await self._call(self._store.get_current, FIRE_PREFIX + write)
             if entry is not None and entry.value is not None:
                 return True
         return False
@@ -2837,10 +1788,10 @@ class KvDebounceBackend(DebounceBackend):
     async def sweep(self) -> int:
         now = self._wall()
         entry = await self._get(SWEEPER_KEY)
-        holder: _Lease | None = None
+        holder: Lease | None = None
         if entry is not None and entry.value is not None:
             try:
-                holder = _decode_lease(entry.value)
+                holder = decode_lease(entry.value)
             except (ValueError, KeyError, TypeError):
                 holder = None
         if (
@@ -2849,26 +1800,26 @@ class KvDebounceBackend(DebounceBackend):
             and now <= holder.expires + self._skew
         ):
             return 0
-        lock = _Lease(self._process_id, self._epoch, now + 3 * self._lease)
+        lock = Lease(self._process_id, self._epoch, now + 3 * self._lease)
         try:
             await self._call(
                 self._store.put,
                 SWEEPER_KEY,
-                _encode_lease(lock),
+                encode_lease(lock),
                 last=0 if entry is None else entry.revision,
             )
         except RevisionConflict:
             return 0  # another process won the election
         removed = 0
-        windows = await self._call(self._store.entries, _WINDOW_PREFIX)
+        windows = await self._call(self._store.entries, WINDOW_KEY_PREFIX)
         # Listed after the windows: a record whose commit made a tombstone listed
         # above was written before it, so it is in this listing unless completed.
-        records = await self._call(self._store.entries, _FIRE_PREFIX)
+        records = await self._call(self._store.entries, FIRE_PREFIX)
         recorded = set()  # the window keys that fire records name
         for item in records:
             if item.value is not None:
                 with contextlib.suppress(ValueError, KeyError, TypeError):
-                    record = _FireRecord.decode(item.value)
+                    record = FireRecord.decode(item.value)
                     recorded.add(window_key(record.workflow, record.key))
         for item in windows:
             marker = item.revision if item.value is None else None
@@ -2904,13 +1855,13 @@ class KvDebounceBackend(DebounceBackend):
                 removed += 1
         # A lease that expired long ago (ten leases) belongs to a dead process.
         grave = now - 10 * self._lease - self._skew
-        for item in await self._call(self._store.entries, _LEASE_PREFIX):
+        for item in await self._call(self._store.entries, LEASE_PREFIX):
             if item.value is None:
                 if await self._call(self._store.purge_marker, item.key, revision=item.revision):
                     removed += 1
                 continue
             try:
-                lease = _decode_lease(item.value)
+                lease = decode_lease(item.value)
             except (ValueError, KeyError, TypeError):
                 continue
             if lease.expires < grave:
@@ -2928,7 +1879,7 @@ class KvDebounceBackend(DebounceBackend):
         orphans = Orphans([], await self._settle_unproven(), [])
         adopting = self._can_take_over()
         now = self._wall()
-        for entry in await self._call(self._store.entries, _WINDOW_PREFIX):
+        for entry in await self._call(self._store.entries, WINDOW_KEY_PREFIX):
             doc = self._parse(entry)
             if doc is None or doc.fired:
                 continue
@@ -2972,11 +1923,11 @@ class KvDebounceBackend(DebounceBackend):
             orphans.owned.append(adopted_window)
         if not adopting:
             return orphans  # the grace after an outage: no takeover yet
-        for entry in await self._call(self._store.entries, _FIRE_PREFIX):
+        for entry in await self._call(self._store.entries, FIRE_PREFIX):
             if entry.value is None:
                 continue
             try:
-                record = _FireRecord.decode(entry.value)
+                record = FireRecord.decode(entry.value)
             except (ValueError, KeyError, TypeError):
                 logger.warning("fire record %s is unreadable; leaving it", entry.key)
                 continue
@@ -3009,7 +1960,7 @@ class KvDebounceBackend(DebounceBackend):
                 continue
             if (
                 record.write is not None
-                and _commit_landed(window, record.run_id, record.write) is False
+                and _rules.commit_landed(window, record.run_id, record.write) is False
             ):
                 # The run's proof names another commit (a peer took the fire), or is
                 # gone (see _commit_landed): this record's commit never landed.
@@ -3072,7 +2023,7 @@ class KvDebounceBackend(DebounceBackend):
         # The lease is marked released (not deleted), so that peers see the hand-off at
         # their next look even if they never saw this process alive; the sweeper
         # deletes it ten leases later.
-        lease = _Lease(
+        lease = Lease(
             self._process_id,
             self._epoch,
             self._wall(),
@@ -3085,7 +2036,7 @@ class KvDebounceBackend(DebounceBackend):
                     await self._call(
                         self._store.put,
                         self._process_key,
-                        _encode_lease(lease),
+                        encode_lease(lease),
                         last=self._lease_revision,
                     )
         except BackendError as exc:
