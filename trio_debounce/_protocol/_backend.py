@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection
@@ -71,6 +70,7 @@ from ._documents import (
     encode_lease,
 )
 from ._rules import Ping
+from ._view import KNOWN_LIMIT, StoreView
 
 logger = logging.getLogger("trio_debounce.backend")
 
@@ -80,8 +80,6 @@ _ORDER_LEASES = 10
 #: Looks at a live lease of our process id (another epoch) while it is watched for a
 #: renewal at start, besides the first (the KV interface has no watch to wait on).
 _TWIN_LOOKS = 4
-#: Fencing tokens are ``(bucket creation time in ms) << _TOKEN_SHIFT | revision``.
-_TOKEN_SHIFT = 40
 
 
 @dataclass(slots=True)
@@ -122,10 +120,6 @@ class _Unproven:
     fired_at: float
     fire_id: str
 
-
-#: How many keys' last known (revision, document) a backend keeps (least recently used
-#: first out); a key not kept costs one read before its next write.
-_KNOWN_LIMIT = 10_000
 
 #: Payload types that JSON gives back as they are (exact types: not subclasses).
 _JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -219,9 +213,7 @@ class KvDebounceBackend(DebounceBackend):
             process_id = uuid.uuid4().hex
         if not isinstance(process_id, str) or not process_id:
             raise ValueError(f"process_id must be a non-empty str, got {process_id!r}")
-        self._store = store
         self._serializer: PayloadSerializer = JsonSerializer() if serializer is None else serializer
-        self._token_base = int(store.created * 1000) << _TOKEN_SHIFT
         self._process_id = process_id
         self._process_key = process_key(process_id)
         self._epoch = uuid.uuid4().hex
@@ -229,6 +221,7 @@ class KvDebounceBackend(DebounceBackend):
         self._op_timeout = _validate.positive_duration("op_timeout", op_timeout)
         self._skew = _validate.positive_duration("max_clock_skew", max_clock_skew)
         self._wall = wall_time
+        self._view = StoreView(store, heartbeat_interval=self._lease / 3, skew=self._skew)
         self._me = _rules.Identity(process_id, self._epoch, self._serializer, store.max_value_bytes)
         self._lease_revision = 0
         self._refreshes = 0
@@ -237,30 +230,18 @@ class KvDebounceBackend(DebounceBackend):
         #: (process, epoch) of the leases that were live at the last reload.
         self._live_at_last_look: set[tuple[str, str]] = set()
         self._seen_released: set[tuple[str, str]] = set()
-        #: KV key -> run id of the windows this process owns, as far as it knows.
-        self._owned: dict[str, str] = {}
         self._queued_deletes: dict[str, _QueuedDelete] = {}
         #: KV key -> the at-least-once commits of it whose answers were lost and that
         #: no one ran (see _Unproven).
         self._unproven: dict[str, list[_Unproven]] = {}
-        #: KV key -> (revision, window document or None) as this process last read or
-        #: wrote it: a write against it needs no read first (the compare-and-swap
-        #: proves it current); a conflict or an error forgets it.
-        self._known: dict[str, tuple[int, WindowDoc | None]] = {}
-        #: KV keys that peers write too (a compare-and-swap lost to them, or a read
-        #: found a revision this process did not know): read before every write.
-        self._contended: set[str] = set()
         #: KV key -> the pings waiting to be merged into its next write.
         self._queues: dict[str, _KeyQueue] = {}
         #: KV keys whose last register write was answered since a ping next led one.
         self._answered: set[str] = set()
-        #: (workflow, key) -> KV key, for the keys pinged lately (at most _KNOWN_LIMIT).
+        #: (workflow, key) -> KV key, for the keys pinged lately (at most KNOWN_LIMIT).
         self._window_keys: dict[tuple[str, str], str] = {}
         #: The default serializer: a scalar payload is what it reads back.
         self._json = type(self._serializer) is JsonSerializer
-        #: KV key -> (run id, the highest ping count returned to the coordinator for
-        #: it): what the owner knows if its finalize fails; kept with ``_owned``.
-        self._known_counts: dict[str, tuple[str, int]] = {}
         #: Fire records this process wrote or adopted: id -> revision.
         self._fire_records: dict[str, int] = {}
         #: Fire records whose delete could not reach the store: retried by heartbeats.
@@ -291,21 +272,25 @@ class KvDebounceBackend(DebounceBackend):
         #: Lease writes that landed; deaths found by refreshes not yet returned.
         self._lease_writes = 0
         self._dead_unreported: set[str] = set()
-        self._in_outage = False
-        #: Trio time before which no takeover happens (after an outage).
-        self._takeover_after = -math.inf
-        self._rng = random.Random()
         self._released = False
         # Counters, see statistics().
-        self.conflicts = 0
         self.unstored_coalesces = 0
-        self.requests = 0
         self.takeovers = 0
         self.adopted_fires = 0
         #: Fires of due windows taken by pings (see _take_due).
         self.taken_fires = 0
 
     # ----------------------------------------------------------------- basics
+
+    @property
+    def requests(self) -> int:
+        """Requests made to the store."""
+        return self._view.requests
+
+    @property
+    def conflicts(self) -> int:
+        """Compare-and-swaps lost (and retried)."""
+        return self._view.conflicts
 
     @property
     def process_id(self) -> str:
@@ -325,83 +310,9 @@ class KvDebounceBackend(DebounceBackend):
         return self._wall()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} process={self._process_id!r} store={self._store!r}>"
+        return f"<{type(self).__name__} process={self._process_id!r} store={self._view.store!r}>"
 
     # ------------------------------------------------------------ store calls
-
-    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """One store request; tracks outages (and the takeover grace after them)."""
-        self.requests += 1
-        try:
-            result = await fn(*args, **kwargs)
-        except BackendUnavailableError:
-            self._in_outage = True
-            raise
-        if self._in_outage:
-            self._in_outage = False
-            # Let live peers refresh their leases before anything is taken over.
-            self._takeover_after = trio.current_time() + self.heartbeat_interval + self._skew
-            logger.info(
-                "backend answers again; no takeover for %.3g s",
-                self.heartbeat_interval + self._skew,
-            )
-        return result
-
-    async def _get(self, key: str) -> KvEntry | None:
-        entry: KvEntry | None = await self._call(self._store.get, key)
-        return entry
-
-    async def _read(self, kv_key: str) -> tuple[KvEntry | None, int, WindowDoc | None]:
-        """Read window ``kv_key``: its entry, revision (0: none) and document (None:
-        absent, a delete marker or unreadable), remembered for the next write."""
-        entry = await self._get(kv_key)
-        doc = self._parse(entry)
-        revision = 0 if entry is None else entry.revision
-        known = self._known.get(kv_key)
-        if known is not None and known[0] != revision:
-            self._contend(kv_key)  # written by someone else since
-        self._remember(kv_key, revision, doc)
-        return entry, revision, doc
-
-    def _cached(self, kv_key: str) -> tuple[int, WindowDoc | None] | None:
-        """The revision and document to write ``kv_key`` against without a read, if
-        this process knows them and the key is not contended."""
-        if kv_key in self._contended:
-            return None
-        return self._known.get(kv_key)
-
-    def _contend(self, kv_key: str) -> None:
-        self._forget(kv_key)
-        if len(self._contended) >= _KNOWN_LIMIT:
-            self._contended.clear()
-        self._contended.add(kv_key)
-
-    def _remember(self, kv_key: str, revision: int, doc: WindowDoc | None) -> None:
-        known = self._known
-        known.pop(kv_key, None)
-        known[kv_key] = (revision, doc)
-        if len(known) > _KNOWN_LIMIT:
-            del known[next(iter(known))]
-
-    def _forget(self, kv_key: str) -> None:
-        self._known.pop(kv_key, None)
-
-    def _parse(self, entry: KvEntry | None) -> WindowDoc | None:
-        if entry is None or entry.value is None:
-            return None
-        try:
-            return WindowDoc.decode(entry.value)
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-            logger.warning(
-                "window document %s (revision %d) is unreadable; treating it as absent",
-                entry.key,
-                entry.revision,
-            )
-            return None
-
-    async def _backoff(self, attempt: int) -> None:
-        # Full jitter, capped: contention clears in a few rounds.
-        await trio.sleep(self._rng.uniform(0, min(0.2, 0.005 * 2**attempt)))
 
     # ------------------------------------------------------------------ leases
 
@@ -423,7 +334,7 @@ class KvDebounceBackend(DebounceBackend):
         # the store's authority. The table and a plain get may come from a replica that
         # lags (docs/protocol.rst, "Stale reads"): a lease that looks lapsed there may
         # have been renewed, and counting its process dead would take its windows over.
-        entry: KvEntry | None = await self._call(self._store.get_current, process_key(owner))
+        entry: KvEntry | None = await self._view.get_current(process_key(owner))
         lease = None
         if entry is not None and entry.value is not None:
             try:
@@ -435,9 +346,6 @@ class KvDebounceBackend(DebounceBackend):
             return False
         self._leases[owner] = lease
         return lease.epoch == epoch and lease.live(now, self._skew)
-
-    def _can_take_over(self) -> bool:
-        return trio.current_time() >= self._takeover_after
 
     def lease_held(self) -> bool:
         """Is this process's own lease still live, by its own clock, with the skew
@@ -488,7 +396,7 @@ class KvDebounceBackend(DebounceBackend):
         self._check_not_taken()
         if self._id_cleared:
             return True
-        entry = await self._get(self._process_key)
+        entry = await self._view.get(self._process_key)
         foreign = self._foreign_lease(entry)
         wall = self._wall()
         now = trio.current_time()
@@ -594,15 +502,15 @@ class KvDebounceBackend(DebounceBackend):
         value = encode_lease(lease)
         for attempt in range(5):
             try:
-                self._lease_revision = await self._call(
-                    self._store.put, self._process_key, value, last=self._lease_revision
+                self._lease_revision = await self._view.put(
+                    self._process_key, value, last=self._lease_revision
                 )
                 break
             except RevisionConflict:
                 # Swept (absent), our own write whose answer was lost, or another
                 # epoch's lease: a predecessor's (before our first write landed) or,
                 # once one had, a later coordinator started with our id: we are fenced.
-                entry = await self._get(self._process_key)
+                entry = await self._view.get(self._process_key)
                 foreign = self._foreign_lease(entry)
                 if foreign is not None and math.isfinite(self._lease_expires):
                     self._taken_by = foreign
@@ -628,7 +536,7 @@ class KvDebounceBackend(DebounceBackend):
                         foreign.epoch,
                     )
                 self._lease_revision = 0 if entry is None else entry.revision
-                await self._backoff(attempt)
+                await self._view.backoff(attempt)
         else:
             raise BackendError(f"could not renew the lease of process {self._process_id!r}")
         self._lease_expires = lease.expires
@@ -646,7 +554,7 @@ class KvDebounceBackend(DebounceBackend):
         """
         now = self._wall()
         table: dict[str, Lease] = {}
-        for entry in await self._call(self._store.entries, LEASE_PREFIX):
+        for entry in await self._view.entries(LEASE_PREFIX):
             if entry.value is None:
                 continue
             try:
@@ -699,11 +607,11 @@ class KvDebounceBackend(DebounceBackend):
             kv_key = self._window_keys[workflow, key]
         except (KeyError, TypeError):  # TypeError: unhashable, window_key names it
             kv_key = window_key(workflow, key)
-            if len(self._window_keys) >= _KNOWN_LIMIT:
+            if len(self._window_keys) >= KNOWN_LIMIT:
                 self._window_keys.clear()
             self._window_keys[workflow, key] = kv_key
         text = self._serializer.dumps(payload)
-        limit = self._store.max_value_bytes
+        limit = self._view.store.max_value_bytes
         if len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit:
             # Refused before anything is sent, naming the payload (the store's own
             # check would name only the document's key, and only after the fold).
@@ -778,7 +686,7 @@ class KvDebounceBackend(DebounceBackend):
                     raise
                 finally:
                     self._release_turn(kv_key, queue)
-                    if len(self._answered) >= _KNOWN_LIMIT:
+                    if len(self._answered) >= KNOWN_LIMIT:
                         self._answered.clear()
                     self._answered.add(kv_key)
         result = ping.result
@@ -824,9 +732,9 @@ class KvDebounceBackend(DebounceBackend):
                 attempt = 0
                 while True:
                     try:
-                        known = None if ambiguous else self._cached(kv_key)
+                        known = None if ambiguous else self._view.cached(kv_key)
                         if known is None:
-                            _, revision, doc = await self._read(kv_key)
+                            _, revision, doc = await self._view.read(kv_key)
                             if ambiguous:
                                 ambiguous = False
                                 assert sent is not None
@@ -863,11 +771,11 @@ class KvDebounceBackend(DebounceBackend):
                             known is not None,
                             blocked,
                             self._me,
-                            takeover=self._can_take_over(),
+                            takeover=self._view.can_take_over(),
                         )
                         if applied is None:
                             # Refused, stale or full on a remembered document: re-read.
-                            self._forget(kv_key)
+                            self._view.forget(kv_key)
                             continue
                         for ping, answer in applied.answers:
                             _settle(ping, answer)
@@ -892,14 +800,11 @@ class KvDebounceBackend(DebounceBackend):
                             waits = blocked  # the owner looks again then
                         sent, base = (pings, take_at, waits), revision
                         in_flight = True
-                        new_revision = await self._call(
-                            self._store.put, kv_key, new.encode(), last=revision
-                        )
+                        new_revision = await self._view.put(kv_key, new.encode(), last=revision)
                         in_flight = False
                     except RevisionConflict:
                         in_flight = False
-                        self._contend(kv_key)
-                        self.conflicts += 1
+                        self._view.lost_race(kv_key)
                         logger.debug("register %s: revision conflict, retrying", kv_key)
                     except DocumentTooLargeError as exc:
                         in_flight = False
@@ -912,7 +817,7 @@ class KvDebounceBackend(DebounceBackend):
                             ping.alone = True
                         return [ping for ping, _ in sent[0]] + rest
                     except BackendUnavailableError as exc:
-                        self._forget(kv_key)
+                        self._view.forget(kv_key)
                         ambiguous = ambiguous or in_flight  # the write may have landed
                         in_flight = False
                         error = exc
@@ -923,15 +828,15 @@ class KvDebounceBackend(DebounceBackend):
                                 _settle(ping, exc)
                         return rest
                     else:
-                        self._remember(kv_key, new_revision, new)
+                        self._view.remember(kv_key, new_revision, new)
                         self._settle_batch(kv_key, pings, new, take_at, new_revision, waits)
                         return rest
-                    await self._backoff(attempt)
+                    await self._view.backoff(attempt)
                     attempt += 1
             if in_flight:  # the deadline cut the write short: it may have landed
                 in_flight = False
                 ambiguous = True
-                self._forget(kv_key)
+                self._view.forget(kv_key)
             if ambiguous and not resolving:
                 # Never fail open beside a write that may have landed: re-read first.
                 resolving = True
@@ -1025,10 +930,10 @@ class KvDebounceBackend(DebounceBackend):
             # ping joins the window (as its owner or a takeover) instead of failing.
             logger.warning("register %s: cannot take the due fire (%s); joining it", kv_key, exc)
             ping.joins_due = True
-            self._forget(kv_key)
+            self._view.forget(kv_key)
             return False
         if result.outcome is not Finalized.FIRE:
-            self._forget(kv_key)
+            self._view.forget(kv_key)
             return False
         self.taken_fires += 1
         hook = self._taken_hook
@@ -1096,21 +1001,6 @@ class KvDebounceBackend(DebounceBackend):
         look = max(expires + self._skew, now + self.heartbeat_interval)
         return look if marker.until is None else min(marker.until, look)
 
-    def _disown(self, kv_key: str, run_id: str) -> None:
-        """Forget that this process owns window ``kv_key`` under ``run_id`` (and only
-        under that run: a stale task's finalize must not forget a newer window)."""
-        if self._owned.get(kv_key) == run_id:
-            del self._owned[kv_key]
-        if self._known_counts.get(kv_key, ("",))[0] == run_id:
-            del self._known_counts[kv_key]
-
-    def _know_count(self, kv_key: str, run_id: str, count: int) -> None:
-        """Record that the coordinator was told window ``kv_key`` (``run_id``) holds
-        ``count`` pings."""
-        known = self._known_counts.get(kv_key)
-        if known is None or known[0] != run_id or known[1] < count:
-            self._known_counts[kv_key] = (run_id, count)
-
     def _settle_batch(
         self,
         kv_key: str,
@@ -1132,11 +1022,11 @@ class KvDebounceBackend(DebounceBackend):
         else:
             payload = pings[-1][0].own  # the last ping's: the one stored
         if self._mine(doc):
-            self._owned[kv_key] = doc.run_id
-            self._know_count(kv_key, doc.run_id, doc.count)
+            self._view.owned[kv_key] = doc.run_id
+            self._view.know_count(kv_key, doc.run_id, doc.count)
         else:
-            self._disown(kv_key, doc.run_id)
-        token = self._token(revision)
+            self._view.disown(kv_key, doc.run_id)
+        token = self._view.token(revision)
         # The pings of one outcome share one (immutable) result: the coordinator
         # recognises a merged ping's by it and skips repeating its local bookkeeping.
         results: dict[Registered, Registration] = {}
@@ -1166,10 +1056,6 @@ class KvDebounceBackend(DebounceBackend):
 
     def _load(self, text: str | None) -> Any:
         return _rules.load_payload(self._serializer, text)
-
-    def _token(self, revision: int) -> int:
-        """The fencing token of a step that committed at ``revision``."""
-        return self._token_base | revision
 
     # ---------------------------------------------------------------- finalize
 
@@ -1205,7 +1091,7 @@ class KvDebounceBackend(DebounceBackend):
         if self._taken_by is not None:
             # Fenced (a later coordinator took our process id): never fire on a window
             # remembered from before; the live coordinator adopts it as a dead one's.
-            self._disown(kv_key, run_id)
+            self._view.disown(kv_key, run_id)
             return Finalization(Finalized.ABANDONED)
         # The commit in flight, in case its answer is lost: (window, write id, time,
         # fire record id). Each attempt has its own ids: a record taken back after a
@@ -1222,7 +1108,7 @@ class KvDebounceBackend(DebounceBackend):
                     # Commit against the revision this process last read or wrote when
                     # it has one (the compare-and-swap proves it current); any other
                     # decision is made on a fresh read.
-                    known = None if committing is not None else self._cached(kv_key)
+                    known = None if committing is not None else self._view.cached(kv_key)
                     if read is not None:
                         # The register that takes this fire has just read the document
                         # (a contended key is not cached): commit against that.
@@ -1234,17 +1120,17 @@ class KvDebounceBackend(DebounceBackend):
                         ):
                             known = None
                     if known is None:
-                        entry, revision, doc = await self._read(kv_key)
+                        entry, revision, doc = await self._view.read(kv_key)
                         if committing is not None:
                             proven = await self._proven(kv_key, entry, doc, committing, delivery)
                             if proven is not None:
                                 return proven
                             committing = None
                     if doc is None or doc.fired or doc.run_id != run_id:
-                        self._disown(kv_key, run_id)
+                        self._view.disown(kv_key, run_id)
                         return Finalization(Finalized.ABANDONED)
                     if not take and not self._mine(doc):
-                        self._disown(kv_key, run_id)
+                        self._view.disown(kv_key, run_id)
                         return Finalization(Finalized.ABANDONED)
                     now = self._wall()
                     if doc.queue and doc.running is not None and not early:
@@ -1254,11 +1140,9 @@ class KvDebounceBackend(DebounceBackend):
                             # and is looked at again when the run may have stopped.
                             if doc.at > now:
                                 due = replace(doc, at=now, armed=now)
-                                self._remember(
+                                self._view.remember(
                                     kv_key,
-                                    await self._call(
-                                        self._store.put, kv_key, due.encode(), last=revision
-                                    ),
+                                    await self._view.put(kv_key, due.encode(), last=revision),
                                     due,
                                 )
                             return Finalization(
@@ -1268,7 +1152,7 @@ class KvDebounceBackend(DebounceBackend):
                         if take:
                             if doc.at >= doc.armed:
                                 return Finalization(Finalized.ABANDONED)  # the owner wakes
-                            self._know_count(kv_key, run_id, doc.count)
+                            self._view.know_count(kv_key, run_id, doc.count)
                             return Finalization(
                                 Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
                             )
@@ -1276,14 +1160,12 @@ class KvDebounceBackend(DebounceBackend):
                             # Record when we wake, so a ping that moves the fire earlier
                             # than that knows to take it.
                             armed = replace(doc, armed=doc.at)
-                            self._remember(
+                            self._view.remember(
                                 kv_key,
-                                await self._call(
-                                    self._store.put, kv_key, armed.encode(), last=revision
-                                ),
+                                await self._view.put(kv_key, armed.encode(), last=revision),
                                 armed,
                             )
-                        self._know_count(kv_key, run_id, doc.count)
+                        self._view.know_count(kv_key, run_id, doc.count)
                         return Finalization(
                             Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
                         )
@@ -1292,7 +1174,7 @@ class KvDebounceBackend(DebounceBackend):
                         # over. The compare-and-swap below would catch that, but renew
                         # first so that peers stop treating us as dead.
                         await self.refresh_lease()
-                        self._forget(kv_key)
+                        self._view.forget(kv_key)
                         continue
                     # A queue-latest window may have waited for a run: one that timed
                     # out (at its `until`), or whose process died or whose end was
@@ -1307,45 +1189,42 @@ class KvDebounceBackend(DebounceBackend):
                     # peer's fire would look the same).
                     tombstone = _rules.tombstone(doc, write, fired_at, self._me)
                     if delivery == "at-most-once":
-                        revision = await self._call(
-                            self._store.put, kv_key, tombstone.encode(), last=revision
-                        )
-                        self._remember(kv_key, revision, tombstone)
-                        return self._fire(kv_key, doc, fired_at, self._token(revision), None)
+                        revision = await self._view.put(kv_key, tombstone.encode(), last=revision)
+                        self._view.remember(kv_key, revision, tombstone)
+                        return self._fire(kv_key, doc, fired_at, self._view.token(revision), None)
                     record = self._fire_record(workflow, key, doc, fired_at, 1, write)
-                    record_revision = await self._call(
-                        self._store.put, fire_id, record.encode(), last=0
-                    )
+                    record_revision = await self._view.put(fire_id, record.encode(), last=0)
                     self._fire_records[fire_id] = record_revision
                     try:
-                        closed = await self._commit_window(kv_key, tombstone, revision)
+                        closed = await self._view.close_window(kv_key, tombstone, revision)
                     except RevisionConflict:
                         # A ping landed after our read: take the record back, re-read.
                         await self._drop_record(fire_id)
                         raise
-                    self._remember(kv_key, closed, tombstone)
+                    self._view.remember(kv_key, closed, tombstone)
                     # The token of the commit: the record's revision, later than every
                     # write of the window (its leading fire's included).
-                    return self._fire(kv_key, doc, fired_at, self._token(record_revision), fire_id)
+                    return self._fire(
+                        kv_key, doc, fired_at, self._view.token(record_revision), fire_id
+                    )
                 except RevisionConflict:
-                    self._contend(kv_key)
-                    self.conflicts += 1
+                    self._view.lost_race(kv_key)
                     committing = None
                 except BackendUnavailableError as exc:
-                    self._forget(kv_key)
+                    self._view.forget(kv_key)
                     error = exc
-                await self._backoff(attempt)
+                await self._view.backoff(attempt)
                 attempt += 1
         if delivery == "at-most-once":
             # Not ours to delete at exit any more: the window stays in the store for
             # our reconcile (or, once we are gone, a peer) unless the fire committed.
-            self._disown(kv_key, run_id)
+            self._view.disown(kv_key, run_id)
             raise BackendUnavailableError(
                 f"finalize of {workflow!r}/{key!r} (run {run_id}) could not prove its fire "
                 f"within {self._op_timeout} s" + (f": {error}" if error is not None else "")
             )
         lapsed = not take and not self.lease_held()
-        told = self._known_counts.get(kv_key)
+        told = self._view.known_counts.get(kv_key)
         known_count = told[1] if told is not None and told[0] == run_id else 0
         # A both-edges window that the owner knew with one ping: its unconfirmed fire
         # has no trailing edge, but the commit, if it landed, fired one (peers' pings
@@ -1440,7 +1319,7 @@ class KvDebounceBackend(DebounceBackend):
             record.first,
             record.at,
             attempt,
-            self._token(revision),
+            self._view.token(revision),
         )
 
     async def _settle_one(self, kv_key: str, unproven: _Unproven) -> OrphanFire | None:
@@ -1450,7 +1329,7 @@ class KvDebounceBackend(DebounceBackend):
         entry, record = read
         if not self._own_record(record):
             return None  # a peer took us for dead and adopted it: it runs it
-        doc = self._parse(await self._get(kv_key))
+        doc = self._view.parse(await self._view.get(kv_key))
         run_id = unproven.window.run_id
         if not _rules.commit_landed(doc, run_id, unproven.write):
             # Still open (its owner fires it), or closed by another write.
@@ -1478,7 +1357,7 @@ class KvDebounceBackend(DebounceBackend):
         window, write, fired_at, fire_id = committing
         if delivery == "at-most-once":
             if entry is not None and doc is not None and doc.fired and doc.write == write:
-                return self._fire(kv_key, window, fired_at, self._token(entry.revision), None)
+                return self._fire(kv_key, window, fired_at, self._view.token(entry.revision), None)
             return None  # not proven: never fire on a guess (the caller re-reads)
         # at-least-once: our fire record decides.
         read = await self._read_record(fire_id)
@@ -1504,24 +1383,15 @@ class KvDebounceBackend(DebounceBackend):
                 await self._drop_record(fire_id)
                 return None
             assert entry is not None
-            self._forget(kv_key)
+            self._view.forget(kv_key)
             tombstone = _rules.tombstone(window, write, fired_at, self._me)
             try:  # the record landed, the window's commit did not: finish it
-                closed = await self._commit_window(kv_key, tombstone, entry.revision)
+                closed = await self._view.close_window(kv_key, tombstone, entry.revision)
             except RevisionConflict:
                 await self._drop_record(fire_id)
                 return None
-            self._remember(kv_key, closed, tombstone)
-        return self._fire(kv_key, window, fired_at, self._token(record.revision), fire_id)
-
-    async def _commit_window(self, kv_key: str, tombstone: WindowDoc | None, last: int) -> int:
-        """Close a window by a revision-checked delete, or by writing its tombstone;
-        returns the revision written (the delete marker's, or the tombstone's)."""
-        if tombstone is None:
-            revision: int = await self._call(self._store.delete, kv_key, last=last)
-        else:
-            revision = await self._call(self._store.put, kv_key, tombstone.encode(), last=last)
-        return revision
+            self._view.remember(kv_key, closed, tombstone)
+        return self._fire(kv_key, window, fired_at, self._view.token(record.revision), fire_id)
 
     def _fire_record(
         self, workflow: str, key: str, doc: WindowDoc, fired_at: float, attempt: int, write: str
@@ -1542,7 +1412,7 @@ class KvDebounceBackend(DebounceBackend):
 
     async def _read_record(self, fire_id: str) -> tuple[KvEntry, FireRecord] | None:
         """Fire record ``fire_id`` as stored, or None if it is gone or unreadable."""
-        entry = await self._get(fire_id)
+        entry = await self._view.get(fire_id)
         if entry is None or entry.value is None:
             return None
         try:
@@ -1561,7 +1431,7 @@ class KvDebounceBackend(DebounceBackend):
         Raises:
           RevisionConflict: the record had moved on (a peer adopted it) or was gone.
         """
-        if not await self._call(self._store.purge, fire_id, last=revision):
+        if not await self._view.purge(fire_id, last=revision):
             raise RevisionConflict(f"fire record {fire_id} is no longer at revision {revision}")
 
     async def _drop_record(self, fire_id: str) -> None:
@@ -1578,7 +1448,7 @@ class KvDebounceBackend(DebounceBackend):
         token: int,
         fire_id: str | None,
     ) -> Finalization:
-        self._disown(kv_key, doc.run_id)
+        self._view.disown(kv_key, doc.run_id)
         return Finalization(
             Finalized.FIRE,
             fired_at,
@@ -1606,14 +1476,13 @@ class KvDebounceBackend(DebounceBackend):
                         try:
                             return await self._end_run(kv_key, run_id)
                         except RevisionConflict:
-                            self._contend(kv_key)
-                            self.conflicts += 1
+                            self._view.lost_race(kv_key)
                         except BackendUnavailableError:
-                            self._forget(kv_key)
-                        await self._backoff(attempt)
+                            self._view.forget(kv_key)
+                        await self._view.backoff(attempt)
                         attempt += 1
         except BackendError:
-            self._forget(kv_key)
+            self._view.forget(kv_key)
         # Retried by heartbeats; meanwhile peers see the run blocking until its
         # run_timeout or until they look again (see docs/protocol.rst).
         self._queued_end_runs[kv_key] = run_id
@@ -1623,9 +1492,9 @@ class KvDebounceBackend(DebounceBackend):
     async def _end_run(self, kv_key: str, run_id: str) -> str | None:
         # Written against the remembered document when it names this run (the
         # compare-and-swap proves it current); any other decision on a fresh read.
-        known = self._cached(kv_key)
+        known = self._view.cached(kv_key)
         if known is None or not self._names_run(known[1], run_id):
-            _, revision, doc = await self._read(kv_key)
+            _, revision, doc = await self._view.read(kv_key)
         else:
             revision, doc = known
         if doc is None or not self._names_run(doc, run_id):
@@ -1634,7 +1503,7 @@ class KvDebounceBackend(DebounceBackend):
         ended: WindowDoc | None = None
         if not doc.fired or doc.fired_order is not None or doc.after:
             ended = replace(doc, running=None)
-        self._remember(kv_key, await self._commit_window(kv_key, ended, revision), ended)
+        self._view.remember(kv_key, await self._view.close_window(kv_key, ended, revision), ended)
         self._ended_runs.discard(run_id)
         if not doc.fired and doc.queue and doc.at <= self._wall():
             return doc.run_id  # waiting for this run: it fires now
@@ -1690,8 +1559,8 @@ class KvDebounceBackend(DebounceBackend):
         for kv_key, queued in list(self._queued_deletes.items()):
             if self._queued_deletes.get(kv_key) is not queued:
                 continue  # applied by a concurrent call, or replaced
-            entry = await self._get(kv_key)
-            doc = self._parse(entry)
+            entry = await self._view.get(kv_key)
+            doc = self._view.parse(entry)
             if (
                 doc is not None
                 and not doc.fired
@@ -1703,9 +1572,9 @@ class KvDebounceBackend(DebounceBackend):
                 # trailing fire; if peers' pings landed, it still needs one.
                 missed_trailing = doc.mode is Mode.BOTH and queued.known_count < 2 <= doc.count
                 if doc.last <= queued.fired_at and not missed_trailing:
-                    self._forget(kv_key)
+                    self._view.forget(kv_key)
                     try:
-                        await self._commit_window(kv_key, doc.closed(), entry.revision)
+                        await self._view.close_window(kv_key, doc.closed(), entry.revision)
                     except RevisionConflict:
                         continue  # a ping landed: try again next heartbeat
                     logger.info("applied the queued delete of %s (run %s)", kv_key, queued.run_id)
@@ -1723,11 +1592,11 @@ class KvDebounceBackend(DebounceBackend):
             await self.complete(fire_id)
         for kv_key, run_id in list(self._queued_end_runs.items()):
             # Read first: the heartbeat does not take the key's turn.
-            self._forget(kv_key)
+            self._view.forget(kv_key)
             try:
                 await self._end_run(kv_key, run_id)
             except RevisionConflict:
-                self._forget(kv_key)
+                self._view.forget(kv_key)
                 continue
             del self._queued_end_runs[kv_key]
 
@@ -1738,20 +1607,20 @@ class KvDebounceBackend(DebounceBackend):
         with trio.move_on_after(self._op_timeout):
             attempt = 0
             while True:
-                entry = await self._get(kv_key)
-                doc = self._parse(entry)
+                entry = await self._view.get(kv_key)
+                doc = self._view.parse(entry)
                 if entry is None or entry.value is None or (doc is not None and doc.fired):
                     return False
-                self._forget(kv_key)
+                self._view.forget(kv_key)
                 try:
                     tombstone = None if doc is None else doc.closed()
-                    await self._commit_window(kv_key, tombstone, entry.revision)
+                    await self._view.close_window(kv_key, tombstone, entry.revision)
                 except RevisionConflict:
-                    self.conflicts += 1
-                    await self._backoff(attempt)
+                    self._view.lost_race(None)
+                    await self._view.backoff(attempt)
                     attempt += 1
                     continue
-                self._owned.pop(kv_key, None)
+                self._view.owned.pop(kv_key, None)
                 return True
         raise BackendUnavailableError(
             f"cancel of {workflow!r}/{key!r} did not complete within {self._op_timeout} s"
@@ -1759,16 +1628,16 @@ class KvDebounceBackend(DebounceBackend):
 
     async def owned_windows(self) -> list[OwnedWindow]:
         owned = []
-        for entry in await self._call(self._store.entries, WINDOW_KEY_PREFIX):
-            doc = self._parse(entry)
+        for entry in await self._view.entries(WINDOW_KEY_PREFIX):
+            doc = self._view.parse(entry)
             if doc is None or doc.fired or not self._mine(doc):
                 continue
             try:
                 workflow, key = parse_window_key(entry.key)
             except ValueError:
                 continue
-            self._owned[entry.key] = doc.run_id
-            self._remember(entry.key, entry.revision, doc)
+            self._view.owned[entry.key] = doc.run_id
+            self._view.remember(entry.key, entry.revision, doc)
             owned.append(
                 OwnedWindow(workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
             )
@@ -1780,14 +1649,14 @@ class KvDebounceBackend(DebounceBackend):
         may come from a replica that lags, and sweeping the proof of a committed
         record would have it taken back (a lost fire)."""
         for write in (doc.write, *(proof_write for _, proof_write in doc.after)):
-            entry = await self._call(self._store.get_current, FIRE_PREFIX + write)
+            entry = await self._view.get_current(FIRE_PREFIX + write)
             if entry is not None and entry.value is not None:
                 return True
         return False
 
     async def sweep(self) -> int:
         now = self._wall()
-        entry = await self._get(SWEEPER_KEY)
+        entry = await self._view.get(SWEEPER_KEY)
         holder: Lease | None = None
         if entry is not None and entry.value is not None:
             try:
@@ -1802,8 +1671,7 @@ class KvDebounceBackend(DebounceBackend):
             return 0
         lock = Lease(self._process_id, self._epoch, now + 3 * self._lease)
         try:
-            await self._call(
-                self._store.put,
+            await self._view.put(
                 SWEEPER_KEY,
                 encode_lease(lock),
                 last=0 if entry is None else entry.revision,
@@ -1811,10 +1679,10 @@ class KvDebounceBackend(DebounceBackend):
         except RevisionConflict:
             return 0  # another process won the election
         removed = 0
-        windows = await self._call(self._store.entries, WINDOW_KEY_PREFIX)
+        windows = await self._view.entries(WINDOW_KEY_PREFIX)
         # Listed after the windows: a record whose commit made a tombstone listed
         # above was written before it, so it is in this listing unless completed.
-        records = await self._call(self._store.entries, FIRE_PREFIX)
+        records = await self._view.entries(FIRE_PREFIX)
         recorded = set()  # the window keys that fire records name
         for item in records:
             if item.value is not None:
@@ -1824,7 +1692,7 @@ class KvDebounceBackend(DebounceBackend):
         for item in windows:
             marker = item.revision if item.value is None else None
             if marker is None:
-                doc = self._parse(item)
+                doc = self._view.parse(item)
                 if doc is None or not doc.fired or doc.last > now - self._lease:
                     continue
                 if doc.fired_order is not None and doc.last > now - _ORDER_LEASES * self._lease:
@@ -1838,26 +1706,26 @@ class KvDebounceBackend(DebounceBackend):
                     # is completed or taken back. Last: up to five leader reads.
                     continue
                 # An at-most-once tombstone a lease old: its proof is no longer needed.
-                self._forget(item.key)
+                self._view.forget(item.key)
                 try:
-                    marker = await self._call(self._store.delete, item.key, last=item.revision)
+                    marker = await self._view.delete(item.key, last=item.revision)
                 except RevisionConflict:
                     continue
-            known = self._known.get(item.key)
+            known = self._view.known(item.key)
             if known is not None and known[0] == marker:
-                self._forget(item.key)  # purged: the key is created anew
-            if await self._call(self._store.purge_marker, item.key, revision=marker):
+                self._view.forget(item.key)  # purged: the key is created anew
+            if await self._view.purge_marker(item.key, revision=marker):
                 removed += 1
         for item in records:
-            if item.value is None and await self._call(
-                self._store.purge_marker, item.key, revision=item.revision
+            if item.value is None and await self._view.purge_marker(
+                item.key, revision=item.revision
             ):
                 removed += 1
         # A lease that expired long ago (ten leases) belongs to a dead process.
         grave = now - 10 * self._lease - self._skew
-        for item in await self._call(self._store.entries, LEASE_PREFIX):
+        for item in await self._view.entries(LEASE_PREFIX):
             if item.value is None:
-                if await self._call(self._store.purge_marker, item.key, revision=item.revision):
+                if await self._view.purge_marker(item.key, revision=item.revision):
                     removed += 1
                 continue
             try:
@@ -1866,10 +1734,10 @@ class KvDebounceBackend(DebounceBackend):
                 continue
             if lease.expires < grave:
                 try:
-                    marker = await self._call(self._store.delete, item.key, last=item.revision)
+                    marker = await self._view.delete(item.key, last=item.revision)
                 except RevisionConflict:
                     continue
-                if await self._call(self._store.purge_marker, item.key, revision=marker):
+                if await self._view.purge_marker(item.key, revision=marker):
                     removed += 1
                 self._leases.pop(lease.process, None)
         return removed
@@ -1877,10 +1745,10 @@ class KvDebounceBackend(DebounceBackend):
     async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:
         self._check_not_taken()
         orphans = Orphans([], await self._settle_unproven(), [])
-        adopting = self._can_take_over()
+        adopting = self._view.can_take_over()
         now = self._wall()
-        for entry in await self._call(self._store.entries, WINDOW_KEY_PREFIX):
-            doc = self._parse(entry)
+        for entry in await self._view.entries(WINDOW_KEY_PREFIX):
+            doc = self._view.parse(entry)
             if doc is None or doc.fired:
                 continue
             try:
@@ -1888,8 +1756,8 @@ class KvDebounceBackend(DebounceBackend):
             except ValueError:
                 continue
             if self._mine(doc):
-                self._owned[entry.key] = doc.run_id
-                self._remember(entry.key, entry.revision, doc)
+                self._view.owned[entry.key] = doc.run_id
+                self._view.remember(entry.key, entry.revision, doc)
                 orphans.owned.append(
                     OwnedWindow(workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
                 )
@@ -1905,14 +1773,12 @@ class KvDebounceBackend(DebounceBackend):
                 write=uuid.uuid4().hex,
             )
             try:
-                revision = await self._call(
-                    self._store.put, entry.key, new.encode(), last=entry.revision
-                )
+                revision = await self._view.put(entry.key, new.encode(), last=entry.revision)
             except RevisionConflict:
                 continue  # a peer adopted it, or a ping took it over
-            self._remember(entry.key, revision, new)
+            self._view.remember(entry.key, revision, new)
             self.takeovers += 1
-            self._owned[entry.key] = doc.run_id
+            self._view.owned[entry.key] = doc.run_id
             logger.info(
                 "adopted window %s (run %s) of dead process %s", entry.key, doc.run_id, doc.owner
             )
@@ -1923,7 +1789,7 @@ class KvDebounceBackend(DebounceBackend):
             orphans.owned.append(adopted_window)
         if not adopting:
             return orphans  # the grace after an outage: no takeover yet
-        for entry in await self._call(self._store.entries, FIRE_PREFIX):
+        for entry in await self._view.entries(FIRE_PREFIX):
             if entry.value is None:
                 continue
             try:
@@ -1945,7 +1811,7 @@ class KvDebounceBackend(DebounceBackend):
                 # fences it, and completes what it started): adopted once its lease
                 # lapsed, as any process's, so a live twin's fire never runs twice.
                 continue
-            window = self._parse(await self._get(window_key(record.workflow, record.key)))
+            window = self._view.parse(await self._view.get(window_key(record.workflow, record.key)))
             if (
                 window is not None
                 and not window.fired
@@ -1971,9 +1837,7 @@ class KvDebounceBackend(DebounceBackend):
                 record, owner=self._process_id, epoch=self._epoch, attempt=record.attempt + 1
             )
             try:
-                revision = await self._call(
-                    self._store.put, entry.key, adopted.encode(), last=entry.revision
-                )
+                revision = await self._view.put(entry.key, adopted.encode(), last=entry.revision)
             except RevisionConflict:
                 continue
             self.adopted_fires += 1
@@ -1990,8 +1854,8 @@ class KvDebounceBackend(DebounceBackend):
         return orphans
 
     async def window_status(self, workflow: str, key: str) -> WindowStatus | None:
-        entry = await self._get(window_key(workflow, key))
-        doc = self._parse(entry)
+        entry = await self._view.get(window_key(workflow, key))
+        doc = self._view.parse(entry)
         if doc is None or doc.fired:
             return None
         assert entry is not None
@@ -2013,7 +1877,7 @@ class KvDebounceBackend(DebounceBackend):
             doc.cap,
             doc.count,
             entry.revision,
-            self._token(entry.revision),
+            self._view.token(entry.revision),
         )
 
     async def handoff(self) -> None:
@@ -2033,8 +1897,7 @@ class KvDebounceBackend(DebounceBackend):
         try:
             with trio.move_on_after(self._op_timeout):
                 with contextlib.suppress(RevisionConflict):
-                    await self._call(
-                        self._store.put,
+                    await self._view.put(
                         self._process_key,
                         encode_lease(lease),
                         last=self._lease_revision,
@@ -2044,7 +1907,7 @@ class KvDebounceBackend(DebounceBackend):
                 "hand-off could not mark the lease released (%s); peers take over %d "
                 "windows once it lapses",
                 exc,
-                len(self._owned),
+                len(self._view.owned),
             )
 
     async def release(self, runs: Collection[str] | None = None) -> None:
@@ -2054,11 +1917,11 @@ class KvDebounceBackend(DebounceBackend):
         try:
             with trio.move_on_after(self._op_timeout) as scope:
                 await self._apply_queued_deletes()
-                for kv_key, run_id in list(self._owned.items()):
+                for kv_key, run_id in list(self._view.owned.items()):
                     if runs is not None and run_id not in runs:
                         continue  # left for a peer to adopt once our lease is gone
-                    entry = await self._get(kv_key)
-                    doc = self._parse(entry)
+                    entry = await self._view.get(kv_key)
+                    doc = self._view.parse(entry)
                     if (
                         doc is not None
                         and not doc.fired
@@ -2066,18 +1929,16 @@ class KvDebounceBackend(DebounceBackend):
                         and self._mine(doc)
                     ):
                         assert entry is not None
-                        self._forget(kv_key)
+                        self._view.forget(kv_key)
                         try:
-                            await self._commit_window(kv_key, doc.closed(), entry.revision)
+                            await self._view.close_window(kv_key, doc.closed(), entry.revision)
                         except RevisionConflict:
                             logger.warning("release of %s lost a race to another write", kv_key)
-                    del self._owned[kv_key]
-                    self._known_counts.pop(kv_key, None)
+                    del self._view.owned[kv_key]
+                    self._view.known_counts.pop(kv_key, None)
                 if self._lease_revision:
                     with contextlib.suppress(RevisionConflict):
-                        await self._call(
-                            self._store.delete, self._process_key, last=self._lease_revision
-                        )
+                        await self._view.delete(self._process_key, last=self._lease_revision)
             if scope.cancelled_caught:
                 logger.warning("release did not finish within %.3g s", self._op_timeout)
         except BackendError as exc:
@@ -2085,5 +1946,5 @@ class KvDebounceBackend(DebounceBackend):
                 "release could not reach the backend (%s); %d windows stay until a ping "
                 "takes them over",
                 exc,
-                len(self._owned),
+                len(self._view.owned),
             )
