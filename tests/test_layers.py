@@ -54,6 +54,7 @@ LAYERS: dict[str, int] = {
     "_run_store": CONTRACTS,
     "_run_types": CONTRACTS,
     "_protocol": BACKENDS,
+    "_protocol._leases": BACKENDS,
     "_protocol._view": BACKENDS,
     "_protocol._documents": BACKENDS,
     "_protocol._rules": BACKENDS,
@@ -81,8 +82,8 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 OVERSIZED: dict[str, int] = {
     "_coordinator": 1426,
     "_coordinator:Coordinator": 1160,
-    "_protocol._backend": 1524,
-    "_protocol._backend:KvDebounceBackend": 1422,
+    "_protocol._backend": 1284,
+    "_protocol._backend:KvDebounceBackend": 1191,
     "_runs": 1133,
     "_runs:RunScheduler": 1008,
     "nats._store": 821,

@@ -47,15 +47,13 @@ from .._errors import (
     BackendUnavailableError,
     DocumentTooLargeError,
     LeaseLapsedError,
-    ProcessIdTakenError,
     RevisionConflict,
 )
-from .._keys import parse_window_key, process_key, window_key
+from .._keys import parse_window_key, window_key
 from .._kv import KvEntry, KvStore
 from .._options import InitialFactory, Reducer
 from .._payload import JsonSerializer, PayloadSerializer
 from .._types import Mode
-from .._wallclock import wall_to_trio
 from . import _rules
 from ._documents import (
     FIRE_PREFIX,
@@ -64,11 +62,11 @@ from ._documents import (
     WINDOW_KEY_PREFIX,
     FireRecord,
     Lease,
-    RunMarker,
     WindowDoc,
     decode_lease,
     encode_lease,
 )
+from ._leases import ProcessLease
 from ._rules import Ping
 from ._view import KNOWN_LIMIT, StoreView
 
@@ -80,19 +78,6 @@ _ORDER_LEASES = 10
 #: Looks at a live lease of our process id (another epoch) while it is watched for a
 #: renewal at start, besides the first (the KV interface has no watch to wait on).
 _TWIN_LOOKS = 4
-
-
-@dataclass(slots=True)
-class _TwinWatch:
-    """A live lease of another epoch of our process id, watched before this opening's
-    first lease write: renewed within ``until`` (Trio time), it is a live twin."""
-
-    epoch: str
-    revision: int
-    expires: float
-    until: float
-    #: Seconds between two looks at the lease.
-    step: float
 
 
 @dataclass(slots=True)
@@ -215,21 +200,16 @@ class KvDebounceBackend(DebounceBackend):
             raise ValueError(f"process_id must be a non-empty str, got {process_id!r}")
         self._serializer: PayloadSerializer = JsonSerializer() if serializer is None else serializer
         self._process_id = process_id
-        self._process_key = process_key(process_id)
         self._epoch = uuid.uuid4().hex
-        self._lease = _validate.positive_duration("process_lease", process_lease)
+        self._lease_seconds = _validate.positive_duration("process_lease", process_lease)
         self._op_timeout = _validate.positive_duration("op_timeout", op_timeout)
         self._skew = _validate.positive_duration("max_clock_skew", max_clock_skew)
         self._wall = wall_time
-        self._view = StoreView(store, heartbeat_interval=self._lease / 3, skew=self._skew)
+        self._view = StoreView(store, heartbeat_interval=self._lease_seconds / 3, skew=self._skew)
         self._me = _rules.Identity(process_id, self._epoch, self._serializer, store.max_value_bytes)
-        self._lease_revision = 0
-        self._refreshes = 0
-        #: process id -> its lease as last read (the local lease table).
-        self._leases: dict[str, Lease] = {}
-        #: (process, epoch) of the leases that were live at the last reload.
-        self._live_at_last_look: set[tuple[str, str]] = set()
-        self._seen_released: set[tuple[str, str]] = set()
+        self._leases = ProcessLease(
+            self._view, self._me, seconds=self._lease_seconds, skew=self._skew, wall=wall_time
+        )
         self._queued_deletes: dict[str, _QueuedDelete] = {}
         #: KV key -> the at-least-once commits of it whose answers were lost and that
         #: no one ran (see _Unproven).
@@ -248,30 +228,8 @@ class KvDebounceBackend(DebounceBackend):
         self._queued_completions: set[str] = set()
         #: Fire records of queued deletes that a later one for the same key replaced.
         self._queued_record_deletes: set[str] = set()
-        #: queue-latest runs of this process whose handlers returned, while their end
-        #: is not yet recorded in the store (they block nothing here), and the end
-        #: records that could not reach the store, by KV key.
-        self._ended_runs: set[str] = set()
+        #: The end records of queue-latest runs that could not reach the store, by KV key.
         self._queued_end_runs: dict[str, str] = {}
-        self._lease_expires = -math.inf
-        #: The lease of the coordinator that took our process id (we are fenced).
-        self._taken_by: Lease | None = None
-        #: The lease of another epoch of our process id that our first write replaced:
-        #: until it lapses, that coordinator may still run a fire (a stalled holder is
-        #: fenced only at its next heartbeat), so its fire records are not adopted.
-        self._replaced: Lease | None = None
-        #: Before this opening's first lease write: the live lease of another epoch
-        #: of our process id being watched for a renewal (a live twin), if any.
-        self._twin_watch: _TwinWatch | None = None
-        #: The process id was found free (no live lease of another epoch, or one not
-        #: renewed for its holder's heartbeat interval plus the skew margin).
-        self._id_cleared = False
-        #: One lease refresh at a time: concurrent ones (the heartbeat and finalizes
-        #: after a stall) would lose compare-and-swaps to each other.
-        self._lease_lock = trio.Lock()
-        #: Lease writes that landed; deaths found by refreshes not yet returned.
-        self._lease_writes = 0
-        self._dead_unreported: set[str] = set()
         self._released = False
         # Counters, see statistics().
         self.unstored_coalesces = 0
@@ -304,7 +262,7 @@ class KvDebounceBackend(DebounceBackend):
 
     @property
     def heartbeat_interval(self) -> float:
-        return self._lease / 3
+        return self._leases.heartbeat_interval
 
     def wall_time(self) -> float:
         return self._wall()
@@ -319,265 +277,16 @@ class KvDebounceBackend(DebounceBackend):
     def _mine(self, doc: WindowDoc) -> bool:
         return self._me.owns(doc)
 
-    async def _owner_live(self, doc: WindowDoc, now: float) -> bool:
-        """Is the document's owner process live? Known live owners cost no request."""
-        return await self._live(doc.owner, doc.epoch, now)
-
-    async def _live(self, owner: str, epoch: str, now: float) -> bool:
-        """Is process ``owner`` in its opening ``epoch`` live, by its lease?"""
-        if owner == self._process_id and epoch == self._epoch:
-            return True
-        lease = self._leases.get(owner)
-        if lease is not None and lease.epoch == epoch and lease.live(now, self._skew):
-            return True
-        # Unknown, another epoch, or expired in the table: read the lease itself, from
-        # the store's authority. The table and a plain get may come from a replica that
-        # lags (docs/protocol.rst, "Stale reads"): a lease that looks lapsed there may
-        # have been renewed, and counting its process dead would take its windows over.
-        entry: KvEntry | None = await self._view.get_current(process_key(owner))
-        lease = None
-        if entry is not None and entry.value is not None:
-            try:
-                lease = decode_lease(entry.value)
-            except (ValueError, KeyError, TypeError):
-                logger.warning("lease %s is unreadable; its process counts as dead", entry.key)
-        if lease is None:
-            self._leases.pop(owner, None)
-            return False
-        self._leases[owner] = lease
-        return lease.epoch == epoch and lease.live(now, self._skew)
-
     def lease_held(self) -> bool:
         """Is this process's own lease still live, by its own clock, with the skew
         margin? If not, a peer may have taken its windows over."""
-        return self._taken_by is None and self._wall() < self._lease_expires - self._skew
-
-    def _check_not_taken(self) -> None:
-        """Raise :exc:`ProcessIdTakenError` once another coordinator took our id."""
-        if self._taken_by is not None:
-            raise ProcessIdTakenError(
-                f"process id {self._process_id!r} was taken by another coordinator "
-                f"(epoch {self._taken_by.epoch}); this one (epoch {self._epoch}) is fenced: "
-                f"two live coordinators must never share a process id"
-            )
-
-    def _foreign_lease(self, entry: KvEntry | None) -> Lease | None:
-        """The lease in ``entry`` if it is another epoch's (of our process id)."""
-        if entry is None or entry.value is None:
-            return None
-        try:
-            lease = decode_lease(entry.value)
-        except (ValueError, KeyError, TypeError):
-            return None
-        return lease if lease.epoch != self._epoch else None
-
-    def _twin_wait(self, holder: Lease) -> float:
-        """Seconds to watch ``holder`` (a live lease of another epoch of our process
-        id) for a renewal: its heartbeat interval (ours if it did not record one,
-        capped at our lease) plus the skew margin."""
-        beat = self.heartbeat_interval if holder.heartbeat is None else holder.heartbeat
-        return min(beat, self._lease) + self._skew
-
-    async def _check_twin(self) -> bool:
-        """Before this opening's first lease write: may it write now?
-
-        True when the process id is free: no lease, a released or lapsed one, or a
-        live one of another epoch that was not renewed while watched for its holder's
-        heartbeat interval plus the skew margin (a crashed or stalled predecessor; a
-        stalled one is fenced at its next heartbeat). False while the watch goes on
-        (the first call starts it; each call re-reads the lease once).
-
-        Raises:
-          ProcessIdTakenError: the watched lease was renewed (its revision moved): a
-            live coordinator holds the process id. Nothing was written; this backend
-            stays fenced.
-          BackendError: the store failed the read.
-        """
-        self._check_not_taken()
-        if self._id_cleared:
-            return True
-        entry = await self._view.get(self._process_key)
-        foreign = self._foreign_lease(entry)
-        wall = self._wall()
-        now = trio.current_time()
-        if entry is None or foreign is None or not foreign.live(wall, self._skew):
-            self._twin_watch = None
-            self._id_cleared = True
-            return True
-        watch = self._twin_watch
-        if watch is None:
-            # A live lease of another epoch: a live twin, or a predecessor that crashed
-            # (or stalls) before its lease lapsed. Only a renewal tells them apart.
-            until = min(
-                now + self._twin_wait(foreign),
-                # Lapsed (beyond the skew) before then: dead, whatever its interval.
-                wall_to_trio(foreign.expires + self._skew, wall_now=wall, trio_now=now),
-            )
-            self._twin_watch = _TwinWatch(
-                foreign.epoch,
-                entry.revision,
-                foreign.expires,
-                until,
-                max((until - now) / _TWIN_LOOKS, 1e-3),
-            )
-            logger.info(
-                "process id %r: the lease of epoch %s is live; watching it for %.3g s for "
-                "a renewal before this opening (epoch %s) starts",
-                self._process_id,
-                foreign.epoch,
-                until - now,
-                self._epoch,
-            )
-            return False
-        if entry.revision != watch.revision or foreign.expires != watch.expires:
-            self._twin_watch = None
-            self._taken_by = foreign
-            logger.error(
-                "process id %r is held by a live coordinator (epoch %s renewed its lease): "
-                "this one (epoch %s) is refused; two live coordinators must never share a "
-                "process id",
-                self._process_id,
-                foreign.epoch,
-                self._epoch,
-            )
-            raise ProcessIdTakenError(
-                f"process id {self._process_id!r} is held by a live coordinator (epoch "
-                f"{foreign.epoch}, whose lease was renewed while this one watched it); "
-                f"this one (epoch {self._epoch}) is refused and wrote nothing: two live "
-                f"coordinators must never share a process id"
-            )
-        if now < watch.until:
-            return False
-        logger.warning(
-            "process id %r: the lease of epoch %s was not renewed for %.3g s; taking the "
-            "process id over (that coordinator crashed or stalls; if it resumes, it is "
-            "fenced at its next heartbeat)",
-            self._process_id,
-            watch.epoch,
-            self._twin_wait(foreign),
-        )
-        self._twin_watch = None
-        self._id_cleared = True
-        return True
+        return self._leases.held()
 
     async def wait_process_id_free(self) -> None:
-        self._check_not_taken()
-        while not await self._check_twin():
-            watch = self._twin_watch
-            assert watch is not None
-            # A few looks during the watch, so a live twin is refused at its renewal
-            # rather than at the end of the watch (the store has no watch to wait on).
-            await trio.sleep_until(min(watch.until, trio.current_time() + watch.step))
-        await trio.lowlevel.checkpoint()
+        await self._leases.wait_process_id_free()
 
     async def refresh_lease(self) -> set[str]:
-        self._check_not_taken()
-        seen = self._lease_writes
-        async with self._lease_lock:
-            if self._lease_writes != seen and self.lease_held():
-                # Renewed by another caller while this one waited: that is enough.
-                dead, self._dead_unreported = self._dead_unreported, set()
-                return dead
-            self._dead_unreported |= await self._refresh_lease()
-            dead, self._dead_unreported = self._dead_unreported, set()
-            return dead
-
-    async def _refresh_lease(self) -> set[str]:
-        """Write our lease (see :meth:`refresh_lease`); holds ``_lease_lock``."""
-        self._check_not_taken()
-        if not math.isfinite(self._lease_expires) and not await self._check_twin():
-            # Never written in this opening, and a live lease of another epoch is being
-            # watched (the start could not wait: the store did not answer then).
-            assert self._twin_watch is not None
-            raise BackendUnavailableError(
-                f"process id {self._process_id!r}: the live lease of epoch "
-                f"{self._twin_watch.epoch} is watched for a renewal for "
-                f"{max(self._twin_watch.until - trio.current_time(), 0.0):.3g} s more "
-                f"before this opening writes its own"
-            )
-        now = self._wall()
-        lease = Lease(
-            self._process_id, self._epoch, now + self._lease, heartbeat=self.heartbeat_interval
-        )
-        value = encode_lease(lease)
-        for attempt in range(5):
-            try:
-                self._lease_revision = await self._view.put(
-                    self._process_key, value, last=self._lease_revision
-                )
-                break
-            except RevisionConflict:
-                # Swept (absent), our own write whose answer was lost, or another
-                # epoch's lease: a predecessor's (before our first write landed) or,
-                # once one had, a later coordinator started with our id: we are fenced.
-                entry = await self._view.get(self._process_key)
-                foreign = self._foreign_lease(entry)
-                if foreign is not None and math.isfinite(self._lease_expires):
-                    self._taken_by = foreign
-                    logger.error(
-                        "process id %r was taken by another coordinator (epoch %s): this "
-                        "one (epoch %s) is fenced and refuses pings; two live coordinators "
-                        "must never share a process id",
-                        self._process_id,
-                        foreign.epoch,
-                        self._epoch,
-                    )
-                    self._check_not_taken()
-                if foreign is not None and (
-                    self._replaced is None or foreign.expires > self._replaced.expires
-                ):
-                    self._replaced = foreign
-                if foreign is not None and foreign.live(now, self._skew):
-                    logger.warning(
-                        "process id %r: replacing the live lease of epoch %s (a restart "
-                        "before its lease lapsed; if that coordinator still runs, it is "
-                        "fenced at its next heartbeat)",
-                        self._process_id,
-                        foreign.epoch,
-                    )
-                self._lease_revision = 0 if entry is None else entry.revision
-                await self._view.backoff(attempt)
-        else:
-            raise BackendError(f"could not renew the lease of process {self._process_id!r}")
-        self._lease_expires = lease.expires
-        self._lease_writes += 1
-        dead = await self.reload_leases()
-        self._leases[self._process_id] = lease
-        await self._apply_queued_deletes()
-        return dead
-
-    async def reload_leases(self) -> set[str]:
-        """Re-read every process lease into the local table.
-
-        Returns the processes that were live in the previous table and are now gone or
-        lapsed (beyond the skew).
-        """
-        now = self._wall()
-        table: dict[str, Lease] = {}
-        for entry in await self._view.entries(LEASE_PREFIX):
-            if entry.value is None:
-                continue
-            try:
-                lease = decode_lease(entry.value)
-            except (ValueError, KeyError, TypeError):
-                continue
-            if entry.key != process_key(lease.process):
-                continue  # another process's lease under this key: not evidence of either
-            table[lease.process] = lease
-        live = {
-            (lease.process, lease.epoch) for lease in table.values() if lease.live(now, self._skew)
-        }
-        released = {(lease.process, lease.epoch) for lease in table.values() if lease.released}
-        # Dead since the last look: lapsed or gone, or handed off (a process may have
-        # come and gone between two looks: its released lease still says so).
-        dead = {
-            process
-            for process, _ in (self._live_at_last_look - live) | (released - self._seen_released)
-        }
-        self._live_at_last_look = live
-        self._seen_released = released
-        self._leases = table
-        return dead
+        return await self._leases.refresh(self._apply_queued_deletes)
 
     # ---------------------------------------------------------------- register
 
@@ -601,7 +310,7 @@ class KvDebounceBackend(DebounceBackend):
         run_timeout: float | None = None,
         drop_stale: bool = False,
     ) -> Registration:
-        self._check_not_taken()
+        self._leases.check_not_taken()
         now = self._wall()  # the ping's time, kept through merges and retries
         try:
             kv_key = self._window_keys[workflow, key]
@@ -624,11 +333,11 @@ class KvDebounceBackend(DebounceBackend):
         else:
             own = self._serializer.loads(text)
         deadline = trio.current_time() + self._op_timeout
-        if not self._lease_revision:
+        if not self._leases.revision:
             # Peers must see our lease before a document names us as owner.
             with trio.CancelScope(shield=True), trio.move_on_at(deadline):
                 await self.refresh_lease()
-            if not self._lease_revision:
+            if not self._leases.revision:
                 raise BackendUnavailableError(
                     f"could not write the lease of process {self._process_id!r} within "
                     f"{self._op_timeout} s"
@@ -755,13 +464,15 @@ class KvDebounceBackend(DebounceBackend):
                             revision, doc = known
                         now = self._wall()
                         live = (
-                            doc is not None and not doc.fired and await self._owner_live(doc, now)
+                            doc is not None
+                            and not doc.fired
+                            and await self._leases.owner_live(doc, now)
                         )
                         last_doc, last_live = doc, live
                         # Until when the key's queue-latest run blocks its next fire.
                         blocked = None
                         if doc is not None and doc.running is not None:
-                            blocked = await self._blocked_until(doc.running, now)
+                            blocked = await self._leases.run_blocks_until(doc.running, now)
                         applied = _rules.apply_batch(
                             doc,
                             live,
@@ -980,27 +691,6 @@ class KvDebounceBackend(DebounceBackend):
         finally:
             self._release_turn(kv_key, queue)
 
-    async def _blocked_until(self, marker: RunMarker, now: float) -> float | None:
-        """Until when (wall clock) the ``queue-latest`` run ``marker`` surely blocks its
-        key's next fire: its ``until``, or its process's lease expiry (plus the skew)
-        if that comes first, when it is looked at again; None if it blocks no more
-        (timed out, or its process is dead)."""
-        if marker.until is not None and now >= marker.until:
-            return None
-        mine = marker.process == self._process_id and marker.epoch == self._epoch
-        if mine and marker.run_id in self._ended_runs:
-            return None
-        if not await self._live(marker.process, marker.epoch, now):
-            return None
-        if marker.process == self._process_id and marker.epoch == self._epoch:
-            expires = self._lease_expires
-        else:
-            lease = self._leases.get(marker.process)
-            expires = now if lease is None else lease.expires
-        # A live runner renews its lease every heartbeat: look no sooner than that.
-        look = max(expires + self._skew, now + self.heartbeat_interval)
-        return look if marker.until is None else min(marker.until, look)
-
     def _settle_batch(
         self,
         kv_key: str,
@@ -1088,7 +778,7 @@ class KvDebounceBackend(DebounceBackend):
         read: tuple[int, WindowDoc | None] | None = None,
     ) -> Finalization:
         error: BackendError | None = None
-        if self._taken_by is not None:
+        if self._leases.taken_by is not None:
             # Fenced (a later coordinator took our process id): never fire on a window
             # remembered from before; the live coordinator adopts it as a dead one's.
             self._view.disown(kv_key, run_id)
@@ -1134,7 +824,7 @@ class KvDebounceBackend(DebounceBackend):
                         return Finalization(Finalized.ABANDONED)
                     now = self._wall()
                     if doc.queue and doc.running is not None and not early:
-                        blocked = await self._blocked_until(doc.running, now)
+                        blocked = await self._leases.run_blocks_until(doc.running, now)
                         if blocked is not None and (force or doc.at <= now):
                             # Due (or flushed) while its key's run blocks: it waits,
                             # and is looked at again when the run may have stopped.
@@ -1169,7 +859,7 @@ class KvDebounceBackend(DebounceBackend):
                         return Finalization(
                             Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
                         )
-                    if not take and not self.lease_held():
+                    if not take and not self._leases.held():
                         # Paused past our own lease: a peer may have taken the window
                         # over. The compare-and-swap below would catch that, but renew
                         # first so that peers stop treating us as dead.
@@ -1223,7 +913,7 @@ class KvDebounceBackend(DebounceBackend):
                 f"finalize of {workflow!r}/{key!r} (run {run_id}) could not prove its fire "
                 f"within {self._op_timeout} s" + (f": {error}" if error is not None else "")
             )
-        lapsed = not take and not self.lease_held()
+        lapsed = not take and not self._leases.held()
         told = self._view.known_counts.get(kv_key)
         known_count = told[1] if told is not None and told[0] == run_id else 0
         # A both-edges window that the owner knew with one ping: its unconfirmed fire
@@ -1288,7 +978,7 @@ class KvDebounceBackend(DebounceBackend):
         still open, or fired by another write, means it did not: the record is taken
         back. Skipped while our lease has lapsed (a peer may adopt the records)."""
         fires: list[OrphanFire] = []
-        if not self._unproven or not self.lease_held():
+        if not self._unproven or not self._leases.held():
             return fires
         for kv_key in list(self._unproven):
             # The key's turn: a finalize of it cannot commit between our two reads.
@@ -1465,7 +1155,7 @@ class KvDebounceBackend(DebounceBackend):
 
     async def end_run(self, workflow: str, key: str, run_id: str) -> str | None:
         kv_key = window_key(workflow, key)
-        self._ended_runs.add(run_id)
+        self._leases.run_ended(run_id)
         try:
             with trio.move_on_after(self._op_timeout):
                 # This process's pings of the key wait meanwhile (they would make the
@@ -1498,13 +1188,13 @@ class KvDebounceBackend(DebounceBackend):
         else:
             revision, doc = known
         if doc is None or not self._names_run(doc, run_id):
-            self._ended_runs.discard(run_id)
+            self._leases.run_end_recorded(run_id)
             return None
         ended: WindowDoc | None = None
         if not doc.fired or doc.fired_order is not None or doc.after:
             ended = replace(doc, running=None)
         self._view.remember(kv_key, await self._view.close_window(kv_key, ended, revision), ended)
-        self._ended_runs.discard(run_id)
+        self._leases.run_end_recorded(run_id)
         if not doc.fired and doc.queue and doc.at <= self._wall():
             return doc.run_id  # waiting for this run: it fires now
         return None
@@ -1669,7 +1359,7 @@ class KvDebounceBackend(DebounceBackend):
             and now <= holder.expires + self._skew
         ):
             return 0
-        lock = Lease(self._process_id, self._epoch, now + 3 * self._lease)
+        lock = Lease(self._process_id, self._epoch, now + 3 * self._lease_seconds)
         try:
             await self._view.put(
                 SWEEPER_KEY,
@@ -1693,13 +1383,18 @@ class KvDebounceBackend(DebounceBackend):
             marker = item.revision if item.value is None else None
             if marker is None:
                 doc = self._view.parse(item)
-                if doc is None or not doc.fired or doc.last > now - self._lease:
+                if doc is None or not doc.fired or doc.last > now - self._lease_seconds:
                     continue
-                if doc.fired_order is not None and doc.last > now - _ORDER_LEASES * self._lease:
+                if (
+                    doc.fired_order is not None
+                    and doc.last > now - _ORDER_LEASES * self._lease_seconds
+                ):
                     continue  # drop_stale still reads its last fired order key
                 if item.key in recorded:
                     continue  # the proof that decides a fire record of the key
-                if doc.running is not None and await self._blocked_until(doc.running, now):
+                if doc.running is not None and await self._leases.run_blocks_until(
+                    doc.running, now
+                ):
                     continue  # its run still blocks the key
                 if await self._proves_a_record(doc):
                     # The same, for a record the listing missed: kept until the record
@@ -1722,7 +1417,7 @@ class KvDebounceBackend(DebounceBackend):
             ):
                 removed += 1
         # A lease that expired long ago (ten leases) belongs to a dead process.
-        grave = now - 10 * self._lease - self._skew
+        grave = now - 10 * self._lease_seconds - self._skew
         for item in await self._view.entries(LEASE_PREFIX):
             if item.value is None:
                 if await self._view.purge_marker(item.key, revision=item.revision):
@@ -1739,11 +1434,11 @@ class KvDebounceBackend(DebounceBackend):
                     continue
                 if await self._view.purge_marker(item.key, revision=marker):
                     removed += 1
-                self._leases.pop(lease.process, None)
+                self._leases.table.pop(lease.process, None)
         return removed
 
     async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:
-        self._check_not_taken()
+        self._leases.check_not_taken()
         orphans = Orphans([], await self._settle_unproven(), [])
         adopting = self._view.can_take_over()
         now = self._wall()
@@ -1762,7 +1457,7 @@ class KvDebounceBackend(DebounceBackend):
                     OwnedWindow(workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
                 )
                 continue
-            if not adopting or workflow not in workflows or await self._owner_live(doc, now):
+            if not adopting or workflow not in workflows or await self._leases.owner_live(doc, now):
                 continue
             # The owner died with the window open: take it over as it is (no ping).
             new = replace(
@@ -1797,14 +1492,14 @@ class KvDebounceBackend(DebounceBackend):
             except (ValueError, KeyError, TypeError):
                 logger.warning("fire record %s is unreadable; leaving it", entry.key)
                 continue
-            if record.workflow not in workflows or await self._live(
+            if record.workflow not in workflows or await self._leases.live(
                 record.owner, record.epoch, now
             ):
                 continue
             if (
                 record.owner == self._process_id
-                and self._replaced is not None
-                and self._replaced.live(now, self._skew)
+                and self._leases.replaced is not None
+                and self._leases.replaced.live(now, self._skew)
             ):
                 # An earlier coordinator with our process id, whose lease we replaced,
                 # may still be running this fire (a twin runs until its next heartbeat
@@ -1864,13 +1559,13 @@ class KvDebounceBackend(DebounceBackend):
             doc.queue
             and doc.running is not None
             and doc.at <= now
-            and await self._blocked_until(doc.running, now) is not None
+            and await self._leases.run_blocks_until(doc.running, now) is not None
         )
         return WindowStatus(
             doc.run_id,
             doc.mode,
             doc.owner,
-            await self._owner_live(doc, now),
+            await self._leases.owner_live(doc, now),
             doc.first,
             doc.last,
             None if waiting else doc.at,
@@ -1884,24 +1579,9 @@ class KvDebounceBackend(DebounceBackend):
         if self._released:
             return
         self._released = True
-        # The lease is marked released (not deleted), so that peers see the hand-off at
-        # their next look even if they never saw this process alive; the sweeper
-        # deletes it ten leases later.
-        lease = Lease(
-            self._process_id,
-            self._epoch,
-            self._wall(),
-            released=True,
-            heartbeat=self.heartbeat_interval,
-        )
         try:
             with trio.move_on_after(self._op_timeout):
-                with contextlib.suppress(RevisionConflict):
-                    await self._view.put(
-                        self._process_key,
-                        encode_lease(lease),
-                        last=self._lease_revision,
-                    )
+                await self._leases.write_released()
         except BackendError as exc:
             logger.warning(
                 "hand-off could not mark the lease released (%s); peers take over %d "
@@ -1936,9 +1616,7 @@ class KvDebounceBackend(DebounceBackend):
                             logger.warning("release of %s lost a race to another write", kv_key)
                     del self._view.owned[kv_key]
                     self._view.known_counts.pop(kv_key, None)
-                if self._lease_revision:
-                    with contextlib.suppress(RevisionConflict):
-                        await self._view.delete(self._process_key, last=self._lease_revision)
+                await self._leases.delete()
             if scope.cancelled_caught:
                 logger.warning("release did not finish within %.3g s", self._op_timeout)
         except BackendError as exc:
