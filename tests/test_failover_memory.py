@@ -765,7 +765,7 @@ async def _two_unconfirmed_fires_of_one_key(owner: MemoryBackend) -> None:
         owner.faults.delay_next(3.0, ops=("put",))  # the commit lands, answer late
         with pytest.raises(BackendUnavailableError):
             await owner.finalize("wf", "k", run, force=True)  # fires unconfirmed
-        assert not owner._unproven  # lease held: an unconfirmed fire, not unproven
+        assert not owner._finalizer._unproven  # lease held: an unconfirmed fire, not unproven
     await trio.sleep(3.0)
     owner.faults.clear()
 

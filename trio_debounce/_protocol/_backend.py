@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -35,7 +34,6 @@ from .._backend import (
     Delivery,
     Finalization,
     Finalized,
-    OrphanFire,
     Orphans,
     OwnedWindow,
     Registered,
@@ -46,11 +44,10 @@ from .._errors import (
     BackendError,
     BackendUnavailableError,
     DocumentTooLargeError,
-    LeaseLapsedError,
     RevisionConflict,
 )
 from .._keys import parse_window_key, window_key
-from .._kv import KvEntry, KvStore
+from .._kv import KvStore
 from .._options import InitialFactory, Reducer
 from .._payload import JsonSerializer, PayloadSerializer
 from .._types import Mode
@@ -66,8 +63,10 @@ from ._documents import (
     decode_lease,
     encode_lease,
 )
+from ._finalize import Finalizer
 from ._leases import ProcessLease
-from ._rules import Ping
+from ._records import FireRecords
+from ._turns import Call, KeyTurns, answer, park
 from ._view import KNOWN_LIMIT, StoreView
 
 logger = logging.getLogger("trio_debounce.backend")
@@ -80,87 +79,8 @@ _ORDER_LEASES = 10
 _TWIN_LOOKS = 4
 
 
-@dataclass(slots=True)
-class _QueuedDelete:
-    key: str
-    run_id: str
-    fired_at: float
-    #: A fire record the failed finalize may have written.
-    fire_id: str | None = None
-    #: The window's ping count as last returned to the owner (0: unknown). The
-    #: owner's unconfirmed fire ran a trailing edge only if this count called for one.
-    known_count: int = 0
-
-
-@dataclass(slots=True)
-class _Unproven:
-    """An at-least-once fire commit whose answer was lost, that no one ran: a taker's,
-    or an owner's whose lease had lapsed (it must not fire unconfirmed). Proven and
-    fired, or taken back, by the next finalize of its run or by ``adopt_orphans``."""
-
-    workflow: str
-    key: str
-    window: WindowDoc
-    write: str
-    fired_at: float
-    fire_id: str
-
-
 #: Payload types that JSON gives back as they are (exact types: not subclasses).
 _JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-@dataclass(slots=True, eq=False)
-class _Call(Ping):
-    """One register call, waiting to be written (alone, or merged into a batch)."""
-
-    #: Trio time by which the call must be answered (its arrival + op_timeout).
-    deadline: float = 0.0
-    result: Registration | BaseException | None = None
-    #: The call's task while it waits (parked by :func:`_park`), else None.
-    task: trio.lowlevel.Task | None = None
-    #: The fires of due windows this ping took before it was applied (returned in
-    #: its Registration when no coordinator's hook took them at once).
-    taken: list[Finalization] = field(default_factory=list)
-
-
-@dataclass(slots=True, eq=False)
-class _KeyQueue:
-    """The pings of one key that wait for the write in flight (group commit)."""
-
-    writing: bool = False
-    waiting: list[_Call] = field(default_factory=list)
-    #: Finalizes waiting for the key's turn; they go before the next batch of pings.
-    finalizers: list[trio.Event] = field(default_factory=list)
-
-
-def _refuse_abort(raise_cancel: Any) -> trio.lowlevel.Abort:
-    return trio.lowlevel.Abort.FAILED
-
-
-async def _park(ping: _Call) -> None:
-    """Wait until :func:`_wake` (``ping``'s result, or its turn to lead a write).
-
-    The wait refuses cancellation, like a shielded one (a merged ping cannot be
-    withdrawn), without a cancel scope per ping; a cancellation of the call is
-    delivered at its next checkpoint after it returns.
-    """
-    ping.task = trio.lowlevel.current_task()
-    await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
-
-
-def _wake(ping: _Call) -> None:
-    """Wake ``ping``'s call if it is parked (once: a second wake is a no-op)."""
-    task = ping.task
-    if task is not None:
-        ping.task = None
-        trio.lowlevel.reschedule(task)
-
-
-def _settle(ping: _Call, result: Registration | BaseException) -> None:
-    """Give ``ping`` its result and wake its call."""
-    ping.result = result
-    _wake(ping)
 
 
 class KvDebounceBackend(DebounceBackend):
@@ -210,26 +130,23 @@ class KvDebounceBackend(DebounceBackend):
         self._leases = ProcessLease(
             self._view, self._me, seconds=self._lease_seconds, skew=self._skew, wall=wall_time
         )
-        self._queued_deletes: dict[str, _QueuedDelete] = {}
-        #: KV key -> the at-least-once commits of it whose answers were lost and that
-        #: no one ran (see _Unproven).
-        self._unproven: dict[str, list[_Unproven]] = {}
-        #: KV key -> the pings waiting to be merged into its next write.
-        self._queues: dict[str, _KeyQueue] = {}
+        self._turns = KeyTurns()
+        self._records = FireRecords(self._view, self._me, op_timeout=self._op_timeout)
+        self._finalizer = Finalizer(
+            self._view,
+            self._leases,
+            self._turns,
+            self._records,
+            self._me,
+            op_timeout=self._op_timeout,
+            wall=wall_time,
+        )
         #: KV keys whose last register write was answered since a ping next led one.
         self._answered: set[str] = set()
         #: (workflow, key) -> KV key, for the keys pinged lately (at most KNOWN_LIMIT).
         self._window_keys: dict[tuple[str, str], str] = {}
         #: The default serializer: a scalar payload is what it reads back.
         self._json = type(self._serializer) is JsonSerializer
-        #: Fire records this process wrote or adopted: id -> revision.
-        self._fire_records: dict[str, int] = {}
-        #: Fire records whose delete could not reach the store: retried by heartbeats.
-        self._queued_completions: set[str] = set()
-        #: Fire records of queued deletes that a later one for the same key replaced.
-        self._queued_record_deletes: set[str] = set()
-        #: The end records of queue-latest runs that could not reach the store, by KV key.
-        self._queued_end_runs: dict[str, str] = {}
         self._released = False
         # Counters, see statistics().
         self.unstored_coalesces = 0
@@ -286,7 +203,7 @@ class KvDebounceBackend(DebounceBackend):
         await self._leases.wait_process_id_free()
 
     async def refresh_lease(self) -> set[str]:
-        return await self._leases.refresh(self._apply_queued_deletes)
+        return await self._leases.refresh(self._finalizer.apply_queued)
 
     # ---------------------------------------------------------------- register
 
@@ -342,7 +259,7 @@ class KvDebounceBackend(DebounceBackend):
                     f"could not write the lease of process {self._process_id!r} within "
                     f"{self._op_timeout} s"
                 )
-        ping = _Call(
+        ping = Call(
             mode=mode,
             delay=delay,
             max_delay=max_delay,
@@ -364,18 +281,16 @@ class KvDebounceBackend(DebounceBackend):
         # Group commit: the pings of a key that arrive while a write of it is in flight
         # wait for it, then go out together, in arrival order, in the next write (led
         # by whichever of their calls runs first).
-        queue = self._queues.get(kv_key)
-        if queue is None:
-            queue = self._queues[kv_key] = _KeyQueue()
+        queue = self._turns.queue(kv_key)
         queue.waiting.append(ping)
         # Merged, the ping cannot be withdrawn: its write may be in flight. Its waits
         # refuse cancellation (_park), and a write goes out under a shield.
         while ping.result is None:
             if queue.writing:
-                await _park(ping)
+                await park(ping)
                 continue
             queue.writing = True
-            batch: list[_Call] = []
+            batch: list[Call] = []
             with trio.CancelScope(shield=True):
                 try:
                     if kv_key in self._answered:
@@ -391,10 +306,10 @@ class KvDebounceBackend(DebounceBackend):
                 except BaseException as exc:
                     for other in batch:
                         if other.result is None:
-                            _settle(other, exc)
+                            answer(other, exc)
                     raise
                 finally:
-                    self._release_turn(kv_key, queue)
+                    self._turns.release(kv_key, queue)
                     if len(self._answered) >= KNOWN_LIMIT:
                         self._answered.clear()
                     self._answered.add(kv_key)
@@ -414,9 +329,7 @@ class KvDebounceBackend(DebounceBackend):
         assert result is not None
         return result
 
-    async def _commit(
-        self, workflow: str, key: str, kv_key: str, batch: list[_Call]
-    ) -> list[_Call]:
+    async def _commit(self, workflow: str, key: str, kv_key: str, batch: list[Call]) -> list[Call]:
         """Write the pings of ``batch`` (one key, arrival order) by one compare-and-swap.
 
         Settles each ping it writes or refuses (its ``result``: a Registration or the
@@ -430,10 +343,10 @@ class KvDebounceBackend(DebounceBackend):
         last_doc: WindowDoc | None = None
         last_live = False
         error: BackendError | None = None
-        rest: list[_Call] = []
+        rest: list[Call] = []
         #: The pings of the write whose answer was lost, their outcomes, its take time,
         #: and until when the window it wrote waits for its key's queue-latest run.
-        sent: tuple[list[tuple[_Call, Registered]], float | None, float | None] | None = None
+        sent: tuple[list[tuple[Call, Registered]], float | None, float | None] | None = None
         base = -1  # the revision that write expected
         in_flight = ambiguous = resolving = False
         while True:
@@ -488,8 +401,8 @@ class KvDebounceBackend(DebounceBackend):
                             # Refused, stale or full on a remembered document: re-read.
                             self._view.forget(kv_key)
                             continue
-                        for ping, answer in applied.answers:
-                            _settle(ping, answer)
+                        for ping, refused in applied.answers:
+                            answer(ping, refused)
                         pings, new, take_at = applied.pings, applied.doc, applied.take_at
                         rest = applied.rest
                         if not pings and rest:
@@ -521,7 +434,7 @@ class KvDebounceBackend(DebounceBackend):
                         in_flight = False
                         assert sent is not None
                         if len(sent[0]) == 1:
-                            _settle(sent[0][0][0], exc)
+                            answer(sent[0][0][0], exc)
                             return rest
                         # Too large merged: write its pings one at a time.
                         for ping, _ in sent[0]:
@@ -536,7 +449,7 @@ class KvDebounceBackend(DebounceBackend):
                         # Refused permissions, a misconfigured store: every ping raises it.
                         for ping in batch:
                             if ping.result is None:
-                                _settle(ping, exc)
+                                answer(ping, exc)
                         return rest
                     else:
                         self._view.remember(kv_key, new_revision, new)
@@ -572,7 +485,7 @@ class KvDebounceBackend(DebounceBackend):
                 last_doc.owner,
             )
             for ping in waiting:
-                _settle(
+                answer(
                     ping,
                     Registration(
                         Registered.COALESCED,
@@ -587,7 +500,7 @@ class KvDebounceBackend(DebounceBackend):
                 )
             return rest
         for ping in waiting:
-            _settle(
+            answer(
                 ping,
                 BackendUnavailableError(
                     f"register of {workflow!r}/{key!r} did not complete within "
@@ -603,7 +516,7 @@ class KvDebounceBackend(DebounceBackend):
         kv_key: str,
         doc: WindowDoc,
         revision: int,
-        ping: _Call,
+        ping: Call,
         deadline: float,
     ) -> bool:
         """Take the fire of ``doc``, a window that ``ping`` found due at its time (see
@@ -616,14 +529,14 @@ class KvDebounceBackend(DebounceBackend):
 
         Raises:
           BackendUnavailableError: the store did not answer in time (a commit whose
-            answer was lost is proven or taken back later, see ``_Unproven``).
+            answer was lost is proven or taken back later, see ``Finalizer``).
           BackendError: any other failure of the store.
         """
         # Shielded from the batch's deadline scope: the finalize keeps its own (the
         # same deadline), so that a commit cut short is recorded as unproven.
         try:
             with trio.CancelScope(shield=True):
-                result = await self._finalize(
+                result = await self._finalizer.finalize_in_turn(
                     workflow,
                     key,
                     kv_key,
@@ -654,47 +567,10 @@ class KvDebounceBackend(DebounceBackend):
             ping.taken.append(result)
         return True
 
-    def _release_turn(self, kv_key: str, queue: _KeyQueue) -> None:
-        """End a write of ``kv_key``: hand the key's turn to a waiting finalize (it stays
-        taken), else to the next batch of pings."""
-        if queue.finalizers:
-            queue.finalizers.pop(0).set()
-            return
-        queue.writing = False
-        if queue.waiting:
-            _wake(queue.waiting[0])  # it leads the next write
-        elif self._queues.get(kv_key) is queue:
-            del self._queues[kv_key]
-
-    @contextlib.asynccontextmanager
-    async def _turn(self, kv_key: str) -> AsyncIterator[None]:
-        """Take ``kv_key``'s turn to write (for a finalize): this process's pings of the
-        key wait meanwhile, so they never make its commit conflict."""
-        queue = self._queues.get(kv_key)
-        if queue is None:
-            queue = self._queues[kv_key] = _KeyQueue()
-        if queue.writing:
-            turn = trio.Event()
-            queue.finalizers.append(turn)
-            try:
-                await turn.wait()  # handed over by the write before
-            except BaseException:
-                if turn.is_set():
-                    self._release_turn(kv_key, queue)
-                else:
-                    queue.finalizers.remove(turn)
-                raise
-        else:
-            queue.writing = True
-        try:
-            yield
-        finally:
-            self._release_turn(kv_key, queue)
-
     def _settle_batch(
         self,
         kv_key: str,
-        pings: list[tuple[_Call, Registered]],
+        pings: list[tuple[Call, Registered]],
         doc: WindowDoc,
         take_at: float | None,
         revision: int,
@@ -740,12 +616,14 @@ class KvDebounceBackend(DebounceBackend):
                 )
             if ping.taken:
                 # Its own result: the fires it took are the caller's to run.
-                _settle(ping, result._replace(taken=tuple(ping.taken)))
+                answer(ping, result._replace(taken=tuple(ping.taken)))
                 continue
-            _settle(ping, result)
+            answer(ping, result)
 
     def _load(self, text: str | None) -> Any:
         return _rules.load_payload(self._serializer, text)
+
+    # ---------------------------------------------------------------- finalize
 
     # ---------------------------------------------------------------- finalize
 
@@ -760,535 +638,15 @@ class KvDebounceBackend(DebounceBackend):
         delivery: Delivery = "at-least-once",
         early: bool = False,
     ) -> Finalization:
-        kv_key = window_key(workflow, key)
-        async with self._turn(kv_key):
-            return await self._finalize(workflow, key, kv_key, run_id, take, force, delivery, early)
-
-    async def _finalize(
-        self,
-        workflow: str,
-        key: str,
-        kv_key: str,
-        run_id: str,
-        take: bool,
-        force: bool,
-        delivery: Delivery,
-        early: bool,
-        deadline: float = math.inf,
-        read: tuple[int, WindowDoc | None] | None = None,
-    ) -> Finalization:
-        error: BackendError | None = None
-        if self._leases.taken_by is not None:
-            # Fenced (a later coordinator took our process id): never fire on a window
-            # remembered from before; the live coordinator adopts it as a dead one's.
-            self._view.disown(kv_key, run_id)
-            return Finalization(Finalized.ABANDONED)
-        # The commit in flight, in case its answer is lost: (window, write id, time,
-        # fire record id). Each attempt has its own ids: a record taken back after a
-        # conflict leaves a delete marker that a second create would conflict with.
-        committing: tuple[WindowDoc, str, float, str] | None = None
-        if delivery == "at-least-once":
-            # A commit of this run whose answer was lost before: prove it first.
-            committing = self._take_unproven(kv_key, run_id)
-        fired_at = self._wall()
-        with trio.move_on_at(min(trio.current_time() + self._op_timeout, deadline)):
-            attempt = 0
-            while True:
-                try:
-                    # Commit against the revision this process last read or wrote when
-                    # it has one (the compare-and-swap proves it current); any other
-                    # decision is made on a fresh read.
-                    known = None if committing is not None else self._view.cached(kv_key)
-                    if read is not None:
-                        # The register that takes this fire has just read the document
-                        # (a contended key is not cached): commit against that.
-                        known, read = (read if committing is None else None), None
-                    if known is not None:
-                        revision, doc = known
-                        if not _rules.would_commit(
-                            doc, run_id, self._me, self._wall(), take=take, force=force, early=early
-                        ):
-                            known = None
-                    if known is None:
-                        entry, revision, doc = await self._view.read(kv_key)
-                        if committing is not None:
-                            proven = await self._proven(kv_key, entry, doc, committing, delivery)
-                            if proven is not None:
-                                return proven
-                            committing = None
-                    if doc is None or doc.fired or doc.run_id != run_id:
-                        self._view.disown(kv_key, run_id)
-                        return Finalization(Finalized.ABANDONED)
-                    if not take and not self._mine(doc):
-                        self._view.disown(kv_key, run_id)
-                        return Finalization(Finalized.ABANDONED)
-                    now = self._wall()
-                    if doc.queue and doc.running is not None and not early:
-                        blocked = await self._leases.run_blocks_until(doc.running, now)
-                        if blocked is not None and (force or doc.at <= now):
-                            # Due (or flushed) while its key's run blocks: it waits,
-                            # and is looked at again when the run may have stopped.
-                            if doc.at > now:
-                                due = replace(doc, at=now, armed=now)
-                                self._view.remember(
-                                    kv_key,
-                                    await self._view.put(kv_key, due.encode(), last=revision),
-                                    due,
-                                )
-                            return Finalization(
-                                Finalized.RESCHEDULE, blocked, doc.count, doc.first, doc.mode
-                            )
-                    if not force and doc.at > now:
-                        if take:
-                            if doc.at >= doc.armed:
-                                return Finalization(Finalized.ABANDONED)  # the owner wakes
-                            self._view.know_count(kv_key, run_id, doc.count)
-                            return Finalization(
-                                Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
-                            )
-                        if doc.armed != doc.at:
-                            # Record when we wake, so a ping that moves the fire earlier
-                            # than that knows to take it.
-                            armed = replace(doc, armed=doc.at)
-                            self._view.remember(
-                                kv_key,
-                                await self._view.put(kv_key, armed.encode(), last=revision),
-                                armed,
-                            )
-                        self._view.know_count(kv_key, run_id, doc.count)
-                        return Finalization(
-                            Finalized.RESCHEDULE, doc.at, doc.count, doc.first, doc.mode
-                        )
-                    if not take and not self._leases.held():
-                        # Paused past our own lease: a peer may have taken the window
-                        # over. The compare-and-swap below would catch that, but renew
-                        # first so that peers stop treating us as dead.
-                        await self.refresh_lease()
-                        self._view.forget(kv_key)
-                        continue
-                    # A queue-latest window may have waited for a run: one that timed
-                    # out (at its `until`), or whose process died or whose end was
-                    # recorded late (noticed now).
-                    fired_at = _rules.fire_time(doc, now, force)
-                    write = uuid.uuid4().hex
-                    fire_id = FIRE_PREFIX + write
-                    committing = (doc, write, fired_at, fire_id)
-                    # Both modes leave a tombstone naming this commit's write id (the
-                    # sweeper removes it a lease later), so a commit whose answer was
-                    # lost is proven by a read, never guessed from a gone window (a
-                    # peer's fire would look the same).
-                    tombstone = _rules.tombstone(doc, write, fired_at, self._me)
-                    if delivery == "at-most-once":
-                        revision = await self._view.put(kv_key, tombstone.encode(), last=revision)
-                        self._view.remember(kv_key, revision, tombstone)
-                        return self._fire(kv_key, doc, fired_at, self._view.token(revision), None)
-                    record = self._fire_record(workflow, key, doc, fired_at, 1, write)
-                    record_revision = await self._view.put(fire_id, record.encode(), last=0)
-                    self._fire_records[fire_id] = record_revision
-                    try:
-                        closed = await self._view.close_window(kv_key, tombstone, revision)
-                    except RevisionConflict:
-                        # A ping landed after our read: take the record back, re-read.
-                        await self._drop_record(fire_id)
-                        raise
-                    self._view.remember(kv_key, closed, tombstone)
-                    # The token of the commit: the record's revision, later than every
-                    # write of the window (its leading fire's included).
-                    return self._fire(
-                        kv_key, doc, fired_at, self._view.token(record_revision), fire_id
-                    )
-                except RevisionConflict:
-                    self._view.lost_race(kv_key)
-                    committing = None
-                except BackendUnavailableError as exc:
-                    self._view.forget(kv_key)
-                    error = exc
-                await self._view.backoff(attempt)
-                attempt += 1
-        if delivery == "at-most-once":
-            # Not ours to delete at exit any more: the window stays in the store for
-            # our reconcile (or, once we are gone, a peer) unless the fire committed.
-            self._view.disown(kv_key, run_id)
-            raise BackendUnavailableError(
-                f"finalize of {workflow!r}/{key!r} (run {run_id}) could not prove its fire "
-                f"within {self._op_timeout} s" + (f": {error}" if error is not None else "")
-            )
-        lapsed = not take and not self._leases.held()
-        told = self._view.known_counts.get(kv_key)
-        known_count = told[1] if told is not None and told[0] == run_id else 0
-        # A both-edges window that the owner knew with one ping: its unconfirmed fire
-        # has no trailing edge, but the commit, if it landed, fired one (peers' pings
-        # landed): that fire is the record's to run, not to delete.
-        missed_trailing = (
-            committing is not None
-            and committing[0].mode is Mode.BOTH
-            and known_count < 2 <= committing[0].count
-        )
-        unproven = committing is not None and (take or lapsed or missed_trailing)
-        if committing is not None and unproven:
-            # No one fires this commit now: it is proven (and fired) or taken back by
-            # the next finalize of this run, or by the next adopt_orphans.
-            window, write, at, fire_id = committing
-            self._unproven.setdefault(kv_key, []).append(
-                _Unproven(workflow, key, window, write, at, fire_id)
-            )
-        if lapsed:
-            raise LeaseLapsedError(
-                f"finalize of {workflow!r}/{key!r} (run {run_id}) did not complete within "
-                f"{self._op_timeout} s and this process's lease has lapsed: not fired "
-                "on its own view" + (f": {error}" if error is not None else "")
-            )
-        if not take:
-            # The owner fires unconfirmed; once the store answers, delete the window
-            # (unless pings landed since) and the fire record this call may have left
-            # (unless it is the proof of a fire the unconfirmed one did not run).
-            replaced = self._queued_deletes.get(kv_key)
-            if replaced is not None and replaced.fire_id is not None:
-                # Its record still goes, with the next heartbeat's deletes.
-                self._queued_record_deletes.add(replaced.fire_id)
-            self._queued_deletes[kv_key] = _QueuedDelete(
-                kv_key,
-                run_id,
-                fired_at,
-                committing[3] if committing is not None and not unproven else None,
-                known_count,
-            )
-        raise BackendUnavailableError(
-            f"finalize of {workflow!r}/{key!r} (run {run_id}) did not complete within "
-            f"{self._op_timeout} s" + (f": {error}" if error is not None else "")
-        )
-
-    def _take_unproven(self, kv_key: str, run_id: str) -> tuple[WindowDoc, str, float, str] | None:
-        """Remove and return the lost commit of run ``run_id`` of ``kv_key``, if any."""
-        pending = self._unproven.get(kv_key)
-        if not pending:
-            return None
-        for i, unproven in enumerate(pending):
-            if unproven.window.run_id == run_id:
-                del pending[i]
-                if not pending:
-                    del self._unproven[kv_key]
-                return unproven.window, unproven.write, unproven.fired_at, unproven.fire_id
-        return None
-
-    async def _settle_unproven(self) -> list[OrphanFire]:
-        """Decide the lost commits that no finalize proved since (see _Unproven): a
-        fire whose record is still this process's and whose window is gone (or is our
-        tombstone) committed, and is returned to be run (its first attempt); a window
-        still open, or fired by another write, means it did not: the record is taken
-        back. Skipped while our lease has lapsed (a peer may adopt the records)."""
-        fires: list[OrphanFire] = []
-        if not self._unproven or not self._leases.held():
-            return fires
-        for kv_key in list(self._unproven):
-            # The key's turn: a finalize of it cannot commit between our two reads.
-            async with self._turn(kv_key):
-                while self._unproven.get(kv_key):
-                    unproven = self._unproven[kv_key].pop(0)
-                    try:
-                        fire = await self._settle_one(kv_key, unproven)
-                    except BaseException:
-                        self._unproven.setdefault(kv_key, []).insert(0, unproven)
-                        raise
-                    if fire is not None:
-                        fires.append(fire)
-                if kv_key in self._unproven and not self._unproven[kv_key]:
-                    del self._unproven[kv_key]
-        return fires
-
-    def _orphan(self, fire_id: str, record: FireRecord, attempt: int, revision: int) -> OrphanFire:
-        """Fire record ``fire_id`` as a fire to run (``attempt``), whose fencing token
-        is the record's write at ``revision``."""
-        return OrphanFire(
-            fire_id,
-            record.workflow,
-            record.key,
-            record.run_id,
-            self._load(record.payload),
-            record.count,
-            record.first,
-            record.at,
-            attempt,
-            self._view.token(revision),
-        )
-
-    async def _settle_one(self, kv_key: str, unproven: _Unproven) -> OrphanFire | None:
-        read = await self._read_record(unproven.fire_id)
-        if read is None:
-            return None  # the record never landed (nor, then, the commit)
-        entry, record = read
-        if not self._own_record(record):
-            return None  # a peer took us for dead and adopted it: it runs it
-        doc = self._view.parse(await self._view.get(kv_key))
-        run_id = unproven.window.run_id
-        if not _rules.commit_landed(doc, run_id, unproven.write):
-            # Still open (its owner fires it), or closed by another write.
-            with contextlib.suppress(RevisionConflict):
-                await self._remove_record(unproven.fire_id, entry.revision)
-            return None
-        self._fire_records[unproven.fire_id] = entry.revision
-        logger.info(
-            "fire %s of %s (run %s) committed though its answer was lost; running it",
-            unproven.fire_id,
-            kv_key,
-            run_id,
-        )
-        return self._orphan(unproven.fire_id, record, record.attempt, entry.revision)
-
-    async def _proven(
-        self,
-        kv_key: str,
-        entry: KvEntry | None,
-        doc: WindowDoc | None,
-        committing: tuple[WindowDoc, str, float, str],
-        delivery: Delivery,
-    ) -> Finalization | None:
-        """After a commit whose answer was lost: the fire, if the re-read proves it."""
-        window, write, fired_at, fire_id = committing
-        if delivery == "at-most-once":
-            if entry is not None and doc is not None and doc.fired and doc.write == write:
-                return self._fire(kv_key, window, fired_at, self._view.token(entry.revision), None)
-            return None  # not proven: never fire on a guess (the caller re-reads)
-        # at-least-once: our fire record decides.
-        read = await self._read_record(fire_id)
-        if read is None:
-            return None  # the record never landed: start over
-        record, mine = read
-        if not self._own_record(mine):
-            # A peer took us for dead and adopted the record: it runs the fire.
-            return Finalization(Finalized.ABANDONED)
-        self._fire_records[fire_id] = record.revision
-        landed = _rules.commit_landed(doc, window.run_id, write)
-        if landed is False:
-            # The run was closed by another write (a peer took the fire; its tombstone
-            # or a newer window's after names it, or the tombstone is gone): ours
-            # never landed.
-            await self._drop_record(fire_id)
-            return None
-        if landed is None:
-            assert doc is not None  # the run's window, still open
-            if doc.write != window.write:
-                # A ping landed after our read, so our commit cannot have: take the
-                # record back and decide again.
-                await self._drop_record(fire_id)
-                return None
-            assert entry is not None
-            self._view.forget(kv_key)
-            tombstone = _rules.tombstone(window, write, fired_at, self._me)
-            try:  # the record landed, the window's commit did not: finish it
-                closed = await self._view.close_window(kv_key, tombstone, entry.revision)
-            except RevisionConflict:
-                await self._drop_record(fire_id)
-                return None
-            self._view.remember(kv_key, closed, tombstone)
-        return self._fire(kv_key, window, fired_at, self._view.token(record.revision), fire_id)
-
-    def _fire_record(
-        self, workflow: str, key: str, doc: WindowDoc, fired_at: float, attempt: int, write: str
-    ) -> FireRecord:
-        return FireRecord(
-            self._process_id,
-            self._epoch,
-            workflow,
-            key,
-            doc.run_id,
-            doc.payload,
-            doc.count,
-            doc.first,
-            fired_at,
-            attempt,
-            write,
-        )
-
-    async def _read_record(self, fire_id: str) -> tuple[KvEntry, FireRecord] | None:
-        """Fire record ``fire_id`` as stored, or None if it is gone or unreadable."""
-        entry = await self._view.get(fire_id)
-        if entry is None or entry.value is None:
-            return None
-        try:
-            return entry, FireRecord.decode(entry.value)
-        except (ValueError, KeyError, TypeError):
-            return None
-
-    def _own_record(self, record: FireRecord) -> bool:
-        """Is ``record`` this process's, in this opening (not adopted by a peer)?"""
-        return record.owner == self._process_id and record.epoch == self._epoch
-
-    async def _remove_record(self, fire_id: str, revision: int) -> None:
-        """Remove fire record ``fire_id`` at ``revision``, leaving no delete marker:
-        fire ids are never reused, so markers would only pile up in the bucket.
-
-        Raises:
-          RevisionConflict: the record had moved on (a peer adopted it) or was gone.
-        """
-        if not await self._view.purge(fire_id, last=revision):
-            raise RevisionConflict(f"fire record {fire_id} is no longer at revision {revision}")
-
-    async def _drop_record(self, fire_id: str) -> None:
-        revision = self._fire_records.pop(fire_id, None)
-        if revision is not None:
-            with contextlib.suppress(RevisionConflict):
-                await self._remove_record(fire_id, revision)
-
-    def _fire(
-        self,
-        kv_key: str,
-        doc: WindowDoc,
-        fired_at: float,
-        token: int,
-        fire_id: str | None,
-    ) -> Finalization:
-        self._view.disown(kv_key, doc.run_id)
-        return Finalization(
-            Finalized.FIRE,
-            fired_at,
-            doc.count,
-            doc.first,
-            doc.mode,
-            doc.last,
-            self._load(doc.payload),
-            token,
-            fire_id,
-            doc.queue,
-            doc.run_id,
+        return await self._finalizer.finalize(
+            workflow, key, run_id, take=take, force=force, delivery=delivery, early=early
         )
 
     async def end_run(self, workflow: str, key: str, run_id: str) -> str | None:
-        kv_key = window_key(workflow, key)
-        self._leases.run_ended(run_id)
-        try:
-            with trio.move_on_after(self._op_timeout):
-                # This process's pings of the key wait meanwhile (they would make the
-                # compare-and-swap conflict).
-                async with self._turn(kv_key):
-                    attempt = 0
-                    while True:
-                        try:
-                            return await self._end_run(kv_key, run_id)
-                        except RevisionConflict:
-                            self._view.lost_race(kv_key)
-                        except BackendUnavailableError:
-                            self._view.forget(kv_key)
-                        await self._view.backoff(attempt)
-                        attempt += 1
-        except BackendError:
-            self._view.forget(kv_key)
-        # Retried by heartbeats; meanwhile peers see the run blocking until its
-        # run_timeout or until they look again (see docs/protocol.rst).
-        self._queued_end_runs[kv_key] = run_id
-        logger.warning("could not record the end of run %s of %s; retrying", run_id, kv_key)
-        return None
-
-    async def _end_run(self, kv_key: str, run_id: str) -> str | None:
-        # Written against the remembered document when it names this run (the
-        # compare-and-swap proves it current); any other decision on a fresh read.
-        known = self._view.cached(kv_key)
-        if known is None or not self._names_run(known[1], run_id):
-            _, revision, doc = await self._view.read(kv_key)
-        else:
-            revision, doc = known
-        if doc is None or not self._names_run(doc, run_id):
-            self._leases.run_end_recorded(run_id)
-            return None
-        ended: WindowDoc | None = None
-        if not doc.fired or doc.fired_order is not None or doc.after:
-            ended = replace(doc, running=None)
-        self._view.remember(kv_key, await self._view.close_window(kv_key, ended, revision), ended)
-        self._leases.run_end_recorded(run_id)
-        if not doc.fired and doc.queue and doc.at <= self._wall():
-            return doc.run_id  # waiting for this run: it fires now
-        return None
-
-    def _names_run(self, doc: WindowDoc | None, run_id: str) -> bool:
-        """Does ``doc`` hold ``run_id`` as its key's ``queue-latest`` run of this process?"""
-        marker = None if doc is None else doc.running
-        return (
-            marker is not None
-            and marker.run_id == run_id
-            and (marker.process, marker.epoch) == (self._process_id, self._epoch)
-        )
-
-    async def _delete_own_record(self, fire_id: str) -> None:
-        """Delete fire record ``fire_id`` if it exists and is still this process's."""
-        read = await self._read_record(fire_id)
-        if read is None:
-            return
-        entry, record = read
-        if self._own_record(record):
-            with contextlib.suppress(RevisionConflict):
-                await self._remove_record(fire_id, entry.revision)
-        self._fire_records.pop(fire_id, None)
+        return await self._finalizer.end_run(workflow, key, run_id)
 
     async def complete(self, fire_id: str) -> None:
-        revision = self._fire_records.get(fire_id)
-        if revision is None:
-            return
-        try:
-            with trio.move_on_after(self._op_timeout) as scope:
-                await self._remove_record(fire_id, revision)
-        except RevisionConflict:
-            # Adopted by a peer that thought us dead: it runs the fire again (documented).
-            logger.warning("fire record %s was taken over before its handler finished", fire_id)
-        except BackendUnavailableError:
-            self._queued_completions.add(fire_id)
-            return
-        else:
-            if scope.cancelled_caught:
-                self._queued_completions.add(fire_id)
-                return
-        self._fire_records.pop(fire_id, None)
-        self._queued_completions.discard(fire_id)
-
-    async def _apply_queued_deletes(self) -> None:
-        """Apply deletes queued by finalizes that could not reach the store.
-
-        Several calls may run at once (the heartbeat's, and those of finalizes that
-        renew a lapsed lease): each entry is dropped only by the call that finds it
-        still queued, and never when a newer finalize has queued another delete for
-        the same key meanwhile."""
-        for kv_key, queued in list(self._queued_deletes.items()):
-            if self._queued_deletes.get(kv_key) is not queued:
-                continue  # applied by a concurrent call, or replaced
-            entry = await self._view.get(kv_key)
-            doc = self._view.parse(entry)
-            if (
-                doc is not None
-                and not doc.fired
-                and doc.run_id == queued.run_id
-                and self._mine(doc)
-            ):
-                assert entry is not None
-                # A both-edges window that the owner knew with one ping had no
-                # trailing fire; if peers' pings landed, it still needs one.
-                missed_trailing = doc.mode is Mode.BOTH and queued.known_count < 2 <= doc.count
-                if doc.last <= queued.fired_at and not missed_trailing:
-                    self._view.forget(kv_key)
-                    try:
-                        await self._view.close_window(kv_key, doc.closed(), entry.revision)
-                    except RevisionConflict:
-                        continue  # a ping landed: try again next heartbeat
-                    logger.info("applied the queued delete of %s (run %s)", kv_key, queued.run_id)
-                # else: pings landed after the unconfirmed fire (or a trailing fire
-                # was missed); the window stays and the owner's reconcile re-arms it,
-                # so they are not lost.
-            if queued.fire_id is not None:
-                await self._delete_own_record(queued.fire_id)
-            if self._queued_deletes.get(kv_key) is queued:
-                del self._queued_deletes[kv_key]
-        for fire_id in list(self._queued_record_deletes):
-            await self._delete_own_record(fire_id)
-            self._queued_record_deletes.discard(fire_id)
-        for fire_id in list(self._queued_completions):
-            await self.complete(fire_id)
-        for kv_key, run_id in list(self._queued_end_runs.items()):
-            # Read first: the heartbeat does not take the key's turn.
-            self._view.forget(kv_key)
-            try:
-                await self._end_run(kv_key, run_id)
-            except RevisionConflict:
-                self._view.forget(kv_key)
-                continue
-            del self._queued_end_runs[kv_key]
+        await self._records.complete(fire_id)
 
     # ---------------------------------------------------------- cancel & co
 
@@ -1439,7 +797,7 @@ class KvDebounceBackend(DebounceBackend):
 
     async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:
         self._leases.check_not_taken()
-        orphans = Orphans([], await self._settle_unproven(), [])
+        orphans = Orphans([], await self._finalizer.prove_lost_commits(), [])
         adopting = self._view.can_take_over()
         now = self._wall()
         for entry in await self._view.entries(WINDOW_KEY_PREFIX):
@@ -1517,7 +875,7 @@ class KvDebounceBackend(DebounceBackend):
                 # the fire never committed, and the window (adopted, or to be) fires
                 # it. Running the record too would run the burst twice.
                 with contextlib.suppress(RevisionConflict):
-                    await self._remove_record(entry.key, entry.revision)
+                    await self._records.remove(entry.key, entry.revision)
                 continue
             if (
                 record.write is not None
@@ -1526,7 +884,7 @@ class KvDebounceBackend(DebounceBackend):
                 # The run's proof names another commit (a peer took the fire), or is
                 # gone (see _commit_landed): this record's commit never landed.
                 with contextlib.suppress(RevisionConflict):
-                    await self._remove_record(entry.key, entry.revision)
+                    await self._records.remove(entry.key, entry.revision)
                 continue
             adopted = replace(
                 record, owner=self._process_id, epoch=self._epoch, attempt=record.attempt + 1
@@ -1536,7 +894,7 @@ class KvDebounceBackend(DebounceBackend):
             except RevisionConflict:
                 continue
             self.adopted_fires += 1
-            self._fire_records[entry.key] = revision
+            self._records.hold(entry.key, revision)
             logger.info(
                 "adopted interrupted fire %s (run %s, attempt %d) of dead process %s",
                 entry.key,
@@ -1545,7 +903,9 @@ class KvDebounceBackend(DebounceBackend):
                 record.owner,
             )
             # The token: this attempt's commit, later than the first's.
-            orphans.fires.append(self._orphan(entry.key, record, adopted.attempt, revision))
+            orphans.fires.append(
+                self._records.orphan_fire(entry.key, record, adopted.attempt, revision)
+            )
         return orphans
 
     async def window_status(self, workflow: str, key: str) -> WindowStatus | None:
@@ -1596,7 +956,7 @@ class KvDebounceBackend(DebounceBackend):
         self._released = True
         try:
             with trio.move_on_after(self._op_timeout) as scope:
-                await self._apply_queued_deletes()
+                await self._finalizer.apply_queued()
                 for kv_key, run_id in list(self._view.owned.items()):
                     if runs is not None and run_id not in runs:
                         continue  # left for a peer to adopt once our lease is gone
