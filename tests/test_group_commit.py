@@ -98,7 +98,7 @@ async def test_merged_pings_keep_their_arrival_order(
     a.faults.delay_next(1.0, ops=("put",))
     await burst(a, 20, payload_policy="collect", max_items=100)
     assert store.requests["put"] == 3  # the lease, ping 0, pings 1..19
-    assert a._load(stored(store).payload) == list(range(20))
+    assert _rules.load_payload(a._me.serializer, stored(store).payload) == list(range(20))
 
 
 async def test_a_leading_opening_ping_is_written_alone(
@@ -370,7 +370,11 @@ async def test_merged_reducer_pings_fold_in_arrival_order(
     assert {(r.outcome, r.ping_count) for r in merged} == {(Registered.EXTENDED, 10)}
     assert all(r.payload == list(range(10)) for r in merged)  # the window's value
     doc = stored(store)
-    assert (doc.count, doc.held, a._load(doc.payload)) == (10, 10, list(range(10)))
+    assert (doc.count, doc.held, _rules.load_payload(a._me.serializer, doc.payload)) == (
+        10,
+        10,
+        list(range(10)),
+    )
 
 
 async def test_a_raising_reducer_fails_only_its_own_merged_ping(
@@ -388,7 +392,7 @@ async def test_a_raising_reducer_fails_only_its_own_merged_ping(
     assert isinstance(results["boom"], RuntimeError)
     assert (results[3].outcome, results[3].ping_count) == (Registered.EXTENDED, 3)
     assert (results[1].outcome, results[1].ping_count) == (Registered.EXTENDED, 3)
-    assert a._load(stored(store).payload) == [0, 1, 3]
+    assert _rules.load_payload(a._me.serializer, stored(store).payload) == [0, 1, 3]
 
 
 async def test_a_stale_merged_ping_is_dropped_alone(
@@ -450,7 +454,7 @@ async def test_a_full_fire_early_window_overflows_after_the_merged_pings_land(
         r = results[i]
         assert (r.overflowed, r.stored, r.run_id, r.ping_count) == (True, False, "r0", 3)
     doc = stored(store)
-    assert (doc.count, a._load(doc.payload)) == (3, [0, 1, 2])
+    assert (doc.count, _rules.load_payload(a._me.serializer, doc.payload)) == (3, [0, 1, 2])
 
 
 async def test_merged_pings_of_a_queue_latest_window_that_waits_report_waiting(
