@@ -54,6 +54,7 @@ LAYERS: dict[str, int] = {
     "_run_store": CONTRACTS,
     "_run_types": CONTRACTS,
     "_protocol": BACKENDS,
+    "_protocol._housekeeping": BACKENDS,
     "_protocol._register": BACKENDS,
     "_protocol._turns": BACKENDS,
     "_protocol._records": BACKENDS,
@@ -86,7 +87,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 OVERSIZED: dict[str, int] = {
     "_coordinator": 1426,
     "_coordinator:Coordinator": 1160,
-    "_protocol._backend:KvDebounceBackend": 463,
     "_runs": 1133,
     "_runs:RunScheduler": 1008,
     "nats._store": 821,
