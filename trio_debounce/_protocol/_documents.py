@@ -105,7 +105,7 @@ class WindowDoc:
     #: ``(run id, write id)`` of the tombstones this window's key had before it, the
     #: latest first (at most ``AFTER_KEEP``): the proof of how each of those runs was
     #: committed, kept (in this window's tombstone too) so that a fire record of such
-    #: a run is decided by it after its tombstone is gone (see ``_commit_landed``).
+    #: a run is decided by it after its tombstone is gone (see ``_rules.commit_landed``).
     #: Any schema version; older readers ignore it.
     after: tuple[tuple[str, str], ...] = ()
 

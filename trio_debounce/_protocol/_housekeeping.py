@@ -313,7 +313,7 @@ class Housekeeping:
                 and _rules.commit_landed(window, record.run_id, record.write) is False
             ):
                 # The run's proof names another commit (a peer took the fire), or is
-                # gone (see _commit_landed): this record's commit never landed.
+                # gone (see _rules.commit_landed): this record's commit never landed.
                 with contextlib.suppress(RevisionConflict):
                     await self._records.remove(entry.key, entry.revision)
                 continue
