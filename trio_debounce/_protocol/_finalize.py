@@ -10,6 +10,7 @@ import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import NoReturn
 
 import trio
 
@@ -134,6 +135,16 @@ class Finalizer:
         deadline: float = math.inf,
         read: tuple[int, WindowDoc | None] | None = None,
     ) -> Finalization:
+        """Finalize run ``run_id`` of ``kv_key`` while holding the key's turn.
+
+        Decides on the document (re-read unless this process's cached revision is
+        current, or ``read`` is given by the register that takes the fire): abandoned
+        (not this run's or not ours), rescheduled (not due yet, or waiting for its
+        key's ``queue-latest`` run), or fired, by a commit that leaves a tombstone
+        (after a fire record under at-least-once). A commit of this run whose answer
+        was lost is proven first. Bounded by ``op_timeout`` and ``deadline`` (Trio
+        time); see :meth:`_give_up` for what a finalize cut short does.
+        """
         error: BackendError | None = None
         if self._leases.taken_by is not None:
             # Fenced (a later coordinator took our process id): never fire on a window
@@ -266,6 +277,29 @@ class Finalizer:
                     error = exc
                 await self._view.backoff(attempt)
                 attempt += 1
+        self._give_up(workflow, key, kv_key, run_id, take, delivery, fired_at, committing, error)
+
+    def _give_up(
+        self,
+        workflow: str,
+        key: str,
+        kv_key: str,
+        run_id: str,
+        take: bool,
+        delivery: Delivery,
+        fired_at: float,
+        committing: tuple[WindowDoc, str, float, str] | None,
+        error: BackendError | None,
+    ) -> NoReturn:
+        """A finalize that did not complete by its deadline: what it leaves behind (a
+        lost commit to prove, a delete to apply once the store answers), and the error
+        it raises. ``committing``: the commit in flight when the deadline came, if any.
+
+        Raises:
+          LeaseLapsedError: this process's lease lapsed meanwhile (an owner's finalize):
+            the owner must not fire on its own view.
+          BackendUnavailableError: otherwise; an owner fires unconfirmed (at-least-once).
+        """
         if delivery == "at-most-once":
             # Not ours to delete at exit any more: the window stays in the store for
             # our reconcile (or, once we are gone, a peer) unless the fire committed.
