@@ -210,6 +210,39 @@ def test_the_library_never_imports_the_tools() -> None:
             assert not {d.split(".")[0] for d in deps} & tools, (module, deps)
 
 
+#: The protocol's pure modules: they decide on documents as read, so they import no
+#: Trio (nor anything that does I/O) and none of the protocol's stateful parts.
+PURE_PROTOCOL = ("_protocol._documents", "_protocol._rules")
+PROTOCOL_PARTS = {
+    "_protocol._view",
+    "_protocol._leases",
+    "_protocol._turns",
+    "_protocol._records",
+    "_protocol._finalize",
+    "_protocol._register",
+    "_protocol._housekeeping",
+    "_protocol._backend",
+}
+
+
+@pytest.mark.parametrize("module", PURE_PROTOCOL)
+def test_the_protocol_rules_are_pure(module: str) -> None:
+    path = _modules()[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    outside = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module
+    }
+    assert not outside & {"trio", "asyncio", "socket", "sqlite3"}, (module, outside)
+    assert not _imports(module, path) & PROTOCOL_PARTS, module
+
+
 def _docstring_lines(tree: ast.AST) -> set[int]:
     lines: set[int] = set()
     for node in ast.walk(tree):
