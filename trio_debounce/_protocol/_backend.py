@@ -39,6 +39,7 @@ from .._backend import (
     Registration,
     WindowStatus,
 )
+from .._keys import process_key
 from .._kv import KvStore
 from .._options import InitialFactory, Reducer
 from .._payload import JsonSerializer, PayloadSerializer
@@ -88,6 +89,10 @@ class KvDebounceBackend(DebounceBackend):
             process_id = uuid.uuid4().hex
         if not isinstance(process_id, str) or not process_id:
             raise ValueError(f"process_id must be a non-empty str, got {process_id!r}")
+        # The store and the id are looked at before the durations are checked, as they
+        # always were: a call with several bad arguments raises the same error.
+        int(store.created * 1000)
+        process_key(process_id)
         lease = _validate.positive_duration("process_lease", process_lease)
         op_timeout = _validate.positive_duration("op_timeout", op_timeout)
         skew = _validate.positive_duration("max_clock_skew", max_clock_skew)

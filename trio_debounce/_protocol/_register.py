@@ -214,7 +214,7 @@ class Registrar:
     ) -> list[Call]:
         """Write the pings of ``batch`` (one key, arrival order) by one compare-and-swap.
 
-        Settles each ping it writes or refuses (its ``result``: a Registration or the
+        Answers each ping it writes or refuses (its ``result``: a Registration or the
         exception its call raises) and returns the pings left for the next write. The
         batch is bounded by its oldest ping's deadline; a write whose answer was lost
         then gets one more ``op_timeout`` to be recognised by a re-read of its write id
