@@ -153,7 +153,7 @@ class Load:
                     open_nats_backend(self.config, process_id=name)
                 )
                 assert isinstance(backend, KvDebounceBackend)
-                backend._store = TimedStore(backend._store, self.store_calls)
+                backend._view.store = TimedStore(backend._view.store, self.store_calls)
                 self.backends[name] = backend
                 coordinator = await stack.enter_async_context(
                     open_coordinator(

@@ -155,7 +155,7 @@ class Decoder:
     encode: Callable[[Any], bytes]
 
 
-#: What the debounce backend catches around its decoders (``_protocol.py``).
+#: What the debounce backend catches around its decoders (``_protocol/``).
 UNREADABLE = (ValueError, KeyError, TypeError)
 
 DECODERS = [

@@ -517,7 +517,7 @@ async def test_leading_and_trailing_fires_never_share_a_token(
         async def slow_backoff(attempt: int) -> None:
             await trio.sleep(0.01)
 
-        a_backend._backoff = slow_backoff  # type: ignore[method-assign]
+        a_backend._view.backoff = slow_backoff  # type: ignore[method-assign]
 
         async def ping_b() -> None:
             await trio.sleep(0.001)
@@ -765,7 +765,7 @@ async def _two_unconfirmed_fires_of_one_key(owner: MemoryBackend) -> None:
         owner.faults.delay_next(3.0, ops=("put",))  # the commit lands, answer late
         with pytest.raises(BackendUnavailableError):
             await owner.finalize("wf", "k", run, force=True)  # fires unconfirmed
-        assert not owner._unproven  # lease held: an unconfirmed fire, not unproven
+        assert not owner._finalizer._unproven  # lease held: an unconfirmed fire, not unproven
     await trio.sleep(3.0)
     owner.faults.clear()
 
@@ -823,15 +823,15 @@ async def test_a_stale_record_listing_never_sweeps_the_proof_of_a_committed_fire
     fin = await a.finalize("wf", "k", "r1", force=True)
     assert fin.outcome is Finalized.FIRE
     a.faults.partitioned = True  # A dies inside the handler
-    entries = b._store.entries
+    entries = b._view.store.entries
 
     async def lagging(prefix: str) -> Any:
         return [] if prefix == "f." else await entries(prefix)
 
-    b._store.entries = lagging  # type: ignore[method-assign]
+    b._view.store.entries = lagging  # type: ignore[method-assign]
     await _a_lease_later(b)
     await b.sweep()
-    b._store.entries = entries  # type: ignore[method-assign]
+    b._view.store.entries = entries  # type: ignore[method-assign]
     window = await _window(store)
     assert window is not None
     assert window.fired

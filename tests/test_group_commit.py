@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 from typing import Any
+from unittest import mock
 
 import pytest
 import trio
@@ -20,12 +21,14 @@ from tests.fires import Fires
 from trio_debounce import (
     BackendUnavailableError,
     Finalized,
+    JsonSerializer,
     Mode,
     Registered,
     open_coordinator,
 )
 from trio_debounce._backend import Registration
-from trio_debounce._protocol import RunMarker, WindowDoc
+from trio_debounce._protocol import RunMarker, WindowDoc, _rules
+from trio_debounce._protocol._rules import Identity, Ping
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
 KEY = "w.d2Y.aw"  # window ("wf", "k")
@@ -95,7 +98,7 @@ async def test_merged_pings_keep_their_arrival_order(
     a.faults.delay_next(1.0, ops=("put",))
     await burst(a, 20, payload_policy="collect", max_items=100)
     assert store.requests["put"] == 3  # the lease, ping 0, pings 1..19
-    assert a._load(stored(store).payload) == list(range(20))
+    assert _rules.load_payload(a._me.serializer, stored(store).payload) == list(range(20))
 
 
 async def test_a_leading_opening_ping_is_written_alone(
@@ -367,7 +370,11 @@ async def test_merged_reducer_pings_fold_in_arrival_order(
     assert {(r.outcome, r.ping_count) for r in merged} == {(Registered.EXTENDED, 10)}
     assert all(r.payload == list(range(10)) for r in merged)  # the window's value
     doc = stored(store)
-    assert (doc.count, doc.held, a._load(doc.payload)) == (10, 10, list(range(10)))
+    assert (doc.count, doc.held, _rules.load_payload(a._me.serializer, doc.payload)) == (
+        10,
+        10,
+        list(range(10)),
+    )
 
 
 async def test_a_raising_reducer_fails_only_its_own_merged_ping(
@@ -385,7 +392,7 @@ async def test_a_raising_reducer_fails_only_its_own_merged_ping(
     assert isinstance(results["boom"], RuntimeError)
     assert (results[3].outcome, results[3].ping_count) == (Registered.EXTENDED, 3)
     assert (results[1].outcome, results[1].ping_count) == (Registered.EXTENDED, 3)
-    assert a._load(stored(store).payload) == [0, 1, 3]
+    assert _rules.load_payload(a._me.serializer, stored(store).payload) == [0, 1, 3]
 
 
 async def test_a_stale_merged_ping_is_dropped_alone(
@@ -447,7 +454,7 @@ async def test_a_full_fire_early_window_overflows_after_the_merged_pings_land(
         r = results[i]
         assert (r.overflowed, r.stored, r.run_id, r.ping_count) == (True, False, "r0", 3)
     doc = stored(store)
-    assert (doc.count, a._load(doc.payload)) == (3, [0, 1, 2])
+    assert (doc.count, _rules.load_payload(a._me.serializer, doc.payload)) == (3, [0, 1, 2])
 
 
 async def test_merged_pings_of_a_queue_latest_window_that_waits_report_waiting(
@@ -516,19 +523,16 @@ def _batches(draw: st.DrawFn) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def _apply(window: dict[str, Any], pings: list[dict[str, Any]], fold: bool) -> tuple[Any, ...]:
-    import trio_debounce._protocol as protocol
-
-    backend = MemoryBackend(MemoryStore(), process_id="A")
-    backend._epoch = "E"  # the same in both runs
-    backend._can_take_over = lambda: window["takeover"]  # type: ignore[method-assign]
+    me = Identity("A", "E", JsonSerializer(), MemoryStore().max_value_bytes)  # both runs
+    takeover: bool = window["takeover"]
     now = 1_700_000_100.0
     doc: WindowDoc | None = None
     if window["kind"] != "none":
         options: dict[str, Any] = {"max_count": 50} if window["kind"] == "options" else {}
-        _, doc, _ = backend._apply_ping(
-            None, True, now - 2.0, window["mode"], 4.0, window["max_delay"], "r0", "w0", "0",
-            **options,
-        )  # fmt: skip
+        first = Ping(window["mode"], 4.0, window["max_delay"], "r0", "0", None, **options)
+        _, doc, _ = _rules.apply_ping(
+            None, first, me, now - 2.0, "w0", owner_live=True, takeover=takeover
+        )
         assert doc is not None
         doc = replace(doc, armed=now + window["armed_in"], count=3)
         if not window["mine"]:
@@ -537,11 +541,11 @@ def _apply(window: dict[str, Any], pings: list[dict[str, Any]], fold: bool) -> t
             doc = replace(doc, running=RunMarker("B", "e", "q", None))
         if window["kind"] == "fired":
             doc = replace(doc, fired=True)
-    batch: list[protocol._Ping] = []
+    batch: list[Ping] = []
     for i, p in enumerate(pings):
         option = p["option"]
         batch.append(
-            protocol._Ping(
+            Ping(
                 mode=p["mode"],
                 delay=p["delay"],
                 max_delay=None,
@@ -552,27 +556,29 @@ def _apply(window: dict[str, Any], pings: list[dict[str, Any]], fold: bool) -> t
                 payload_policy="first" if option == "first" else "last",
                 order_key=float(i) if option == "order_key" else None,
                 max_items=None,
-                deadline=0.0,
             )
         )
         batch[-1].alone = option == "alone"
     folds: list[bool] = []
-    real_fold = backend._fold_plain
+    real_fold = _rules.fold_plain
 
-    def spy(*args: Any) -> Any:
+    def spy(*args: Any, **kwargs: Any) -> Any:
         # Without fold, the batch sees every run as one it cannot fold (as for a run
-        # that would take the window over): each ping goes through _apply_ping.
-        result = real_fold(*args) if fold else None
+        # that would take the window over): each ping goes through apply_ping.
+        result = real_fold(*args, **kwargs) if fold else None
         folds.append(result is not None)
         return result
 
-    backend._fold_plain = spy  # type: ignore[method-assign, assignment]
-    got = backend._apply_batch(doc, window["live"], now, batch, "w1", False, window["blocked"])
+    with mock.patch.object(_rules, "fold_plain", spy):
+        got = _rules.apply_batch(
+            doc, window["live"], now, batch, "w1", False, window["blocked"], me, takeover=takeover
+        )
     assert got is not None
-    applied, new, take_at, rest = got
+    applied, new, take_at, rest = got.pings, got.doc, got.take_at, got.rest
+    answered: dict[Ping, Any] = dict(got.answers)
     results = [
         r if r is None or isinstance(r, Registration) else (type(r), str(r))
-        for r in (ping.result for ping in batch)
+        for r in (answered.get(ping) for ping in batch)
     ]
     return (
         [(batch.index(ping), outcome) for ping, outcome in applied],

@@ -298,7 +298,7 @@ async def test_dead_owner_is_taken_over_and_fires_once(nats_server: NatsServer) 
                         # A's process "dies": its coordinator stops heartbeating and
                         # cannot release (its store stops answering).
                         a_scope.cancel()
-                        backend_a._store = _Dead()
+                        backend_a._view.store = _Dead()
             await trio.sleep(LEASE + SKEW + 0.3)
             r = await b.debounce("wf", "k", "b", delay=0.3, mode="both")
             assert r.owner
@@ -337,7 +337,7 @@ async def test_a_live_process_id_refuses_a_second_start_not_a_restart(
                     assert backend_a.lease_held()
                     # Then it "dies" with a window open: no heartbeat, no release.
                     a_scope.cancel()
-                    backend_a._store = _Dead()
+                    backend_a._view.store = _Dead()
         # A restart under the same id while the dead lease is live: not refused; it
         # takes the id and the window over (no renewal came while it watched).
         async with open_nats_backend(cfg, process_id="svc") as backend_b:
@@ -464,7 +464,7 @@ async def test_register_that_times_out_but_lands(nats_server: NatsServer) -> Non
             open_nats_backend(cfg, process_id="A") as backend_a,
         ):
             assert isinstance(backend_a, KvDebounceBackend)
-            backend_a._store = PauseAfterGet(backend_a._store, nats_server, "w.d2Y.aw")
+            backend_a._view.store = PauseAfterGet(backend_a._view.store, nats_server, "w.d2Y.aw")
             async with open_coordinator(
                 handlers={"wf": fires.handler("A")}, backend=backend_a
             ) as a:

@@ -94,7 +94,7 @@ async def test_fixture_finds_the_stream_leader_and_a_client_node(cluster: NatsCl
         async with load.open("A"):
             leader = await trio.to_thread.run_sync(cluster.wait_stream_current, cfg.bucket)
             assert leader.name in {"n1", "n2", "n3"}
-            url = load.backends["A"]._store._store._nc.connected_url  # type: ignore[attr-defined]
+            url = load.backends["A"]._view.store._store._nc.connected_url  # type: ignore[attr-defined]
             node = await trio.to_thread.run_sync(cluster.node_of_pid, os.getpid())
             assert node is not None
             assert node.port == url.port
@@ -246,7 +246,7 @@ async def test_a_leader_election_is_ridden_out_and_a_call_without_quorum_is_boun
 
 def connected_node(load: Load, cluster: NatsCluster, proc: str) -> str:
     """The name of the node ``proc``'s backend is connected to."""
-    url = load.backends[proc]._store._store._nc.connected_url  # type: ignore[attr-defined]
+    url = load.backends[proc]._view.store._store._nc.connected_url  # type: ignore[attr-defined]
     return next(n.name for n in cluster.nodes if n.port == url.port)
 
 

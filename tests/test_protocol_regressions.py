@@ -52,7 +52,7 @@ async def test_concurrent_lease_renewals_apply_a_queued_delete_once(
         await trio.sleep(2.5)  # the fire at 1 s: finalize fails until 2 s, fires anyway
         assert [f.payload for _, f in fires.log] == ["p"]
         assert a.statistics().unconfirmed_fires == 1
-        assert len(backend._queued_deletes) == 1
+        assert len(backend._finalizer._queued_deletes) == 1
         backend.faults.partitioned = False
         # Every call is answered 0.1 s after it is applied. The first renewal reads
         # the window (0 s), deletes it (0.1 s) and drops the entry (0.2 s); the second
@@ -60,10 +60,10 @@ async def test_concurrent_lease_renewals_apply_a_queued_delete_once(
         # (Only the part of refresh_lease() that two renewals ran concurrently.)
         backend.faults.delay_next(0.1, n=20)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(backend._apply_queued_deletes)
+            nursery.start_soon(backend._finalizer.apply_queued)
             await trio.sleep(0.15)
-            nursery.start_soon(backend._apply_queued_deletes)
-        assert not backend._queued_deletes
+            nursery.start_soon(backend._finalizer.apply_queued)
+        assert not backend._finalizer._queued_deletes
         entry = await store.get("w.d2Y.aw")
         assert entry is None or entry.value is None  # the window is deleted
         # The coordinator is still alive and pings open a fresh window.

@@ -23,7 +23,9 @@ import trio
 import trio.testing
 
 from tests.fires import Fires
-from trio_debounce import Coordinator, Edge, Mode, Outcome, open_coordinator
+from trio_debounce import Coordinator, Edge, JsonSerializer, Mode, Outcome, open_coordinator
+from trio_debounce._protocol import WindowDoc
+from trio_debounce._protocol._rules import Identity, Ping, apply_ping
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
 LEASE = 6.0
@@ -379,12 +381,19 @@ def test_an_older_ping_leaves_the_later_pings_time() -> None:
     # "A ping: register") counts, and leaves at and last as the later ping set them; a
     # max_count it reaches makes the window due at the later ping's time.
     a = backend(MemoryStore(epoch=0.0), "A")
-    kw: dict[str, Any] = {"mode": Mode.TRAILING, "max_delay": None, "run_id": "r"}
-    _, doc, _ = a._apply_ping(None, True, 2.0, delay=4.0, write="w0", payload="0", **kw)
-    _, new, _ = a._apply_ping(doc, True, 1.0, delay=1.0, write="w1", payload="1", **kw)
+    me = Identity(a.process_id, a.epoch, JsonSerializer(), MemoryStore().max_value_bytes)
+    kw: dict[str, Any] = {"mode": Mode.TRAILING, "max_delay": None, "run_id": "r", "own": None}
+
+    def apply(
+        doc: WindowDoc | None, now: float, delay: float, write: str, payload: str, **options: Any
+    ) -> WindowDoc:
+        ping = Ping(delay=delay, text=payload, **kw, **options)
+        _, new, _ = apply_ping(doc, ping, me, now, write, owner_live=True, takeover=True)
+        return new
+
+    doc = apply(None, 2.0, delay=4.0, write="w0", payload="0")
+    new = apply(doc, 1.0, delay=1.0, write="w1", payload="1")
     assert (new.at, new.last, new.count, new.payload) == (6.0, 2.0, 2, "1")
-    _, doc, _ = a._apply_ping(
-        None, True, 2.0, delay=4.0, write="w0", payload="0", max_count=2, **kw
-    )
-    _, new, _ = a._apply_ping(doc, True, 1.0, delay=1.0, write="w1", payload="1", max_count=2, **kw)
+    doc = apply(None, 2.0, delay=4.0, write="w0", payload="0", max_count=2)
+    new = apply(doc, 1.0, delay=1.0, write="w1", payload="1", max_count=2)
     assert (new.at, new.last, new.count) == (2.0, 2.0, 2)

@@ -802,7 +802,7 @@ async def test_leading_edge_fires_when_the_opening_write_was_overwritten_before_
         async def slow_backoff(attempt: int) -> None:
             await trio.sleep(0.3)  # A's retry comes after B's ping
 
-        a_backend._backoff = slow_backoff  # type: ignore[method-assign]
+        a_backend._view.backoff = slow_backoff  # type: ignore[method-assign]
 
         async def peer() -> None:
             await trio.sleep(0.1)

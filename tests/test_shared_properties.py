@@ -103,7 +103,7 @@ async def _run(
         MemoryBackend(store, process_id=f"p{i}", process_lease=60.0) for i in range(processes)
     ]
     for backend in backends:
-        backend._rng = _NoJitter()
+        backend._view._rng = _NoJitter()
     async with AsyncExitStack() as stack:
         coordinators = [
             await stack.enter_async_context(

@@ -123,7 +123,7 @@ async def fault(cluster: NatsCluster, name: str, action: str, ctx: Context) -> N
 
 
 def connected_node(load: Load, cluster: NatsCluster, proc: str) -> str:
-    url = load.backends[proc]._store._store._nc.connected_url  # type: ignore[attr-defined]
+    url = load.backends[proc]._view.store._store._nc.connected_url  # type: ignore[attr-defined]
     return next(n.name for n in cluster.nodes if n.port == url.port)
 
 

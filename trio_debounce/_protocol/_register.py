@@ -1,0 +1,504 @@
+"""A ping: a register call, written by group commit (see :doc:`/protocol`, "Group
+commit"). The pings of a key that arrive while a write of it is in flight wait for it,
+then go out together, in arrival order, in the next single write."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from .._backend import Delivery, Finalization, Finalized, Registered, Registration
+from .._errors import BackendError, BackendUnavailableError, DocumentTooLargeError, RevisionConflict
+from .._keys import window_key
+from .._options import InitialFactory, Reducer
+from .._payload import JsonSerializer
+from .._types import Mode
+from . import _rules
+from ._documents import WindowDoc
+from ._finalize import Finalizer
+from ._leases import ProcessLease
+from ._rules import Identity
+from ._turns import Call, KeyTurns, answer, park
+from ._view import KNOWN_LIMIT, StoreView
+
+logger = logging.getLogger("trio_debounce.backend")
+
+#: Payload types that JSON gives back as they are (exact types: not subclasses).
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+class Registrar:
+    """Registers pings: merges a key's pings into one compare-and-swap, applies them by
+    :func:`~._rules.apply_batch`, answers each call, and takes the fire of a window a
+    ping finds due (as a taker, through the finalizer) before it opens the next one.
+
+    Args:
+      view: the store.
+      leases: this process's lease.
+      turns: the keys' turns to write.
+      finalizer: commits the fire of a due window that a ping takes.
+      me: this process in this opening.
+      op_timeout: seconds a register may take, retries included.
+      wall: the wall clock.
+    """
+
+    def __init__(
+        self,
+        view: StoreView,
+        leases: ProcessLease,
+        turns: KeyTurns,
+        finalizer: Finalizer,
+        me: Identity,
+        *,
+        op_timeout: float,
+        wall: Callable[[], float],
+    ) -> None:
+        self._view = view
+        self._leases = leases
+        self._turns = turns
+        self._finalizer = finalizer
+        self._me = me
+        self._op_timeout = op_timeout
+        self._wall = wall
+        #: KV keys whose last register write was answered since a ping next led one.
+        self._answered: set[str] = set()
+        #: (workflow, key) -> KV key, for the keys pinged lately (at most KNOWN_LIMIT).
+        self._window_keys: dict[tuple[str, str], str] = {}
+        #: The default serializer: a scalar payload is what it reads back.
+        self._json = type(me.serializer) is JsonSerializer
+        #: What a fire taken by a ping is committed under, and who runs it at once.
+        self._delivery: Delivery = "at-least-once"
+        self._on_taken: Callable[[str, str, Finalization], None] | None = None
+        # Counters, see KvDebounceBackend.
+        self.unstored_coalesces = 0
+        self.takeovers = 0
+        #: Fires of due windows taken by pings (see _take_due_fire).
+        self.taken_fires = 0
+
+    def hand_taken_fires(
+        self, delivery: Delivery, on_taken: Callable[[str, str, Finalization], None] | None
+    ) -> None:
+        """Commit the fires that pings take under ``delivery``, and hand each to
+        ``on_taken`` (None: into the ping's Registration)."""
+        self._delivery = delivery
+        self._on_taken = on_taken
+
+    async def register(
+        self,
+        workflow: str,
+        key: str,
+        *,
+        mode: Mode,
+        delay: float,
+        max_delay: float | None,
+        run_id: str,
+        payload: Any = None,
+        max_count: int | None = None,
+        payload_policy: str = "last",
+        order_key: float | None = None,
+        max_items: int | None = None,
+        overflow: str | None = None,
+        reducer: tuple[Reducer, InitialFactory | None] | None = None,
+        overlap: str = "allow",
+        run_timeout: float | None = None,
+        drop_stale: bool = False,
+    ) -> Registration:
+        self._leases.check_not_taken()
+        now = self._wall()  # the ping's time, kept through merges and retries
+        try:
+            kv_key = self._window_keys[workflow, key]
+        except (KeyError, TypeError):  # TypeError: unhashable, window_key names it
+            kv_key = window_key(workflow, key)
+            if len(self._window_keys) >= KNOWN_LIMIT:
+                self._window_keys.clear()
+            self._window_keys[workflow, key] = kv_key
+        text = self._me.serializer.dumps(payload)
+        limit = self._view.store.max_value_bytes
+        if len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit:
+            # Refused before anything is sent, naming the payload (the store's own
+            # check would name only the document's key, and only after the fold).
+            raise DocumentTooLargeError(
+                f"payload of {workflow!r}/{key!r} is {len(text.encode('utf-8', 'surrogatepass'))}"
+                f" bytes serialized, more than the {limit} bytes a window's document may hold"
+            )
+        if self._json and type(payload) in _JSON_SCALARS:
+            own = payload  # what JSON gives back, without parsing it again
+        else:
+            own = self._me.serializer.loads(text)
+        deadline = trio.current_time() + self._op_timeout
+        if not self._leases.revision:
+            # Peers must see our lease before a document names us as owner.
+            with trio.CancelScope(shield=True), trio.move_on_at(deadline):
+                await self._leases.refresh(self._finalizer.apply_queued)
+            if not self._leases.revision:
+                raise BackendUnavailableError(
+                    f"could not write the lease of process {self._me.process_id!r} within "
+                    f"{self._op_timeout} s"
+                )
+        ping = Call(
+            mode=mode,
+            delay=delay,
+            max_delay=max_delay,
+            run_id=run_id,
+            text=text,
+            own=own,
+            max_count=max_count,
+            payload_policy=payload_policy,
+            order_key=order_key,
+            max_items=max_items,
+            overflow=overflow,
+            reducer=reducer,
+            queue=overlap == "queue-latest",
+            run_timeout=run_timeout,
+            drop_stale=drop_stale,
+            now=now,
+            deadline=deadline,
+        )
+        # Group commit: the pings of a key that arrive while a write of it is in flight
+        # wait for it, then go out together, in arrival order, in the next write (led
+        # by whichever of their calls runs first).
+        queue = self._turns.queue(kv_key)
+        queue.waiting.append(ping)
+        # Merged, the ping cannot be withdrawn: its write may be in flight. Its waits
+        # refuse cancellation (_park), and a write goes out under a shield.
+        while ping.result is None:
+            if queue.writing:
+                await park(ping)
+                continue
+            queue.writing = True
+            batch: list[Call] = []
+            with trio.CancelScope(shield=True):
+                try:
+                    if kv_key in self._answered:
+                        # Right after a write of the key: two scheduling rounds first
+                        # (no timer), so that the calls it answered that ping again
+                        # join this write instead of waiting for the next one. They
+                        # run in the round after their answer, maybe after this task.
+                        self._answered.discard(kv_key)
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                    batch, queue.waiting = queue.waiting, []
+                    queue.waiting[:0] = await self._write_batch(workflow, key, kv_key, batch)
+                except BaseException as exc:
+                    for other in batch:
+                        if other.result is None:
+                            answer(other, exc)
+                    raise
+                finally:
+                    self._turns.release(kv_key, queue)
+                    if len(self._answered) >= KNOWN_LIMIT:
+                        self._answered.clear()
+                    self._answered.add(kv_key)
+        result = ping.result
+        if isinstance(result, BaseException):
+            if ping.taken:
+                # The fires it took are committed: never lost with the ping. Without a
+                # coordinator's hook, they are logged for the caller to find in the
+                # store (a fire record it holds, under at-least-once).
+                logger.warning(
+                    "register %s failed after taking %d due fire(s): %s",
+                    kv_key,
+                    len(ping.taken),
+                    result,
+                )
+            raise result
+        assert result is not None
+        return result
+
+    async def _write_batch(
+        self, workflow: str, key: str, kv_key: str, batch: list[Call]
+    ) -> list[Call]:
+        """Write the pings of ``batch`` (one key, arrival order) by one compare-and-swap.
+
+        Answers each ping it writes or refuses (its ``result``: a Registration or the
+        exception its call raises) and returns the pings left for the next write. The
+        batch is bounded by its oldest ping's deadline; a write whose answer was lost
+        then gets one more ``op_timeout`` to be recognised by a re-read of its write id
+        (see :doc:`/protocol`, "Group commit").
+        """
+        write = uuid.uuid4().hex
+        deadline = batch[0].deadline
+        last_doc: WindowDoc | None = None
+        last_live = False
+        error: BackendError | None = None
+        rest: list[Call] = []
+        #: The pings of the write whose answer was lost, their outcomes, its take time,
+        #: and until when the window it wrote waits for its key's queue-latest run.
+        sent: tuple[list[tuple[Call, Registered]], float | None, float | None] | None = None
+        base = -1  # the revision that write expected
+        in_flight = ambiguous = resolving = False
+        while True:
+            with trio.move_on_at(deadline):
+                attempt = 0
+                while True:
+                    try:
+                        known = None if ambiguous else self._view.cached(kv_key)
+                        if known is None:
+                            _, revision, doc = await self._view.read(kv_key)
+                            if ambiguous:
+                                ambiguous = False
+                                assert sent is not None
+                                if doc is not None and (
+                                    write == doc.opened_by or (not doc.fired and write == doc.write)
+                                ):
+                                    # The write had landed (the window it opened, even
+                                    # if peers have written since, or fired it: its
+                                    # pings are in that fire; or its revision). Writing
+                                    # again would open a second window of the run.
+                                    self._answer_batch(
+                                        kv_key, sent[0], doc, sent[1], revision, sent[2]
+                                    )
+                                    return rest
+                                if resolving and revision == base:
+                                    break  # it did not land, and the deadline has passed
+                        else:
+                            revision, doc = known
+                        now = self._wall()
+                        live = (
+                            doc is not None
+                            and not doc.fired
+                            and await self._leases.owner_live(doc, now)
+                        )
+                        last_doc, last_live = doc, live
+                        # Until when the key's queue-latest run blocks its next fire.
+                        blocked = None
+                        if doc is not None and doc.running is not None:
+                            blocked = await self._leases.run_blocks_until(doc.running, now)
+                        applied = _rules.apply_batch(
+                            doc,
+                            live,
+                            now,
+                            [ping for ping in batch if ping.result is None],
+                            write,
+                            known is not None,
+                            blocked,
+                            self._me,
+                            takeover=self._view.can_take_over(),
+                        )
+                        if applied is None:
+                            # Refused, stale or full on a remembered document: re-read.
+                            self._view.forget(kv_key)
+                            continue
+                        for ping, refused in applied.answers:
+                            answer(ping, refused)
+                        pings, new, take_at = applied.pings, applied.doc, applied.take_at
+                        rest = applied.rest
+                        if not pings and rest:
+                            # The first ping is at or after the window's due time: it
+                            # never joins it. Take its fire (a compare-and-swap, as a
+                            # taker), then apply the pings again: they open the next
+                            # window (or, if the take lost, meet what a peer wrote).
+                            assert new is not None
+                            taker, rest = rest[0], []
+                            await self._take_due_fire(
+                                workflow, key, kv_key, new, revision, taker, deadline
+                            )
+                            continue
+                        if not pings:
+                            return rest  # every ping was refused, dropped or overflowed
+                        assert new is not None
+                        waits = None
+                        if blocked is not None and new.queue and new.at <= now:
+                            waits = blocked  # the owner looks again then
+                        sent, base = (pings, take_at, waits), revision
+                        in_flight = True
+                        new_revision = await self._view.put(kv_key, new.encode(), last=revision)
+                        in_flight = False
+                    except RevisionConflict:
+                        in_flight = False
+                        self._view.lost_race(kv_key)
+                        logger.debug("register %s: revision conflict, retrying", kv_key)
+                    except DocumentTooLargeError as exc:
+                        in_flight = False
+                        assert sent is not None
+                        if len(sent[0]) == 1:
+                            answer(sent[0][0][0], exc)
+                            return rest
+                        # Too large merged: write its pings one at a time.
+                        for ping, _ in sent[0]:
+                            ping.alone = True
+                        return [ping for ping, _ in sent[0]] + rest
+                    except BackendUnavailableError as exc:
+                        self._view.forget(kv_key)
+                        ambiguous = ambiguous or in_flight  # the write may have landed
+                        in_flight = False
+                        error = exc
+                    except BackendError as exc:
+                        # Refused permissions, a misconfigured store: every ping raises it.
+                        for ping in batch:
+                            if ping.result is None:
+                                answer(ping, exc)
+                        return rest
+                    else:
+                        self._view.remember(kv_key, new_revision, new)
+                        self._answer_batch(kv_key, pings, new, take_at, new_revision, waits)
+                        return rest
+                    await self._view.backoff(attempt)
+                    attempt += 1
+            if in_flight:  # the deadline cut the write short: it may have landed
+                in_flight = False
+                ambiguous = True
+                self._view.forget(kv_key)
+            if ambiguous and not resolving:
+                # Never fail open beside a write that may have landed: re-read first.
+                resolving = True
+                deadline = trio.current_time() + self._op_timeout
+                continue
+            break
+        waiting = [ping for ping in batch if ping.result is None and ping not in rest]
+        if (
+            error is None
+            and last_doc is not None
+            and _rules.absorbs_unstored(last_doc, last_live, self._me, waiting)
+        ):
+            # Contention until the deadline, but a live owner has a fire pending that
+            # comes after these pings' arrival: absorbed without a write.
+            self.unstored_coalesces += len(waiting)
+            logger.warning(
+                "register %s: no write won within %.3g s; coalesced %d pings into the live "
+                "window of process %s without storing them",
+                kv_key,
+                self._op_timeout,
+                len(waiting),
+                last_doc.owner,
+            )
+            for ping in waiting:
+                answer(
+                    ping,
+                    Registration(
+                        Registered.COALESCED,
+                        last_doc.run_id,
+                        last_doc.mode,
+                        last_doc.at,
+                        last_doc.first,
+                        last_doc.count,
+                        stored=False,
+                        payload=ping.own,
+                    ),
+                )
+            return rest
+        for ping in waiting:
+            answer(
+                ping,
+                BackendUnavailableError(
+                    f"register of {workflow!r}/{key!r} did not complete within "
+                    f"{self._op_timeout} s" + (f": {error}" if error is not None else "")
+                ),
+            )
+        return rest
+
+    async def _take_due_fire(
+        self,
+        workflow: str,
+        key: str,
+        kv_key: str,
+        doc: WindowDoc,
+        revision: int,
+        ping: Call,
+        deadline: float,
+    ) -> bool:
+        """Take the fire of ``doc``, a window that ``ping`` found due at its time (see
+        :doc:`/protocol`, "A ping at or after the due time"), while this call holds
+        the key's turn: the finalize of a taker (fire record first under
+        at-least-once, then the tombstone, each a compare-and-swap), bounded by the
+        batch's ``deadline``. A fire it commits goes to the coordinator's hook at once
+        (else into ``ping.taken``). Returns True if it fired; False if the window was
+        gone or changed (the caller re-reads and applies the pings again).
+
+        Raises:
+          BackendUnavailableError: the store did not answer in time (a commit whose
+            answer was lost is proven or taken back later, see ``Finalizer``).
+          BackendError: any other failure of the store.
+        """
+        # Shielded from the batch's deadline scope: the finalize keeps its own (the
+        # same deadline), so that a commit cut short is recorded as unproven.
+        try:
+            with trio.CancelScope(shield=True):
+                result = await self._finalizer.finalize_in_turn(
+                    workflow,
+                    key,
+                    kv_key,
+                    doc.run_id,
+                    True,
+                    False,
+                    self._delivery,
+                    False,
+                    deadline=deadline,
+                    read=(revision, doc),
+                )
+        except DocumentTooLargeError as exc:
+            # Its fire record cannot be stored (a window written by something else, or
+            # a payload near the store's limit): no one can commit this fire, so the
+            # ping joins the window (as its owner or a takeover) instead of failing.
+            logger.warning("register %s: cannot take the due fire (%s); joining it", kv_key, exc)
+            ping.joins_due = True
+            self._view.forget(kv_key)
+            return False
+        if result.outcome is not Finalized.FIRE:
+            self._view.forget(kv_key)
+            return False
+        self.taken_fires += 1
+        hook = self._on_taken
+        if hook is not None:
+            hook(workflow, key, result)
+        else:
+            ping.taken.append(result)
+        return True
+
+    def _answer_batch(
+        self,
+        kv_key: str,
+        pings: list[tuple[Call, Registered]],
+        doc: WindowDoc,
+        take_at: float | None,
+        revision: int,
+        waits: float | None = None,
+    ) -> None:
+        """Answer the pings of a write that landed; tracks what this process owns.
+
+        Every ping of the write reports the window as that write left it (count, due
+        time, payload), whatever order their tasks wake in; each its own outcome. A
+        window that ``waits`` for its key's ``queue-latest`` run reports ``waiting``,
+        and that time as ``scheduled_at`` (when the owner looks again).
+        """
+        if doc.payload_policy != "last" or doc.ordered:
+            # The window's payload, not a ping's.
+            payload = _rules.load_payload(self._me.serializer, doc.payload)
+        else:
+            payload = pings[-1][0].own  # the last ping's: the one stored
+        if self._me.owns(doc):
+            self._view.owned[kv_key] = doc.run_id
+            self._view.know_count(kv_key, doc.run_id, doc.count)
+        else:
+            self._view.disown(kv_key, doc.run_id)
+        token = self._view.token(revision)
+        # The pings of one outcome share one (immutable) result: the coordinator
+        # recognises a merged ping's by it and skips repeating its local bookkeeping.
+        results: dict[Registered, Registration] = {}
+        for ping, outcome in pings:
+            if outcome is Registered.TOOK_OVER:
+                self.takeovers += 1
+            result = results.get(outcome)
+            if result is None:
+                result = results[outcome] = Registration(
+                    outcome,
+                    doc.run_id,
+                    doc.mode,
+                    doc.at if waits is None else waits,
+                    doc.first,
+                    doc.count,
+                    True,
+                    take_at if outcome is Registered.COALESCED else None,
+                    payload,
+                    token,
+                    waiting=waits is not None,
+                )
+            if ping.taken:
+                # Its own result: the fires it took are the caller's to run.
+                answer(ping, result._replace(taken=tuple(ping.taken)))
+                continue
+            answer(ping, result)

@@ -1,0 +1,210 @@
+"""This process's view of the store: its requests, what it last read or wrote, and the
+windows it owns."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+from .._errors import BackendUnavailableError
+from .._kv import KvEntry, KvStore
+from ._documents import WindowDoc
+
+logger = logging.getLogger("trio_debounce.backend")
+
+T = TypeVar("T")
+
+#: How many keys' last known (revision, document) a backend keeps (least recently used
+#: first out); a key not kept costs one read before its next write.
+KNOWN_LIMIT = 10_000
+#: Fencing tokens are ``(bucket creation time in ms) << _TOKEN_SHIFT | revision``.
+_TOKEN_SHIFT = 40
+
+
+class StoreView:
+    """Every request to the store, and what this process knows of it.
+
+    * Requests go through here: counted, and watched for outages. After one, no
+      takeover happens for ``grace`` seconds, so that live peers renew their leases
+      first (:meth:`can_take_over`).
+    * The revision cache: each key's (revision, document) as this process last read or
+      wrote it, so a write against it needs no read first (the compare-and-swap proves
+      it current). A conflict or an error forgets it; a key that peers write too is
+      contended and read before every write.
+    * Ownership: the windows this process owns (``owned``) and the highest ping count
+      it told its coordinator for each (``known_counts``).
+
+    Args:
+      store: the shared store (tests may swap it: requests look it up each time).
+      heartbeat_interval, skew: seconds; after an outage, no takeover happens for
+        their sum once the store answers again.
+    """
+
+    def __init__(self, store: KvStore, *, heartbeat_interval: float, skew: float) -> None:
+        self.store = store
+        self._heartbeat = heartbeat_interval
+        self._skew = skew
+        self._token_base = int(store.created * 1000) << _TOKEN_SHIFT
+        self._in_outage = False
+        #: Trio time before which no takeover happens (after an outage).
+        self._takeover_after = -math.inf
+        self._rng = random.Random()
+        #: KV key -> (revision, window document or None) as this process last read or
+        #: wrote it.
+        self._known: dict[str, tuple[int, WindowDoc | None]] = {}
+        #: KV keys that peers write too (a compare-and-swap lost to them, or a read
+        #: found a revision this process did not know): read before every write.
+        self._contended: set[str] = set()
+        #: KV key -> run id of the windows this process owns, as far as it knows.
+        self.owned: dict[str, str] = {}
+        #: KV key -> (run id, the highest ping count returned to the coordinator for
+        #: it): what the owner knows if its finalize fails; kept with ``owned``.
+        self.known_counts: dict[str, tuple[str, int]] = {}
+        # Counters, see KvDebounceBackend.
+        self.requests = 0
+        self.conflicts = 0
+
+    # ---------------------------------------------------------------- requests
+
+    async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """One store request; tracks outages (and the takeover grace after them)."""
+        self.requests += 1
+        try:
+            result = await fn(*args, **kwargs)
+        except BackendUnavailableError:
+            self._in_outage = True
+            raise
+        if self._in_outage:
+            self._in_outage = False
+            # Let live peers refresh their leases before anything is taken over.
+            self._takeover_after = trio.current_time() + self._heartbeat + self._skew
+            logger.info(
+                "backend answers again; no takeover for %.3g s", self._heartbeat + self._skew
+            )
+        return result
+
+    async def get(self, key: str) -> KvEntry | None:
+        return await self._call(self.store.get, key)
+
+    async def get_current(self, key: str) -> KvEntry | None:
+        """``key`` read from the store's authority (never a replica that lags)."""
+        return await self._call(self.store.get_current, key)
+
+    async def put(self, key: str, value: bytes, *, last: int) -> int:
+        return await self._call(self.store.put, key, value, last=last)
+
+    async def delete(self, key: str, *, last: int) -> int:
+        return await self._call(self.store.delete, key, last=last)
+
+    async def purge(self, key: str, *, last: int) -> bool:
+        return await self._call(self.store.purge, key, last=last)
+
+    async def purge_marker(self, key: str, *, revision: int) -> bool:
+        return await self._call(self.store.purge_marker, key, revision=revision)
+
+    async def entries(self, prefix: str) -> list[KvEntry]:
+        return await self._call(self.store.entries, prefix)
+
+    async def backoff(self, attempt: int) -> None:
+        # Full jitter, capped: contention clears in a few rounds.
+        await trio.sleep(self._rng.uniform(0, min(0.2, 0.005 * 2**attempt)))
+
+    def can_take_over(self) -> bool:
+        """May a dead owner's window be taken over now (not in the grace after an
+        outage)?"""
+        return trio.current_time() >= self._takeover_after
+
+    def token(self, revision: int) -> int:
+        """The fencing token of a step that committed at ``revision``."""
+        return self._token_base | revision
+
+    # ----------------------------------------------------------- window documents
+
+    async def read(self, kv_key: str) -> tuple[KvEntry | None, int, WindowDoc | None]:
+        """Read window ``kv_key``: its entry, revision (0: none) and document (None:
+        absent, a delete marker or unreadable), remembered for the next write."""
+        entry = await self.get(kv_key)
+        doc = self.parse(entry)
+        revision = 0 if entry is None else entry.revision
+        known = self._known.get(kv_key)
+        if known is not None and known[0] != revision:
+            self.contend(kv_key)  # written by someone else since
+        self.remember(kv_key, revision, doc)
+        return entry, revision, doc
+
+    def parse(self, entry: KvEntry | None) -> WindowDoc | None:
+        if entry is None or entry.value is None:
+            return None
+        try:
+            return WindowDoc.decode(entry.value)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            logger.warning(
+                "window document %s (revision %d) is unreadable; treating it as absent",
+                entry.key,
+                entry.revision,
+            )
+            return None
+
+    async def close_window(self, kv_key: str, tombstone: WindowDoc | None, last: int) -> int:
+        """Close a window by a revision-checked delete, or by writing its tombstone;
+        returns the revision written (the delete marker's, or the tombstone's)."""
+        if tombstone is None:
+            return await self.delete(kv_key, last=last)
+        return await self.put(kv_key, tombstone.encode(), last=last)
+
+    # ------------------------------------------------------------ revision cache
+
+    def cached(self, kv_key: str) -> tuple[int, WindowDoc | None] | None:
+        """The revision and document to write ``kv_key`` against without a read, if
+        this process knows them and the key is not contended."""
+        if kv_key in self._contended:
+            return None
+        return self._known.get(kv_key)
+
+    def known(self, kv_key: str) -> tuple[int, WindowDoc | None] | None:
+        """What this process last read or wrote of ``kv_key``, contended or not."""
+        return self._known.get(kv_key)
+
+    def contend(self, kv_key: str) -> None:
+        self.forget(kv_key)
+        if len(self._contended) >= KNOWN_LIMIT:
+            self._contended.clear()
+        self._contended.add(kv_key)
+
+    def lost_race(self, kv_key: str | None) -> None:
+        """A compare-and-swap lost: counted, and ``kv_key`` (if given) is contended."""
+        if kv_key is not None:
+            self.contend(kv_key)
+        self.conflicts += 1
+
+    def remember(self, kv_key: str, revision: int, doc: WindowDoc | None) -> None:
+        known = self._known
+        known.pop(kv_key, None)
+        known[kv_key] = (revision, doc)
+        if len(known) > KNOWN_LIMIT:
+            del known[next(iter(known))]
+
+    def forget(self, kv_key: str) -> None:
+        self._known.pop(kv_key, None)
+
+    # --------------------------------------------------------------- ownership
+
+    def disown(self, kv_key: str, run_id: str) -> None:
+        """Forget that this process owns window ``kv_key`` under ``run_id`` (and only
+        under that run: a stale task's finalize must not forget a newer window)."""
+        if self.owned.get(kv_key) == run_id:
+            del self.owned[kv_key]
+        if self.known_counts.get(kv_key, ("",))[0] == run_id:
+            del self.known_counts[kv_key]
+
+    def know_count(self, kv_key: str, run_id: str, count: int) -> None:
+        """Record that the coordinator was told window ``kv_key`` (``run_id``) holds
+        ``count`` pings."""
+        known = self.known_counts.get(kv_key)
+        if known is None or known[0] != run_id or known[1] < count:
+            self.known_counts[kv_key] = (run_id, count)
