@@ -390,15 +390,22 @@ class LocalWindows:
 
     # ------------------------------------------------------------- inspection
 
-    def is_open(self, ident: tuple[str, str]) -> bool:
-        """Is the window ``ident`` open now (False at or after its due time)?"""
+    def _open_now(self, ident: tuple[str, str]) -> tuple[Window, float] | None:
+        """The window ``ident`` and the time, if it is open now (not yet due; a due
+        ``queue-latest`` window is first decided by time)."""
         window = self.windows.get(ident)
         if window is None:
-            return False
+            return None
         now = self._now()
         if window.opts is not None:
             self.keys.decide_due_by_time(window, now)
-        return now < window.deadline
+        if _engine.is_due(window, now):
+            return None
+        return window, now
+
+    def is_open(self, ident: tuple[str, str]) -> bool:
+        """Is the window ``ident`` open now (False at or after its due time)?"""
+        return self._open_now(ident) is not None
 
     def __len__(self) -> int:
         return len(self.windows)
@@ -407,42 +414,30 @@ class LocalWindows:
 
     def cancel(self, ident: tuple[str, str]) -> bool:
         """Close the open window ``ident`` without firing; True if one was open."""
-        window = self.windows.get(ident)
-        if window is None:
+        found = self._open_now(ident)
+        if found is None:
             return False
-        now = self._now()
-        if window.opts is not None:
-            self.keys.decide_due_by_time(window, now)
-        if now >= window.deadline:
-            return False
-        self.close(window)
+        self.close(found[0])
         self._ledger.cancelled += 1
         return True
 
     def flush(self, ident: tuple[str, str]) -> bool:
         """Fire the open window ``ident`` now; True if a trailing fire was pending."""
-        window = self.windows.get(ident)
-        if window is None:
-            return False
-        now = self._now()
-        if window.opts is not None:
-            self.keys.decide_due_by_time(window, now)
-        if now >= window.deadline:
-            return False
-        return self._flush(window, now)
+        found = self._open_now(ident)
+        return found is not None and self._flush(*found)
 
     def flush_all(self) -> None:
         """The exit's ``on_exit="flush"``: every pending trailing fire happens now."""
         now = self._now()
         for window in list(self.windows.values()):
-            if window.trailing and now < window.deadline:
+            if window.trailing and not _engine.is_due(window, now):
                 self._flush(window, now)
 
     def cancel_all(self) -> None:
         """The exit's ``on_exit="cancel"``: every pending trailing fire is dropped."""
         now = self._now()
         for window in list(self.windows.values()):
-            if window.trailing and now < window.deadline:
+            if window.trailing and not _engine.is_due(window, now):
                 self._ledger.cancelled += 1
                 self.close(window)
 

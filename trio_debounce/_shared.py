@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import trio
 
-from . import _options, _validate
+from . import _engine, _options, _validate
 from ._backend import (
     DebounceBackend,
     Delivery,
@@ -239,7 +239,7 @@ class SharedWindows:
         extra = {} if options is None else _backend_options(options, mode, self._handlers.reducers)
         ident = (workflow, key)
         local = self._local.windows.get(ident)
-        if local is not None and self._now() < local.deadline:
+        if local is not None and not _engine.is_due(local, self._now()):
             # A window opened locally while the backend failed keeps its burst.
             return self._fail_open_ping(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
