@@ -77,7 +77,6 @@ def test_the_cap_bounds_every_ping() -> None:
     assert w.count == 5
     assert w.payload == 4
     assert engine.due_reason(w, 13.0) == engine.DUE_CAP
-    assert engine.fixed(w, 13.0)
 
 
 def test_the_ping_that_reaches_max_count_makes_the_window_due_at_its_time() -> None:

@@ -155,12 +155,6 @@ def due_reason(state: WindowState, t: float) -> str | None:
     return DUE_DELAY
 
 
-def fixed(state: WindowState, t: float) -> bool:
-    """Is the window due at ``t`` with no ping able to move it (its cap has come, or
-    its ``max_count``)?"""
-    return due_reason(state, t) in (DUE_COUNT, DUE_CAP)
-
-
 def scheduled_at(state: WindowState) -> float | None:
     """The time of the window's pending trailing fire, or None (no trailing fire
     pending, or waiting for its key's run)."""
@@ -199,6 +193,12 @@ def fire_payload(state: WindowState) -> Any:
     if opts.payload_policy == COLLECT:
         return [item[2] for item in state.acc]
     return state.acc
+
+
+def trailing_pending(mode: Mode, count: int) -> bool:
+    """Does a window of ``mode`` with ``count`` pings have a trailing fire to come?
+    Always in trailing mode, from the second ping in both mode, never in leading."""
+    return mode is Mode.TRAILING or (mode is Mode.BOTH and count >= 2)
 
 
 def leading(mode: Mode) -> bool:

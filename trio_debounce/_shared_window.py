@@ -22,6 +22,7 @@ from typing import Any
 import trio
 from trio.lowlevel import enable_ki_protection
 
+from . import _engine
 from ._backend import (
     DebounceBackend,
     Delivery,
@@ -108,9 +109,8 @@ class SharedWindow:
         )
 
 
-def trailing_pending(mode: Mode, count: int) -> bool:
-    """Does a window of ``mode`` with ``count`` pings have a trailing fire to come?"""
-    return mode is _TRAILING or (mode is _BOTH and count >= 2)
+#: Does a window of ``mode`` with ``count`` pings have a trailing fire to come?
+trailing_pending = _engine.trailing_pending
 
 
 def owner_pending(shared: SharedWindow) -> bool:

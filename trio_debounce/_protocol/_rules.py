@@ -194,7 +194,7 @@ def window_state(
     """The engine's view of an open window's document: its times, count and
     accumulation, payloads deserialized ("last" and "first" keep the stored text)."""
     opts = options_of(doc)
-    trailing = doc.mode is Mode.TRAILING or (doc.mode is Mode.BOTH and doc.count > 1)
+    trailing = _engine.trailing_pending(doc.mode, doc.count)
     cap = _engine.INF if doc.cap is None else doc.cap
     state = _engine.WindowState(doc.mode, doc.first, doc.at, cap, doc.payload, trailing, opts)
     state.count = doc.count
