@@ -155,15 +155,14 @@ class Handlers:
         """The handler of a fire: the window's ``on_fire``, else the workflow's now."""
         return on_fire if on_fire is not None else self.by_workflow.get(workflow)
 
-    async def call(self, handler: Handler | None, fire: Fire) -> bool:
+    async def call(self, handler: Handler | None, fire: Fire) -> None:
         """Run ``handler(fire)`` under the error policy (the handler and ``on_error``
         run without KI protection; see ``_invoke.invoke``).
 
-        Returns:
-          bool: True once the handler returned or raised an :exc:`Exception` (which
-          is logged on the ``trio_debounce`` logger, counted in
-          ``handler_errors`` and passed to ``on_error``). A missing handler is reported
-          the same way, as a :exc:`LookupError`.
+        Returns once the handler returned or raised an :exc:`Exception` (which is
+        logged on the ``trio_debounce`` logger, counted in ``handler_errors`` and
+        passed to ``on_error``): the fire is finished. A missing handler is reported
+        the same way, as a :exc:`LookupError`.
 
         Raises:
           BaseException: whatever non-:exc:`Exception` the handler raised (such as
@@ -196,7 +195,6 @@ class Handlers:
                         fire.run_id,
                         exc_info=callback_exc,
                     )
-        return True
 
 
 def closed_error() -> trio.ClosedResourceError:

@@ -527,7 +527,8 @@ class SharedFires:
         # handler and on_error run unprotected (see _invoke.invoke and _firing.report).
         finished = False
         try:
-            finished = await self._handlers.call(handler, fire)
+            await self._handlers.call(handler, fire)
+            finished = True
         finally:
             if finished and fire_id is not None:
                 with trio.CancelScope(shield=True):  # bounded by the op deadline
