@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,7 +12,6 @@ import nats.errors
 import nats.js.errors
 import pytest
 import trio
-import trio_asyncio
 
 from tests.nats_server import NatsServer, NatsServerFactory, free_port
 from trio_debounce._errors import (
@@ -290,13 +290,17 @@ async def test_stopped_server_fails_fast_and_recovers(nats_server: NatsServer) -
 
 
 async def _make_bucket(server: NatsServer, bucket: str, **kwargs: object) -> None:
-    async with trio_asyncio.open_loop():
-        nc = await trio_asyncio.aio_as_trio(nats.connect)(server.url)
+    """Create a bucket with raw nats-py on a stdlib loop in a worker thread (no
+    trio-asyncio: it does not import on every supported Python)."""
+
+    async def make() -> None:
+        nc = await nats.connect(server.url)
         try:
-            js = nc.jetstream()
-            await trio_asyncio.aio_as_trio(js.create_key_value)(bucket=bucket, **kwargs)
+            await nc.jetstream().create_key_value(bucket=bucket, **kwargs)  # type: ignore[arg-type]
         finally:
-            await trio_asyncio.aio_as_trio(nc.close)()
+            await nc.close()
+
+    await trio.to_thread.run_sync(asyncio.run, make())
 
 
 async def test_bucket_with_history_or_ttl_is_refused(nats_server: NatsServer) -> None:

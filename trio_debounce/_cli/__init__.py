@@ -93,11 +93,17 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def _output_failed(exc: OSError) -> None:
-    """Report that stdout could not be written: quietly when its reader closed it."""
-    if isinstance(exc, BrokenPipeError):
+    """Report that stdout could not be written: quietly when its reader closed it.
+
+    Either way stdout is pointed at the null device, so that the interpreter's own
+    flush of what is still buffered at exit cannot fail again: Python 3.14 turns such
+    a failure into exit status 120 (earlier versions ignored it or printed it)."""
+    if not isinstance(exc, BrokenPipeError):
         # Downstream closed the pipe (e.g. `| head`): exit quietly, as Python's docs
-        # recommend, without a second error when stdout is flushed at exit.
+        # recommend. Any other failure (a full disk) is reported.
+        error(f"cannot write output: {exc.strerror or exc}")
+    try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-    else:
-        error(f"cannot write output: {exc.strerror or exc}")
+    except (OSError, ValueError, AttributeError):  # stdout already closed or gone
+        pass
