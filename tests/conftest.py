@@ -9,6 +9,7 @@ import pytest
 import trio
 from hypothesis import settings
 
+from tests import AUTO_HOST_ENV
 from trio_debounce import Fire
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +29,11 @@ REQUIRE_SHARED_ENV = "TRIO_DEBOUNCE_REQUIRE_SHARED"
 #: rounds, runs and kills); the suite runs short ones that make the same assertions.
 LONG_ENV = "TRIO_DEBOUNCE_LONG_TESTS"
 LONG = os.environ.get(LONG_ENV) == "1"
+
+# The CLI's NATS processes take their host from the environment (NatsConfig.from_env):
+# under TRIO_DEBOUNCE_TEST_AUTO_HOST they run on the same host as the rest (tests/__init__.py).
+if os.environ.get(AUTO_HOST_ENV):
+    os.environ.setdefault("TRIO_DEBOUNCE_NATS_ASYNCIO_HOST", os.environ[AUTO_HOST_ENV])
 
 #: The xdist group of the tests marked ``realtime``.
 REALTIME_GROUP = "realtime"

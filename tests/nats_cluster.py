@@ -125,9 +125,14 @@ class ClusterNode(NatsServer):
             paused).
         """
         url = f"http://127.0.0.1:{self.monitor_port}{path}"
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            data: dict[str, Any] = json.load(response)
-            return data
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                data: dict[str, Any] = json.load(response)
+                return data
+        except urllib.error.HTTPError as exc:
+            # Closed here: it holds the reply's body (a ResourceWarning on 3.14).
+            exc.close()
+            raise OSError(f"{url}: HTTP {exc.code} {exc.reason}") from None
 
     def client_ports(self) -> set[int]:
         """The remote (client-side) ports of the node's client connections."""

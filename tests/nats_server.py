@@ -177,7 +177,10 @@ class NatsServer:
             try:
                 with urllib.request.urlopen(url, timeout=0.5) as reply:
                     return bool(reply.status == 200)
-            except (OSError, urllib.error.URLError):
+            except urllib.error.HTTPError as exc:
+                exc.close()  # it holds the reply's body (a ResourceWarning on 3.14)
+                return False
+            except OSError:
                 return False
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import trio
 
+from tests import AUTO_HOST_ENV
 from tests.nats_server import NatsServer, free_port
 from tests.tcp_proxy import open_tcp_proxy
 from trio_debounce import BackendConfigError, BackendUnavailableError
@@ -413,12 +415,27 @@ async def test_auto_falls_back_to_the_thread_host(
             assert await store.put("w.a", b"v", last=0) > 0
 
 
-async def test_auto_is_the_thread_host_even_where_trio_asyncio_imports(
-    nats_server: NatsServer,
-) -> None:
+def test_auto_is_the_thread_host_even_where_trio_asyncio_imports() -> None:
+    # In a fresh process without the suite's host setting (tests/__init__.py).
+    code = "from trio_debounce.nats import _hosts; print(_hosts.AUTO_WHERE_TRIO_ASYNCIO_IMPORTS)"
+    env = {k: v for k, v in os.environ.items() if k != AUTO_HOST_ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "thread"
+
+
+async def test_auto_is_the_host_this_run_asks_for(nats_server: NatsServer) -> None:
+    """The suite runs once per host (tests/__init__.py): "auto" is the thread host,
+    or trio-asyncio under TRIO_DEBOUNCE_TEST_AUTO_HOST=trio-asyncio."""
+    expected = os.environ.get(AUTO_HOST_ENV) or "thread"
     with trio.fail_after(10):
         async with open_nats_store(config(nats_server, "auto")) as store:
-            assert store._host.name == "thread"
+            assert store._host.name == expected
+            assert await store.put("w.a", b"v", last=0) > 0
+    if os.environ.get(AUTO_HOST_ENV):  # and the CLI's processes (tests/conftest.py)
+        assert NatsConfig.from_env(dict(os.environ)).asyncio_host == expected
 
 
 # ------------------------------------------------------------------ configuration

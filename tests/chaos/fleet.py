@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -205,6 +206,9 @@ def stream_messages(monitor_port: int, bucket: str) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=2.0) as reply:
             info = json.load(reply)
+    except urllib.error.HTTPError as exc:
+        exc.close()  # it holds the reply's body (a ResourceWarning on 3.14)
+        return None
     except (OSError, ValueError):
         return None
     for account in info.get("account_details", []):

@@ -81,8 +81,8 @@ class NatsConfig:
       asyncio_host (str): where nats-py's asyncio loop runs: ``"thread"`` (a stdlib
         asyncio loop in a thread of the store's own), ``"trio-asyncio"`` (a
         trio-asyncio loop in Trio's thread; not on Python 3.14, where trio-asyncio
-        cannot be imported), or ``"auto"`` (the default: trio-asyncio where it
-        imports, else the thread host; see :doc:`/nats`, *The asyncio host*).
+        cannot be imported), or ``"auto"`` (the default: the thread host, which
+        measured faster; see :doc:`/nats`, *The asyncio host*).
 
     Raises:
       ValueError, TypeError: from the constructor, naming the bad field.
