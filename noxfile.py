@@ -81,3 +81,145 @@ def chaos(session: nox.Session) -> None:
         env={"TRIO_DEBOUNCE_LONG_TESTS": "1"},
     )
     session.run("python", "-m", "tests.chaos", *session.posargs)
+
+
+# ------------------------------------------------------------------ versions and floors
+#
+# .ci/run runs these after the whole suite on the machine's Python (docs/development).
+# Python 3.11 is the machine's Python; 3.12 and 3.13 come from pyenv here; 3.14 from
+# Debian's sid suite, in a chroot (.ci/sid-python). Every venv is made by uv, from the
+# interpreter's real path (pyenv's shims pick a version by configuration, not by name).
+
+#: The NATS tests: each with the trio-asyncio host as well as the default one.
+NATS_TESTS = (
+    "tests/test_nats_backend.py",
+    "tests/test_nats_store.py",
+    "tests/test_nats_hosts.py",
+    "tests/test_nats_config.py",
+    "tests/test_nats_failover.py",
+    "tests/test_nats_hotkey.py",
+    "tests/test_nats_loops.py",
+    "tests/test_nats_proxy.py",
+    "tests/test_nats_security.py",
+    "tests/test_nats_cluster.py",
+    "tests/test_run_store_nats.py",
+    "tests/test_hostile_nats.py",
+    "tests/test_cli_run_nats.py",
+    "tests/test_store_full_exit.py",
+    "tests/test_runs_processes.py",
+    "tests/test_chaos_short.py",
+)
+
+#: The conformance, NATS-backend and semantics tests: the suite's part that runs on
+#: the other versions and at the dependency floors.
+CORE_TESTS = (
+    # conformance: the backend and run-store suites (trio_debounce.testing)
+    "tests/test_shared_memory.py",
+    "tests/test_run_store_memory.py",
+    "tests/test_run_store_sqlite.py",
+    "tests/test_run_store_nats.py",
+    "tests/test_nats_hosts.py",
+    # the NATS backend
+    "tests/test_nats_backend.py",
+    "tests/test_nats_store.py",
+    # semantics
+    "tests/test_semantics.py",
+    "tests/test_engine.py",
+    "tests/test_properties.py",
+    "tests/test_options.py",
+)
+
+
+def _interpreter(version: str) -> str:
+    """The real path of a Python ``version`` ("3.12"): on PATH outside pyenv's shims,
+    or under ``$(pyenv root)/versions``."""
+    import glob
+    import os
+    import shutil
+
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if "shims" in directory:
+            continue
+        found = shutil.which(f"python{version}", path=directory)
+        if found:
+            return found
+    pyenv_root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates = sorted(glob.glob(f"{pyenv_root}/versions/{version}.*/bin/python{version}"))
+    if not candidates:
+        raise RuntimeError(f"no Python {version}: not on PATH, not under {pyenv_root}/versions")
+    return candidates[-1]
+
+
+def _uv_venv(session: nox.Session, python: str) -> str:
+    """A fresh venv of the session's own, made by uv from ``python``; its python."""
+    venv = f".nox/{session.name}-venv"
+    session.run("uv", "venv", "--quiet", "--clear", "-p", python, venv, external=True)
+    return f"{venv}/bin/python"
+
+
+def _uv_install(session: nox.Session, python: str, *args: str) -> None:
+    session.run("uv", "pip", "install", "--quiet", "-p", python, *args, external=True)
+
+
+@nox.session(python=False, name="tests-3.11-trio-asyncio")
+def tests_trio_asyncio(session: nox.Session) -> None:
+    """The NATS tests on the machine's Python with ``asyncio_host="auto"`` meaning the
+    trio-asyncio host (tests/__init__.py); the suite itself runs them on the default
+    (thread) host."""
+    python = _uv_venv(session, _interpreter("3.11"))
+    _uv_install(session, python, "-e", ".[test]")
+    session.run(
+        python,
+        "-m",
+        "pytest",
+        *(session.posargs or NATS_TESTS),
+        env={"TRIO_DEBOUNCE_TEST_AUTO_HOST": "trio-asyncio"},
+    )
+
+
+@nox.session(python=False, name="tests-3.12")
+def tests_312(session: nox.Session) -> None:
+    """The conformance, NATS-backend and semantics tests on Python 3.12 (pyenv)."""
+    python = _uv_venv(session, _interpreter("3.12"))
+    _uv_install(session, python, "-e", ".[test]")
+    session.run(python, "-W", "error", "-c", "import trio_debounce.nats")
+    session.run(python, "-m", "pytest", *(session.posargs or CORE_TESTS))
+
+
+@nox.session(python=False, name="tests-3.13")
+def tests_313(session: nox.Session) -> None:
+    """The conformance, NATS-backend and semantics tests on Python 3.13 (pyenv)."""
+    python = _uv_venv(session, _interpreter("3.13"))
+    _uv_install(session, python, "-e", ".[test]")
+    session.run(python, "-W", "error", "-c", "import trio_debounce.nats")
+    session.run(python, "-m", "pytest", *(session.posargs or CORE_TESTS))
+
+
+@nox.session(python=False, name="tests-3.14")
+def tests_314(session: nox.Session) -> None:
+    """The whole suite on Python 3.14 from Debian sid, in a chroot (.ci/sid-python;
+    needs root). Arguments after ``--`` go to pytest instead."""
+    # The suite's test_nats_hosts imports trio_debounce.nats under -W error there too.
+    session.run("bash", ".ci/sid-python", "3.14", *session.posargs, external=True)
+
+
+@nox.session(python=False)
+def lowest(session: nox.Session) -> None:
+    """The tests of the other versions at the lowest versions ``pyproject.toml``
+    allows for every direct runtime dependency (trio, nats-py, trio-asyncio), on the
+    machine's Python: the floors are the tested ones. The test tools install at their
+    newest versions around them (they satisfy nothing the runtime pins), and the
+    static checks are not run here."""
+    python = _uv_venv(session, _interpreter("3.11"))
+    _uv_install(session, python, "--resolution", "lowest-direct", "-e", ".[nats]")
+    # Adds the test tools; nats-py and trio-asyncio, already at their floors, satisfy
+    # the test extra's ranges and stay (uv pip install upgrades nothing unasked).
+    _uv_install(session, python, "-e", ".[test]")
+    session.run(
+        python,
+        "-c",
+        "import importlib.metadata as m; "
+        "print(*(f'{d} {m.version(d)}' for d in ('trio', 'nats-py', 'trio-asyncio')), sep='; ')",
+    )
+    session.run(python, "-W", "error", "-c", "import trio_debounce.nats")
+    session.run(python, "-m", "pytest", *(session.posargs or CORE_TESTS))
