@@ -28,7 +28,7 @@ from ._firing import closed_error as _closed_error
 from ._local import LocalWindows
 from ._options import InitialFactory, Reducer
 from ._runs import RunScheduler
-from ._runs._store import ANY, RunState, RunStore, _Any
+from ._runs._store import ANY, RunState, RunStateName, RunStore, _Any
 from ._runs._types import (
     ExpiredCallback,
     RunHandler,
@@ -44,6 +44,7 @@ from ._types import (
     ErrorCallback,
     Handler,
     Mode,
+    ModeName,
     Outcome,
 )
 from ._upkeep import maintain
@@ -219,7 +220,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         *,
         delay: float,
         max_delay: float | None = None,
-        mode: Mode | str = Mode.TRAILING,
+        mode: Mode | ModeName = Mode.TRAILING,
         run_id: str | None = None,
         on_fire: Handler | None = None,
         **options: Unpack[DebounceOptions],
@@ -286,7 +287,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         *,
         delay: float,
         max_delay: float | None = None,
-        mode: Mode | str = Mode.TRAILING,
+        mode: Mode | ModeName = Mode.TRAILING,
         run_id: str | None = None,
         on_fire: Handler | None = None,
         **options: Unpack[DebounceOptions],
@@ -310,7 +311,7 @@ class Coordinator(metaclass=NoPublicConstructor):
             is due whatever the pings do; finite, >= 0 and >= ``delay``. It belongs to
             the window: only the opening ping's value is used, a later ping's value is
             checked and then ignored.
-          mode (Mode | str): ``"trailing"``, ``"leading"`` or ``"both"``. It belongs to
+          mode (Mode | ModeName): ``"trailing"``, ``"leading"`` or ``"both"``. It belongs to
             the window: a later ping with another mode raises :exc:`ValueError`.
           run_id (str | None): the run id of the window this ping opens; a uuid4 hex
             is generated if it is ``None``. Ignored when the ping lands in an open
@@ -700,7 +701,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         self,
         *,
         workflow: str | None = None,
-        state: RunState | str | None = None,
+        state: RunState | RunStateName | None = None,
         owner: str | _Any | None = ANY,
         limit: int | None = None,
     ) -> list[RunInfo]:
@@ -709,7 +710,7 @@ class Coordinator(metaclass=NoPublicConstructor):
 
         Args:
           workflow (str | None): only this workflow's runs.
-          state (RunState | str | None): only runs in this state (``"pending"``,
+          state (RunState | RunStateName | None): only runs in this state (``"pending"``,
             ``"started"``, ``"done"``).
           owner (str | None): only runs claimed by this process id (``None``:
             unclaimed ones); any owner by default.

@@ -21,7 +21,7 @@ class Mode(str, enum.Enum):
       Fire the first ping at once and, if the window received more than one ping, fire
       again at the end of the burst with the latest payload.
 
-    :meth:`Coordinator.debounce` accepts the enum or its string value.
+    :meth:`Coordinator.debounce` accepts the enum or its string value (:data:`ModeName`).
     """
 
     TRAILING = "trailing"
@@ -30,6 +30,11 @@ class Mode(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+#: The string values of :class:`Mode`, which ``debounce(mode=...)`` accepts in place of
+#: the enum. Any other string is a type error (and a :exc:`ValueError` at run time).
+ModeName = Literal["trailing", "leading", "both"]
 
 
 class Edge(str, enum.Enum):
