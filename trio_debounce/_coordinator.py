@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal, Unpack, final
+from typing import Any, Literal, Unpack, final, overload
 
 import trio
 from trio.lowlevel import enable_ki_protection
@@ -602,22 +603,47 @@ class Coordinator(metaclass=NoPublicConstructor):
         """
         self._runs.set_handler(workflow, handler)
 
+    @overload
     async def schedule(
         self,
         workflow: str,
         run_id: str | None = None,
         payload: Any = None,
         *,
-        at: object = None,
+        at: datetime.datetime | float,
+        persist: bool = False,
+        expires_at: datetime.datetime | float | None = None,
+    ) -> ScheduledRun: ...
+
+    @overload
+    async def schedule(
+        self,
+        workflow: str,
+        run_id: str | None = None,
+        payload: Any = None,
+        *,
+        after: float,
+        persist: bool = False,
+        expires_at: datetime.datetime | float | None = None,
+    ) -> ScheduledRun: ...
+
+    async def schedule(
+        self,
+        workflow: str,
+        run_id: str | None = None,
+        payload: Any = None,
+        *,
+        at: datetime.datetime | float | None = None,
         after: float | None = None,
         persist: bool = False,
-        expires_at: object = None,
+        expires_at: datetime.datetime | float | None = None,
     ) -> ScheduledRun:
         """Schedule a deferred run of ``workflow`` for a wall-clock time.
 
-        Exactly one of ``at`` and ``after`` is given. Scheduling an id that is pending
-        replaces its time, payload and expiry (bumping its version) and keeps its
-        claim; scheduling an id that ran within the retention period
+        Exactly one of ``at`` and ``after`` is given (the overloads make passing both or
+        neither a type error; at run time it is a :exc:`TypeError`). Scheduling an id
+        that is pending replaces its time, payload and expiry (bumping its version) and
+        keeps its claim; scheduling an id that ran within the retention period
         (:attr:`RunOptions.retention`) changes nothing and returns
         ``outcome="already-ran"``. See :doc:`/runs`.
 
