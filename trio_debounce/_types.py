@@ -158,8 +158,9 @@ class Fire:
     fencing_token: int = 0
 
 
-#: The type of a fire handler: ``async def handler(fire: Fire) -> None``.
-Handler = Callable[[Fire], Awaitable[None]]
+#: The type of a fire handler: ``async def handler(fire: Fire) -> None``, or any callable
+#: taking a :class:`Fire` and returning an awaitable (its result is ignored).
+Handler = Callable[[Fire], Awaitable[object]]
 
 #: The type of an ``on_error`` callback: ``def on_error(fire: Fire, exc: Exception) -> object``
 #: (the return value is ignored).
