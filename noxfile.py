@@ -17,17 +17,19 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff: lint rules (with the ASYNC set) and formatting."""
-    session.install("ruff")
+    """ruff (pinned by the lint extra): lint rules (with the ASYNC set) and formatting."""
+    session.install(".[lint]")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
 
 @nox.session
 def typing(session: nox.Session) -> None:
-    """mypy --strict over the package, the tests and this file."""
-    session.install("-e", ".[test]", "nox")
+    """mypy --strict over the package, the tests and this file; pyright's check that
+    every public symbol's type is known (100 % type completeness)."""
+    session.install("-e", ".[test,lint]", "nox")
     session.run("mypy", "--strict")
+    session.run("pyright", "--verifytypes", "trio_debounce", "--ignoreexternal")
 
 
 @nox.session
