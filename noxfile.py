@@ -11,7 +11,7 @@ nox.options.reuse_existing_virtualenvs = True
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite, as .ci/run runs it."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,lint]")
     session.run("pytest", *session.posargs)
 
 
