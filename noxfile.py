@@ -11,23 +11,25 @@ nox.options.reuse_existing_virtualenvs = True
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite, as .ci/run runs it."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,lint]")
     session.run("pytest", *session.posargs)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff: lint rules (with the ASYNC set) and formatting."""
-    session.install("ruff")
+    """ruff (pinned by the lint extra): lint rules (with the ASYNC set) and formatting."""
+    session.install(".[lint]")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
 
 @nox.session
 def typing(session: nox.Session) -> None:
-    """mypy --strict over the package, the tests and this file."""
-    session.install("-e", ".[test]", "nox")
+    """mypy --strict over the package, the tests and this file; pyright's check that
+    every public symbol's type is known (100 % type completeness)."""
+    session.install("-e", ".[test,lint]", "nox")
     session.run("mypy", "--strict")
+    session.run("pyright", "--verifytypes", "trio_debounce", "--ignoreexternal")
 
 
 @nox.session

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +26,10 @@ if os.environ.get("CI"):
 
 #: Set (by .ci/run) to turn the skip of tests that need ../shared into a failure.
 REQUIRE_SHARED_ENV = "TRIO_DEBOUNCE_REQUIRE_SHARED"
+
+#: Set to 1 (by .ci/run) to turn the skip of tests whose linter or type checker (the
+#: lint extra: ruff, mypy, pyright) is not installed into a failure.
+REQUIRE_LINT_ENV = "TRIO_DEBOUNCE_REQUIRE_LINT"
 
 #: Set (by ``nox -s chaos``) to run the long variants of the fault scenarios (more
 #: rounds, runs and kills); the suite runs short ones that make the same assertions.
@@ -149,6 +155,31 @@ def shared_file(path: Path) -> Path:
             pytest.fail(f"{reason}, and {REQUIRE_SHARED_ENV} is set")
         pytest.skip(reason)
     return path
+
+
+def lint_tool(name: str) -> list[str]:
+    """The command that runs the lint extra's tool ``name`` (``"ruff"``, ``"mypy"`` or
+    ``"pyright"``) of this interpreter's environment; skip if it is not installed, or
+    fail when CI requires the lint extra (``TRIO_DEBOUNCE_REQUIRE_LINT=1``)."""
+    if name == "pyright":
+        # pyright's entry point (a wrapper that runs it on Node.js) sits beside python.
+        entry = Path(sys.executable).parent / "pyright"
+        found, command = entry.exists(), [str(entry)]
+    else:
+        found, command = importlib.util.find_spec(name) is not None, [sys.executable, "-m", name]
+    if not found:
+        reason = f"{name} is not installed (it is in the lint extra: pip install -e '.[lint]')"
+        if os.environ.get(REQUIRE_LINT_ENV) == "1":
+            pytest.fail(f"{reason}, and {REQUIRE_LINT_ENV}=1 is set")
+        pytest.skip(reason)
+    return command
+
+
+def lint_env() -> dict[str, str]:
+    """The environment for a lint tool: this one, with this interpreter's bin directory
+    first on PATH (pyright's wrapper looks for python and its Node.js there)."""
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
 
 
 @pytest.fixture

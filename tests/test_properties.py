@@ -25,13 +25,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trio_debounce
-from trio_debounce import Fire, OnExit
+from trio_debounce import Fire, ModeName, OnExit
 
 from .model import DEFAULT as DEFAULT_OPTIONS
 from .model import Model, ModelFire, Options
 
 GRID = 0.25
-MODES = ("trailing", "leading", "both")
+MODES: tuple[ModeName, ...] = ("trailing", "leading", "both")
 KEYS = (("wf", "a"), ("wf", "b"), ("other", "a"))
 
 
@@ -44,7 +44,7 @@ class Op:
     dt: float
     kind: str  # "ping" | "cancel" | "flush"
     key: int
-    mode: str
+    mode: ModeName
     delay: float
     max_delay: float | None
     handler_time: float
@@ -88,7 +88,7 @@ def ops(draw: st.DrawFn) -> Op:
 
 
 @st.composite
-def timelines(draw: st.DrawFn) -> tuple[dict[int, str], list[Op]]:
+def timelines(draw: st.DrawFn) -> tuple[dict[int, ModeName], list[Op]]:
     # Each key has a usual mode; a few pings use another one and must raise.
     key_modes = {i: draw(st.sampled_from(MODES)) for i in range(len(KEYS))}
     timeline = draw(st.lists(ops(), max_size=40))
@@ -231,7 +231,9 @@ def _order(f: ModelFire) -> tuple[Any, ...]:
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(timelines(), st.sampled_from(("wait", "wait", "flush", "cancel")))
-def test_coordinator_matches_model(case: tuple[dict[int, str], list[Op]], on_exit: OnExit) -> None:
+def test_coordinator_matches_model(
+    case: tuple[dict[int, ModeName], list[Op]], on_exit: OnExit
+) -> None:
     _, timeline = case
     expected_results, expected_fires = run_model(timeline, on_exit)
     results, fires = run_real(timeline, on_exit)
@@ -240,7 +242,7 @@ def test_coordinator_matches_model(case: tuple[dict[int, str], list[Op]], on_exi
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_model_and_coordinator_agree_on_a_known_burst(mode: str) -> None:
+def test_model_and_coordinator_agree_on_a_known_burst(mode: ModeName) -> None:
     # A fixed timeline as a sanity anchor for the property above: 3 pings 1s apart,
     # delay 2, then silence.
     timeline = [

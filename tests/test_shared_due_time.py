@@ -23,7 +23,15 @@ import trio
 import trio.testing
 
 from tests.fires import Fires
-from trio_debounce import Coordinator, Edge, JsonSerializer, Mode, Outcome, open_coordinator
+from trio_debounce import (
+    Coordinator,
+    Edge,
+    JsonSerializer,
+    Mode,
+    ModeName,
+    Outcome,
+    open_coordinator,
+)
 from trio_debounce._protocol import WindowDoc
 from trio_debounce._protocol._rules import Identity, Ping, apply_ping
 from trio_debounce.testing import MemoryBackend, MemoryStore
@@ -84,7 +92,7 @@ def seven_at_once(
     return sorted(expected)
 
 
-MODES = ["trailing", "leading", "both"]
+MODES: list[ModeName] = ["trailing", "leading", "both"]
 
 
 # ------------------------------------------------------------------------ max_count
@@ -92,7 +100,7 @@ MODES = ["trailing", "leading", "both"]
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_max_count_seven_pings_in_process_make_windows_of_3_3_1(
-    autojump_clock: trio.testing.MockClock, mode: str
+    autojump_clock: trio.testing.MockClock, mode: ModeName
 ) -> None:
     # The rule every pinger follows, as the local table applies it (no backend).
     fires = Fires()
@@ -108,7 +116,7 @@ async def test_max_count_seven_pings_in_process_make_windows_of_3_3_1(
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_max_count_seven_sequential_pings_of_one_process_make_windows_of_3_3_1(
-    autojump_clock: trio.testing.MockClock, mode: str
+    autojump_clock: trio.testing.MockClock, mode: ModeName
 ) -> None:
     store, fires = MemoryStore(epoch=0.0), Fires()
     async with processes(store, fires, "A") as (a,):
@@ -127,7 +135,7 @@ async def test_max_count_seven_sequential_pings_of_one_process_make_windows_of_3
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_max_count_seven_sequential_pings_alternating_two_processes_make_windows_of_3_3_1(
-    autojump_clock: trio.testing.MockClock, mode: str
+    autojump_clock: trio.testing.MockClock, mode: ModeName
 ) -> None:
     store, fires = MemoryStore(epoch=0.0), Fires()
     async with processes(store, fires, "AB") as (a, b):
@@ -152,7 +160,7 @@ async def test_max_count_seven_sequential_pings_alternating_two_processes_make_w
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_max_count_seven_concurrent_pings_merged_by_group_commit_make_windows_of_3_3_1(
-    autojump_clock: trio.testing.MockClock, mode: str
+    autojump_clock: trio.testing.MockClock, mode: ModeName
 ) -> None:
     store, fires = MemoryStore(epoch=0.0), Fires()
     async with processes(store, fires, "A") as (a,):

@@ -30,10 +30,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.model import Model, Options
-from trio_debounce import Fire, open_coordinator
+from trio_debounce import Fire, ModeName, open_coordinator
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
-MODES = ("trailing", "leading", "both")
+MODES: tuple[ModeName, ...] = ("trailing", "leading", "both")
 GRID = 0.25
 KEY = ("wf", "k")
 
@@ -43,7 +43,7 @@ Step = tuple[float, int, float, int]
 
 
 @st.composite
-def timelines(draw: st.DrawFn) -> tuple[int, str, int | None, float | None, list[Step]]:
+def timelines(draw: st.DrawFn) -> tuple[int, ModeName, int | None, float | None, list[Step]]:
     processes = draw(st.integers(2, 4))
     mode = draw(st.sampled_from(MODES))
     max_count = draw(st.sampled_from([None, None, 1, 2, 3]))
@@ -83,7 +83,7 @@ def _fire_row(fire: Fire) -> tuple[float, str, str, Any, int, float]:
 
 async def _run(
     processes: int,
-    mode: str,
+    mode: ModeName,
     max_count: int | None,
     max_delay: float | None,
     steps: list[Step],
@@ -165,7 +165,7 @@ def _model(
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(timelines())
 def test_shared_fires_match_the_model(
-    case: tuple[int, str, int | None, float | None, list[Step]],
+    case: tuple[int, ModeName, int | None, float | None, list[Step]],
 ) -> None:
     processes, mode, max_count, max_delay, steps = case
     fires, pings = trio.run(

@@ -1,20 +1,28 @@
-"""ruff and mypy --strict are part of the suite, so CI enforces them too."""
+"""ruff and mypy --strict are part of the suite, so CI enforces them too.
+
+The tools come with the lint extra: without it these tests skip, unless
+``TRIO_DEBOUNCE_REQUIRE_LINT=1`` (as in .ci/run) makes a missing tool a failure.
+"""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, lint_env, lint_tool
 
 pytestmark = pytest.mark.slow
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
+def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, check=False
+        [*lint_tool(tool), *args],
+        cwd=ROOT,
+        env=lint_env(),
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 

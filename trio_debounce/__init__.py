@@ -35,6 +35,7 @@ from ._runs import RunHandler as RunHandler
 from ._runs import RunInfo as RunInfo
 from ._runs import RunOptions as RunOptions
 from ._runs import RunState as RunState
+from ._runs import RunStateName as RunStateName
 from ._runs import RunStatistics as RunStatistics
 from ._runs import ScheduledRun as ScheduledRun
 from ._runs import SqliteRunStore as SqliteRunStore
@@ -47,6 +48,7 @@ from ._types import ErrorCallback as ErrorCallback
 from ._types import Fire as Fire
 from ._types import Handler as Handler
 from ._types import Mode as Mode
+from ._types import ModeName as ModeName
 from ._types import Outcome as Outcome
 from ._version import __version__ as __version__
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal, Unpack, final
+from typing import Any, Literal, Unpack, final, overload
 
 import trio
 from trio.lowlevel import enable_ki_protection
@@ -28,7 +29,7 @@ from ._firing import closed_error as _closed_error
 from ._local import LocalWindows
 from ._options import InitialFactory, Reducer
 from ._runs import RunScheduler
-from ._runs._store import ANY, RunState, RunStore, _Any
+from ._runs._store import ANY, RunState, RunStateName, RunStore, _Any
 from ._runs._types import (
     ExpiredCallback,
     RunHandler,
@@ -44,6 +45,7 @@ from ._types import (
     ErrorCallback,
     Handler,
     Mode,
+    ModeName,
     Outcome,
 )
 from ._upkeep import maintain
@@ -219,7 +221,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         *,
         delay: float,
         max_delay: float | None = None,
-        mode: Mode | str = Mode.TRAILING,
+        mode: Mode | ModeName = Mode.TRAILING,
         run_id: str | None = None,
         on_fire: Handler | None = None,
         **options: Unpack[DebounceOptions],
@@ -286,7 +288,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         *,
         delay: float,
         max_delay: float | None = None,
-        mode: Mode | str = Mode.TRAILING,
+        mode: Mode | ModeName = Mode.TRAILING,
         run_id: str | None = None,
         on_fire: Handler | None = None,
         **options: Unpack[DebounceOptions],
@@ -310,7 +312,7 @@ class Coordinator(metaclass=NoPublicConstructor):
             is due whatever the pings do; finite, >= 0 and >= ``delay``. It belongs to
             the window: only the opening ping's value is used, a later ping's value is
             checked and then ignored.
-          mode (Mode | str): ``"trailing"``, ``"leading"`` or ``"both"``. It belongs to
+          mode (Mode | ModeName): ``"trailing"``, ``"leading"`` or ``"both"``. It belongs to
             the window: a later ping with another mode raises :exc:`ValueError`.
           run_id (str | None): the run id of the window this ping opens; a uuid4 hex
             is generated if it is ``None``. Ignored when the ping lands in an open
@@ -601,22 +603,47 @@ class Coordinator(metaclass=NoPublicConstructor):
         """
         self._runs.set_handler(workflow, handler)
 
+    @overload
     async def schedule(
         self,
         workflow: str,
         run_id: str | None = None,
         payload: Any = None,
         *,
-        at: object = None,
+        at: datetime.datetime | float,
+        persist: bool = False,
+        expires_at: datetime.datetime | float | None = None,
+    ) -> ScheduledRun: ...
+
+    @overload
+    async def schedule(
+        self,
+        workflow: str,
+        run_id: str | None = None,
+        payload: Any = None,
+        *,
+        after: float,
+        persist: bool = False,
+        expires_at: datetime.datetime | float | None = None,
+    ) -> ScheduledRun: ...
+
+    async def schedule(
+        self,
+        workflow: str,
+        run_id: str | None = None,
+        payload: Any = None,
+        *,
+        at: datetime.datetime | float | None = None,
         after: float | None = None,
         persist: bool = False,
-        expires_at: object = None,
+        expires_at: datetime.datetime | float | None = None,
     ) -> ScheduledRun:
         """Schedule a deferred run of ``workflow`` for a wall-clock time.
 
-        Exactly one of ``at`` and ``after`` is given. Scheduling an id that is pending
-        replaces its time, payload and expiry (bumping its version) and keeps its
-        claim; scheduling an id that ran within the retention period
+        Exactly one of ``at`` and ``after`` is given (the overloads make passing both or
+        neither a type error; at run time it is a :exc:`TypeError`). Scheduling an id
+        that is pending replaces its time, payload and expiry (bumping its version) and
+        keeps its claim; scheduling an id that ran within the retention period
         (:attr:`RunOptions.retention`) changes nothing and returns
         ``outcome="already-ran"``. See :doc:`/runs`.
 
@@ -700,7 +727,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         self,
         *,
         workflow: str | None = None,
-        state: RunState | str | None = None,
+        state: RunState | RunStateName | None = None,
         owner: str | _Any | None = ANY,
         limit: int | None = None,
     ) -> list[RunInfo]:
@@ -709,7 +736,7 @@ class Coordinator(metaclass=NoPublicConstructor):
 
         Args:
           workflow (str | None): only this workflow's runs.
-          state (RunState | str | None): only runs in this state (``"pending"``,
+          state (RunState | RunStateName | None): only runs in this state (``"pending"``,
             ``"started"``, ``"done"``).
           owner (str | None): only runs claimed by this process id (``None``:
             unclaimed ones); any owner by default.

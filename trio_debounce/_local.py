@@ -23,7 +23,17 @@ from trio.lowlevel import enable_ki_protection
 
 from . import _engine, _options, _validate
 from ._firing import Handlers, Ledger, closed_error
-from ._types import DebounceResult, Edge, Fire, Handler, InitialFactory, Mode, Outcome, Reducer
+from ._types import (
+    DebounceResult,
+    Edge,
+    Fire,
+    Handler,
+    InitialFactory,
+    Mode,
+    ModeName,
+    Outcome,
+    Reducer,
+)
 from ._window import CLOSED, FLUSHED, OPEN, KeyRun, Window
 
 _INF = math.inf
@@ -106,7 +116,7 @@ class LocalWindows:
         payload: Any,
         delay: float,
         max_delay: float | None,
-        mode: Mode | str,
+        mode: Mode | ModeName,
         run_id: str | None,
         on_fire: Handler | None,
     ) -> DebounceResult:
@@ -158,7 +168,7 @@ class LocalWindows:
         payload: Any,
         delay: float,
         max_delay: float | None,
-        mode: Mode | str,
+        mode: Mode | ModeName,
         run_id: str | None,
         on_fire: Handler | None,
         options: Mapping[str, Any],
@@ -192,7 +202,7 @@ class LocalWindows:
         payload: Any,
         delay: float,
         max_delay: float | None,
-        mode: Mode | str,
+        mode: Mode | ModeName,
         run_id: str | None,
         on_fire: Handler | None,
         max_count: int | None,

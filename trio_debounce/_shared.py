@@ -45,6 +45,7 @@ from ._types import (
     Handler,
     InitialFactory,
     Mode,
+    ModeName,
     Outcome,
     Reducer,
 )
@@ -215,7 +216,7 @@ class SharedWindows:
         payload: Any,
         delay: float,
         max_delay: float | None,
-        mode: Mode | str,
+        mode: Mode | ModeName,
         run_id: str | None,
         on_fire: Handler | None,
         options: Mapping[str, Any] | None = None,

@@ -21,7 +21,7 @@ class Mode(str, enum.Enum):
       Fire the first ping at once and, if the window received more than one ping, fire
       again at the end of the burst with the latest payload.
 
-    :meth:`Coordinator.debounce` accepts the enum or its string value.
+    :meth:`Coordinator.debounce` accepts the enum or its string value (:data:`ModeName`).
     """
 
     TRAILING = "trailing"
@@ -30,6 +30,11 @@ class Mode(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+#: The string values of :class:`Mode`, which ``debounce(mode=...)`` accepts in place of
+#: the enum. Any other string is a type error (and a :exc:`ValueError` at run time).
+ModeName = Literal["trailing", "leading", "both"]
 
 
 class Edge(str, enum.Enum):
@@ -153,8 +158,9 @@ class Fire:
     fencing_token: int = 0
 
 
-#: The type of a fire handler: ``async def handler(fire: Fire) -> None``.
-Handler = Callable[[Fire], Awaitable[None]]
+#: The type of a fire handler: ``async def handler(fire: Fire) -> None``, or any callable
+#: taking a :class:`Fire` and returning an awaitable (its result is ignored).
+Handler = Callable[[Fire], Awaitable[object]]
 
 #: The type of an ``on_error`` callback: ``def on_error(fire: Fire, exc: Exception) -> object``
 #: (the return value is ignored).

@@ -51,18 +51,18 @@ from typing import Any
 import trio
 
 from tests.runs_driver import EventLog, read_lines
-from trio_debounce import Coordinator, Fire, open_coordinator
+from trio_debounce import Coordinator, Fire, ModeName, open_coordinator
 from trio_debounce.nats import NatsConfig, open_nats_backend
 
 WORKFLOW = "wf"
-MODES = ("trailing", "leading", "both")
+MODES: tuple[ModeName, ...] = ("trailing", "leading", "both")
 
 
 @dataclasses.dataclass(frozen=True)
 class KeyShape:
     """How every process pings one key."""
 
-    mode: str
+    mode: ModeName
     delay: float
     max_delay: float | None
 

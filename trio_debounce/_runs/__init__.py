@@ -52,6 +52,7 @@ from ._sqlite import open_sqlite_run_store as open_sqlite_run_store
 from ._store import ANY as ANY
 from ._store import Lease as Lease
 from ._store import RunState as RunState
+from ._store import RunStateName as RunStateName
 from ._store import RunStore as RunStore
 from ._store import StoredRun as StoredRun
 from ._store import _Any as _Any

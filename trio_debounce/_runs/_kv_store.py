@@ -222,7 +222,7 @@ class KvRunStore(RunStore):
 
     def __init__(self, kv: KvStore) -> None:
         self._kv = kv
-        self.max_payload_bytes = max(0, kv.max_value_bytes - DOCUMENT_ALLOWANCE)
+        self.max_payload_bytes: int = max(0, kv.max_value_bytes - DOCUMENT_ALLOWANCE)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} on {self._kv!r}>"

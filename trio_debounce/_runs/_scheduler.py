@@ -24,7 +24,7 @@ from ._claims import ClaimSweep
 from ._delivery import ArmedRuns, _Armed
 from ._lease import RunLease
 from ._local import LocalRuns, _LocalRun
-from ._store import ANY, RunState, RunStore, StoredRun, _Any
+from ._store import ANY, RunState, RunStateName, RunStore, StoredRun, _Any
 from ._types import (
     ExpiredCallback,
     RunHandler,
@@ -381,7 +381,7 @@ class RunScheduler:
         self,
         *,
         workflow: str | None,
-        state: RunState | str | None,
+        state: RunState | RunStateName | None,
         owner: str | _Any | None,
         limit: int | None,
     ) -> list[RunInfo]:
@@ -484,7 +484,10 @@ def _run_times(
 
 
 def _list_filters(
-    workflow: str | None, state: RunState | str | None, owner: str | _Any | None, limit: int | None
+    workflow: str | None,
+    state: RunState | RunStateName | None,
+    owner: str | _Any | None,
+    limit: int | None,
 ) -> set[RunState] | None:
     """Check ``list_runs()``'s filters; returns the states to list (None: all).
 

@@ -23,6 +23,7 @@ import enum
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Literal
 
 
 class RunState(str, enum.Enum):
@@ -45,6 +46,12 @@ class RunState(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+#: The string values of :class:`RunState`, which ``list_runs(state=...)`` accepts in
+#: place of the enum. Any other string is a type error (and a :exc:`ValueError` at run
+#: time).
+RunStateName = Literal["pending", "started", "done"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,8 +47,9 @@ class RunFire:
     persisted: bool
 
 
-#: The type of a run handler: ``async def handler(run: RunFire) -> None``.
-RunHandler = Callable[[RunFire], Awaitable[None]]
+#: The type of a run handler: ``async def handler(run: RunFire) -> None``, or any callable
+#: taking a :class:`RunFire` and returning an awaitable (its result is ignored).
+RunHandler = Callable[[RunFire], Awaitable[object]]
 
 #: Why a run was dropped unrun: past its ``expires_at``, or later than ``misfire_grace``.
 DropReason = Literal["expired", "misfired"]

@@ -58,10 +58,10 @@ class MemoryStore(KvStore):
         epoch: float = DEFAULT_EPOCH,
         created: float | None = None,
     ) -> None:
-        self.max_value_bytes = max_value_bytes
-        self.epoch = epoch
-        self.created = epoch if created is None else created
-        self.down = False
+        self.max_value_bytes: int = max_value_bytes
+        self.epoch: float = epoch
+        self.created: float = epoch if created is None else created
+        self.down: bool = False
         self.requests: collections.Counter[str] = collections.Counter()
         self._data: dict[str, KvEntry] = {}
         self._sequence = 0
@@ -329,7 +329,7 @@ class MemoryBackend(KvDebounceBackend):
     ) -> None:
         if not isinstance(store, MemoryStore):
             raise TypeError(f"store must be a MemoryStore, not {store!r}")
-        self.faults = StoreFaults()
+        self.faults: StoreFaults = StoreFaults()
         offset = _wall_offset(store, clock_skew)
         super().__init__(
             _FaultyStore(store, self.faults),
@@ -368,8 +368,8 @@ class MemoryRunStore(KvRunStore):
             store = MemoryStore()
         if not isinstance(store, MemoryStore):
             raise TypeError(f"store must be a MemoryStore, not {store!r}")
-        self.store = store
-        self.faults = StoreFaults()
+        self.store: MemoryStore = store
+        self.faults: StoreFaults = StoreFaults()
         self._offset = _wall_offset(store, clock_skew)
         super().__init__(_FaultyStore(store, self.faults))
 
