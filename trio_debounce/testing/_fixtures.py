@@ -26,11 +26,11 @@ class FireRecorder:
     """A fire handler that records what it fired, and which process fired it.
 
     The recorder itself is a handler (``handlers={"build": fires}``, recorded under the
-    process name ``""``); :meth:`handler` makes one per simulated process.
+    process name ``""``); :meth:`handler` makes one per simulated process. ``log`` is
+    the list of ``(process, fire)`` of each fire, in the order the handlers started.
     """
 
     def __init__(self) -> None:
-        #: ``(process, fire)`` of each fire, in the order the handlers started.
         self.log: list[tuple[str, Fire]] = []
         self._waiters: list[tuple[int, trio.Event]] = []
 
