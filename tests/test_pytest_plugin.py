@@ -16,6 +16,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
+
+from trio_debounce import Fire, open_coordinator
+from trio_debounce.testing import FireRecorder, Processes
 
 from .conftest import ROOT
 
@@ -185,3 +190,73 @@ def test_our_suite_loads_the_plugin_from_its_entry_point(pytestconfig: pytest.Co
     plugin = pytestconfig.pluginmanager.get_plugin("trio_debounce")
     assert plugin is not None
     assert Path(plugin.__file__).resolve() == PLUGIN
+
+
+# The fixtures in our own suite, where the plugin is loaded as in any other project.
+
+
+async def test_the_recorder_wakes_each_waiter_at_its_count(
+    autojump_clock: trio.testing.MockClock, trio_debounce_fires: FireRecorder
+) -> None:
+    woken: list[tuple[int, float]] = []
+
+    async def waiter(n: int) -> None:
+        await trio_debounce_fires.wait_for(n)
+        woken.append((n, trio.current_time()))
+
+    async with (
+        open_coordinator(
+            handlers={"a": trio_debounce_fires, "b": trio_debounce_fires.handler("P")}
+        ) as coordinator,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(waiter, 2)
+        nursery.start_soon(waiter, 1)
+        await coordinator.debounce("a", "k1", 1, delay=1.0)
+        await coordinator.debounce("b", "k2", 2, delay=2.0)
+    assert woken == [(1, 1.0), (2, 2.0)]
+    assert trio_debounce_fires.processes == ["", "P"]
+    assert [f.payload for f in trio_debounce_fires.of("k2")] == [2]
+    await trio_debounce_fires.wait_for(2)  # already there: returns at once
+
+
+async def test_processes_share_the_store_with_their_own_handlers(
+    autojump_clock: trio.testing.MockClock,
+    trio_debounce_processes: Processes,
+    trio_debounce_fires: FireRecorder,
+) -> None:
+    mine: list[str] = []
+
+    async def other(fire: Fire) -> None:
+        mine.append(fire.key)
+
+    async with trio_debounce_processes.open(
+        "A", "B", workflows=["build"], handlers={"other": other}
+    ) as (a, b):
+        assert (a.name, b.name) == ("A", "B")
+        await b.coordinator.debounce("build", "docs", "x", delay=1.0)
+        await a.coordinator.debounce("other", "k", delay=1.0)
+    assert trio_debounce_fires.processes == ["B"]
+    assert mine == ["k"]
+    assert trio_debounce_processes.store.requests["put"] > 0
+
+
+@pytest.mark.parametrize(("lease", "within"), [(3.0, 6.5), (None, 9.5)])
+async def test_a_shorter_lease_makes_a_shorter_takeover(
+    autojump_clock: trio.testing.MockClock,
+    trio_debounce_processes: Processes,
+    trio_debounce_fires: FireRecorder,
+    lease: float | None,
+    within: float,
+) -> None:
+    # A takeover waits for the lease, max_clock_skew (1 s) and a heartbeat (lease / 3).
+    async with trio_debounce_processes.process("B", workflows=["b"], process_lease=lease) as b:
+        async with trio_debounce_processes.process("A", workflows=["b"], process_lease=lease) as a:
+            t0 = trio.current_time()
+            await a.coordinator.debounce("b", "k", delay=0.5)
+            a.die()
+        await trio_debounce_fires.wait_for(1)
+        took = trio.current_time() - t0
+        assert b.coordinator.statistics().takeovers == 1
+    assert trio_debounce_fires.processes == ["B"]
+    assert within - 2.0 < took < within
