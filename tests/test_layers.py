@@ -68,7 +68,10 @@ LAYERS: dict[str, int] = {
     "_protocol._rules": BACKENDS,
     "_protocol._backend": BACKENDS,
     "nats": BACKENDS,
-    "testing": BACKENDS,
+    "testing._memory": BACKENDS,
+    "testing._conformance": BACKENDS,
+    "testing._run_conformance": BACKENDS,
+    "testing._nats_server": VALUES,  # the standard library only
     "_window": PARTS,
     "_firing": PARTS,
     "_local": PARTS,
@@ -80,6 +83,10 @@ LAYERS: dict[str, int] = {
     "": TOP,  # trio_debounce/__init__.py
     "__main__": TOP,
     "abc": TOP,
+    "testing": TOP,  # trio_debounce/testing/__init__.py
+    # The fixtures' objects (they open coordinators) and the pytest plugin.
+    "testing._fixtures": TOP,
+    "testing._pytest_plugin": TOP,
     "_cli": TOP,
 }
 
