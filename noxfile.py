@@ -225,3 +225,36 @@ def lowest(session: nox.Session) -> None:
     )
     session.run(python, "-W", "error", "-c", "import trio_debounce.nats")
     session.run(python, "-m", "pytest", *(session.posargs or CORE_TESTS))
+
+
+@nox.session(python=False)
+def package(session: nox.Session) -> None:
+    """Build the sdist and the wheel (uv build, hatchling) and check them as a release
+    would: ``twine check`` (metadata and README rendering), check-wheel-contents, and
+    the licence texts of ``MIT OR Apache-2.0`` in both (PEP 639 ``license-files``)."""
+    import pathlib
+    import tarfile
+    import tempfile
+    import zipfile
+
+    python = _uv_venv(session, _interpreter("3.11"))
+    _uv_install(session, python, "twine==7.0.0", "check-wheel-contents==0.6.3")
+    bin_dir = pathlib.Path(python).parent
+    out = pathlib.Path(tempfile.mkdtemp(prefix="trio-debounce-dist-"))
+    session.run("uv", "build", "--quiet", "--out-dir", str(out), external=True)
+    (sdist,) = out.glob("*.tar.gz")
+    (wheel,) = out.glob("*.whl")
+    session.run(str(bin_dir / "twine"), "check", "--strict", str(sdist), str(wheel))
+    session.run(str(bin_dir / "check-wheel-contents"), str(wheel))
+    licences = {"LICENSE", "LICENSE.MIT", "LICENSE.APACHE2"}
+    in_wheel = {
+        pathlib.PurePosixPath(name).name
+        for name in zipfile.ZipFile(wheel).namelist()
+        if ".dist-info/licenses/" in name
+    }
+    with tarfile.open(sdist) as archive:
+        in_sdist = {pathlib.PurePosixPath(name).name for name in archive.getnames()}
+    for where, names in (("wheel", in_wheel), ("sdist", in_sdist)):
+        if not licences <= names:
+            session.error(f"the {where} lacks {sorted(licences - names)}")
+    session.log(f"{sdist.name}, {wheel.name}: checked, with {sorted(licences)}")

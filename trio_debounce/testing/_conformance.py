@@ -119,23 +119,26 @@ async def _outcomes(open_backends: OpenBackends, lease: float, skew: float, tick
 async def _cap_is_kept(open_backends: OpenBackends, lease: float, skew: float, tick: float) -> None:
     wf = _workflow("cap")
     async with open_backends(2) as (a, b):
+        # Pings 2 ticks apart, each pushing the deadline 6 ticks on: the last one (at
+        # about 6 ticks) would put it at 12, past the cap at 10. The 4 ticks between
+        # the last ping and the cap leave room for a loaded machine's slow calls.
         r = await a.register(
-            wf, "k", mode=Mode.TRAILING, delay=4 * tick, max_delay=10 * tick, run_id="r"
+            wf, "k", mode=Mode.TRAILING, delay=6 * tick, max_delay=10 * tick, run_id="r"
         )
         cap = r.first_ping_at + 10 * tick
         for i in range(3):
-            await trio.sleep(3 * tick)
+            await trio.sleep(2 * tick)
             who = (a, b)[i % 2]
             r = await who.register(
-                wf, "k", mode=Mode.TRAILING, delay=4 * tick, max_delay=None, run_id="x"
+                wf, "k", mode=Mode.TRAILING, delay=6 * tick, max_delay=None, run_id="x"
             )
             _check(r.scheduled_at <= cap + 1e-6, f"ping {i + 2} pushed the fire past the cap: {r}")
         _check(abs(r.scheduled_at - cap) < 1e-6, f"the cap was not applied: {r}, cap {cap}")
         # A ping after the cap never joins the window: it takes its fire (at the cap,
         # with the window's four pings) and opens the next one.
-        await trio.sleep(3 * tick)
+        await trio.sleep(5 * tick)
         r = await b.register(
-            wf, "k", mode=Mode.TRAILING, delay=4 * tick, max_delay=None, run_id="y"
+            wf, "k", mode=Mode.TRAILING, delay=6 * tick, max_delay=None, run_id="y"
         )
         _check(r.outcome is Registered.OPENED and r.run_id == "y", f"a ping after the cap: {r}")
         _check(len(r.taken) == 1, f"a ping after the cap did not take the fire: {r}")
