@@ -910,8 +910,12 @@ def test_shared_options_match_the_model(
         store, fires = MemoryStore(), Fires()
         t0 = trio.current_time()
         async with _processes(store, fires, "ABC") as coordinators:
+            elapsed = 0.0
             for i, (dt, who, key) in enumerate(pings):
-                await trio.sleep(dt)
+                # At the model's instants exactly: a ping whose call took time (a
+                # conflict's retry) must not move every later ping.
+                elapsed += dt
+                await trio.sleep_until(t0 + elapsed)
                 kwargs: dict[str, Any] = {"payload_policy": policy}
                 if collect:
                     kwargs.update(max_items=max_items, overflow="drop-oldest")
@@ -1044,8 +1048,13 @@ def test_shared_windows_with_every_option_match_the_model(case: dict[str, Any]) 
                     for reducer, (fn, initial) in SHARED_REDUCERS.items():
                         c.set_reducer(reducer, fn, initial=initial)
                     coordinators.append(c)
+                elapsed = 0.0
                 for i, (dt, who, key) in enumerate(pings):
-                    await trio.sleep(dt)
+                    # At the model's instants exactly: a ping whose call took time (a
+                    # conflict's retry) must not move every later ping past a run's
+                    # end that the model puts after it.
+                    elapsed += dt
+                    await trio.sleep_until(t0 + elapsed)
                     kwargs: dict[str, Any] = {
                         "max_count": opts.max_count,
                         "payload_policy": opts.payload_policy,
