@@ -9,6 +9,12 @@ thread host never import trio_asyncio, which patches asyncio process-wide); each
 runs every variant once, in an order rotated from round to round, and each figure is a
 ratio to the same round's baseline, summarised over the rounds (median, min, max).
 
+Each worker also reports its CPU time per operation (every thread of the process, the
+loop's included) and a hot-key phase: 100 tasks of the process each send 10
+acknowledged pings to one key (the baseline: 100 asyncio tasks each making 10
+revision-checked read-modify-writes of one key, retrying on conflict), in pings per
+second.
+
 Run: ``python bench/nats_hosts.py [--rounds 7] [--pings 400]``; prints a JSON report
 and an RST table (for ``docs/nats.rst``) on stdout.
 """
@@ -19,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,6 +44,17 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+#: The hot-key phase: this many tasks of one process ping one key, each this many times.
+HOT_TASKS = 100
+HOT_PINGS_PER_TASK = 10
+
+
+def _cpu() -> float:
+    """CPU seconds of this process so far, every thread (the loop's thread included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _figures(latencies: list[float]) -> dict[str, float]:
     return {"p50": _quantile(latencies, 0.5), "p99": _quantile(latencies, 0.99)}
 
@@ -47,6 +65,7 @@ def _figures(latencies: list[float]) -> dict[str, float]:
 def worker_raw(url: str, pings: int, warm: int) -> dict[str, Any]:
     """Raw nats-py on a stdlib loop: one kv.get + one kv.update per ping."""
     import nats
+    import nats.js.errors
 
     async def main() -> dict[str, Any]:
         nc = await nats.connect(url)
@@ -58,13 +77,42 @@ def worker_raw(url: str, pings: int, warm: int) -> dict[str, Any]:
             value = b"y" * 200
             out: list[float] = []
             for i in range(warm + pings):
+                if i == warm:
+                    cpu0 = _cpu()
                 t0 = time.perf_counter()
                 entry = await kv.get("w.raw")
                 rev = await kv.update("w.raw", value, last=entry.revision or rev)
                 if i >= warm:
                     out.append(time.perf_counter() - t0)
+            cpu_per_op = (_cpu() - cpu0) / pings
+
+            # Hot key: HOT_TASKS tasks each make HOT_PINGS_PER_TASK acknowledged
+            # read-modify-writes of one key (get, then update on its revision; a
+            # conflict retries): the work a debounce ping on a shared key does.
+            await kv.create("w.hot", b"0")
+
+            async def one_task() -> None:
+                done = 0
+                while done < HOT_PINGS_PER_TASK:
+                    entry = await kv.get("w.hot")
+                    try:
+                        await kv.update("w.hot", value, last=entry.revision)
+                    except nats.js.errors.KeyWrongLastSequenceError:
+                        continue
+                    done += 1
+
+            cpu0, t0 = _cpu(), time.perf_counter()
+            await asyncio.gather(*(one_task() for _ in range(HOT_TASKS)))
+            hot_seconds = time.perf_counter() - t0
+            hot_cpu = (_cpu() - cpu0) / (HOT_TASKS * HOT_PINGS_PER_TASK)
             await js.delete_key_value(bucket)
-            return {"latencies": out, "loop": type(asyncio.get_running_loop()).__name__}
+            return {
+                "latencies": out,
+                "loop": type(asyncio.get_running_loop()).__name__,
+                "cpu_per_op": cpu_per_op,
+                "hot_per_second": HOT_TASKS * HOT_PINGS_PER_TASK / hot_seconds,
+                "hot_cpu_per_op": hot_cpu,
+            }
         finally:
             await nc.close()
 
@@ -80,14 +128,14 @@ def worker_host(host: str, url: str, pings: int, warm: int) -> dict[str, Any]:
     from trio_debounce.nats import NatsConfig, open_nats_backend
 
     crossings = 0
-    cross = nats_store.cross
+    cross = nats_store.cross  # type: ignore[attr-defined]
 
     async def counted(*args: Any) -> Any:
         nonlocal crossings
         crossings += 1
         return await cross(*args)
 
-    nats_store.cross = counted  # type: ignore[assignment]
+    nats_store.cross = counted  # type: ignore[attr-defined,assignment]
 
     async def noop(fire: trio_debounce.Fire) -> None:
         pass
@@ -105,7 +153,7 @@ def worker_host(host: str, url: str, pings: int, warm: int) -> dict[str, Any]:
                 handlers={"wf": noop}, backend=backend, on_exit="cancel"
             ) as coordinator,
         ):
-            store: Any = backend._store  # type: ignore[attr-defined]
+            store: Any = backend._view.store  # type: ignore[attr-defined]
             while not hasattr(store, "_host"):
                 store = store._store
             loop = type(store._host.loop).__name__
@@ -113,13 +161,37 @@ def worker_host(host: str, url: str, pings: int, warm: int) -> dict[str, Any]:
             for i in range(warm + 1 + pings):  # the first opens the window
                 if i == warm + 1:
                     start = crossings
+                    cpu0 = _cpu()
                 t0 = time.perf_counter()
                 await coordinator.debounce("wf", "k", {"n": i}, delay=3600.0)
                 if i > warm:
                     out.append(time.perf_counter() - t0)
+            cpu_per_op = (_cpu() - cpu0) / pings
             # store calls per ping (the heartbeat's few included)
             per_ping = (crossings - start) / pings
-        return {"latencies": out, "loop": loop, "crossings_per_ping": per_ping}
+
+            # Hot key: HOT_TASKS tasks each send HOT_PINGS_PER_TASK acknowledged
+            # pings to one key (the owner's group commit may merge them).
+            await coordinator.debounce("wf", "hot", 0, delay=3600.0)
+
+            async def one_task() -> None:
+                for n in range(HOT_PINGS_PER_TASK):
+                    await coordinator.debounce("wf", "hot", n, delay=3600.0)
+
+            cpu0, t0 = _cpu(), time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for _ in range(HOT_TASKS):
+                    nursery.start_soon(one_task)
+            hot_seconds = time.perf_counter() - t0
+            hot_cpu = (_cpu() - cpu0) / (HOT_TASKS * HOT_PINGS_PER_TASK)
+        return {
+            "latencies": out,
+            "loop": loop,
+            "crossings_per_ping": per_ping,
+            "cpu_per_op": cpu_per_op,
+            "hot_per_second": HOT_TASKS * HOT_PINGS_PER_TASK / hot_seconds,
+            "hot_cpu_per_op": hot_cpu,
+        }
 
     result: dict[str, Any] = trio.run(main)
     result["trio_asyncio_imported"] = "trio_asyncio" in sys.modules
@@ -222,16 +294,32 @@ def drive(args: argparse.Namespace) -> None:
             "p99_us": _summary([1e6 * f["p99"] for f in figs]),
             "p50_ratio": _summary([f["p50"] / b["p50"] for f, b in zip(figs, base, strict=True)]),
             "p99_ratio": _summary([f["p99"] / b["p99"] for f, b in zip(figs, base, strict=True)]),
+            "cpu_us_per_op": _summary([1e6 * s[v]["cpu_per_op"] for s in rounds]),
+            "cpu_ratio": _summary([s[v]["cpu_per_op"] / s["raw"]["cpu_per_op"] for s in rounds]),
+            "hot_per_second": _summary([s[v]["hot_per_second"] for s in rounds]),
+            "hot_ratio": _summary(
+                [s[v]["hot_per_second"] / s["raw"]["hot_per_second"] for s in rounds]
+            ),
+            "hot_cpu_us_per_op": _summary([1e6 * s[v]["hot_cpu_per_op"] for s in rounds]),
         }
     ta_vs_thread = [
         _figures(s["trio-asyncio"]["latencies"])["p50"] / _figures(s["thread"]["latencies"])["p50"]
         for s in rounds
     ]
     report["trio_asyncio_p50_over_thread_p50"] = _summary(ta_vs_thread)
+    report["trio_asyncio_hot_over_thread_hot"] = _summary(
+        [s["trio-asyncio"]["hot_per_second"] / s["thread"]["hot_per_second"] for s in rounds]
+    )
+    report["trio_asyncio_cpu_over_thread_cpu"] = _summary(
+        [s["trio-asyncio"]["cpu_per_op"] / s["thread"]["cpu_per_op"] for s in rounds]
+    )
     print(json.dumps(report, indent=2))
     print(_table(report))
     ratio = report["trio_asyncio_p50_over_thread_p50"]
     print(f"trio-asyncio p50 / thread p50: {_spread(ratio)} (median, min-max over rounds)")
+    for what in ("hot", "cpu"):
+        ratio = report[f"trio_asyncio_{what}_over_thread_{what}"]
+        print(f"trio-asyncio {what} / thread {what}: {_spread(ratio)}")
 
 
 def _spread(summary: dict[str, float]) -> str:
@@ -239,7 +327,21 @@ def _spread(summary: dict[str, float]) -> str:
 
 
 def _table(report: dict[str, Any]) -> str:
-    rows = [("variant", "loop", "calls", "p50 (us)", "p50 / raw", "p99 (us)", "p99 / raw")]
+    rows = [
+        (
+            "variant",
+            "loop",
+            "calls",
+            "p50 (us)",
+            "p50 / raw",
+            "p99 (us)",
+            "p99 / raw",
+            "CPU (us/op)",
+            "CPU / raw",
+            "hot key (/s)",
+            "hot / raw",
+        )
+    ]
     for v, f in report["variants"].items():
         name = {"raw": "raw nats-py get+put", "thread": "thread host"}.get(v, "trio-asyncio host")
         rows.append(
@@ -251,6 +353,10 @@ def _table(report: dict[str, Any]) -> str:
                 _spread(f["p50_ratio"]),
                 f"{f['p99_us']['median']:.0f}",
                 _spread(f["p99_ratio"]),
+                f"{f['cpu_us_per_op']['median']:.0f}",
+                _spread(f["cpu_ratio"]),
+                f"{f['hot_per_second']['median']:.0f}",
+                _spread(f["hot_ratio"]),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
