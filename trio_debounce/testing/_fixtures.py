@@ -124,7 +124,7 @@ class Processes:
         process_lease: float = 6.0,
     ) -> None:
         self.fires = fires
-        self.store = MemoryStore() if store is None else store
+        self.store: MemoryStore = MemoryStore() if store is None else store
         self.process_lease = process_lease
 
     @asynccontextmanager

@@ -106,11 +106,11 @@ class NatsServer:
         self.store_dir = store_dir
         self.token = token
         self.conf = conf
-        self.extra_args = tuple(extra_args)
-        self.port = free_port() if port is None else port
-        self.monitor_port = free_port() if conf is not None else None
+        self.extra_args: tuple[str, ...] = tuple(extra_args)
+        self.port: int = free_port() if port is None else port
+        self.monitor_port: int | None = free_port() if conf is not None else None
         self.proc: subprocess.Popen[bytes] | None = None
-        self.paused = False
+        self.paused: bool = False
         self._log = store_dir.parent / f"nats-server-{self.port}.log"
 
     @property
