@@ -246,7 +246,9 @@ class RunStore(abc.ABC):
 
     @abc.abstractmethod
     async def list_leases(self) -> list[Lease]:
-        """Every lease in the store, in no particular order."""
+        """Every lease in the store, in no particular order. A store may serve it
+        from an index its watch keeps, which can lag a write by a moment (the NATS
+        run store does); the conformance suite allows 5 s."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Release what the store holds (connections, threads). Idempotent."""
