@@ -314,12 +314,44 @@ def drive(args: argparse.Namespace) -> None:
         [s["trio-asyncio"]["cpu_per_op"] / s["thread"]["cpu_per_op"] for s in rounds]
     )
     print(json.dumps(report, indent=2))
-    print(_table(report))
-    ratio = report["trio_asyncio_p50_over_thread_p50"]
-    print(f"trio-asyncio p50 / thread p50: {_spread(ratio)} (median, min-max over rounds)")
-    for what in ("hot", "cpu"):
-        ratio = report[f"trio_asyncio_{what}_over_thread_{what}"]
-        print(f"trio-asyncio {what} / thread {what}: {_spread(ratio)}")
+    rst = _rst(report)
+    print(rst)
+    if args.rst is not None:
+        Path(args.rst).write_text(rst + "\n")
+
+
+def _versions() -> str:
+    import importlib.metadata as metadata
+
+    names = ("trio", "nats-py", "trio-asyncio")
+    return ", ".join(f"{name} {metadata.version(name)}" for name in names)
+
+
+def _rst(report: dict[str, Any]) -> str:
+    """The report as reStructuredText, included by docs/nats.rst and
+    docs/benchmarks/index.rst (``docs/benchmarks/hosts.inc``)."""
+    load0, load1 = report["loadavg_start"][0], report["loadavg_end"][0]
+    lines = [
+        f"Measured by ``python bench/nats_hosts.py --rounds {report['rounds']} --pings "
+        f"{report['pings']}`` with Python {report['python']}, {_versions()}, on "
+        f"{report['cpu']} ({report['cores']} cores); load average {load0} (1 min) at "
+        f"the start, {load1} at the end. Each figure is the median over the rounds; "
+        "each ratio is taken within a round, to that round's raw nats-py baseline "
+        "(median, and min-max over the rounds). *calls*: store calls per ping (the raw "
+        "baseline makes two requests); *CPU*: the process's CPU time per ping, every "
+        "thread included; *hot key*: acknowledged pings per second, 100 tasks of one "
+        "process pinging one key 10 times each (the baseline: 100 asyncio tasks each "
+        "making 10 revision-checked read-modify-writes of one key, retrying on "
+        "conflict, which the coordinator's group commit does not have to do).",
+        "",
+        _table(report),
+        "",
+        "trio-asyncio's figures over the thread host's, per round (median, min-max): "
+        f"owner-ping p50 {_spread(report['trio_asyncio_p50_over_thread_p50'])}, CPU per "
+        f"ping {_spread(report['trio_asyncio_cpu_over_thread_cpu'])}, hot-key pings/s "
+        f"{_spread(report['trio_asyncio_hot_over_thread_hot'])}.",
+    ]
+    return "\n".join(lines)
 
 
 def _spread(summary: dict[str, float]) -> str:
@@ -378,6 +410,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--pings", type=int, default=400)
     parser.add_argument("--warm", type=int, default=50)
+    parser.add_argument(
+        "--rst", help="also write the report's RST here (docs/benchmarks/hosts.inc)"
+    )
     args = parser.parse_args()
     if args.command == "worker":
         worker(args)

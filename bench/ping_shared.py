@@ -204,7 +204,7 @@ async def store_latencies(
     url: str, ops: list[tuple[str, int]], pings: int, warm: int = 20
 ) -> list[float]:
     """The KV operations ``ops`` (as :func:`raw_latencies`) through the backend's store
-    alone (``NatsKvStore.get``/``put``: one trio-asyncio crossing each, no
+    alone (``NatsKvStore.get``/``put``: one crossing into the asyncio host each, no
     coordinator), on a fresh Trio loop (run with ``trio.run``); seconds of each ping.
     It splits the owner ping's gap: the bridge's share (this against raw nats-py) and the
     coordinator's (the owner ping against this)."""
@@ -229,8 +229,17 @@ async def store_latencies(
 def raw_latencies(url: str, ops: list[tuple[str, int]], pings: int, warm: int = 20) -> list[float]:
     """Raw nats-py on a fresh plain asyncio loop: per ping, the KV operations ``ops``
     (``("get", _)`` a ``kv.get``, ``("put", size)`` a ``kv.update`` of ``size`` bytes
-    against the last revision seen) on one key; seconds of each ping."""
+    against the last revision seen) on one key; seconds of each ping.
+
+    Raises:
+      RuntimeError: trio_asyncio is imported in this process: it replaces asyncio's
+        loop policy, so ``asyncio.run`` would measure trio-asyncio's (slower) loop,
+        not the stdlib's (bench/nats_hosts.py measures that host in processes of
+        their own)."""
     import nats
+
+    if "trio_asyncio" in sys.modules:
+        raise RuntimeError("raw nats-py baseline in a process that imported trio_asyncio")
 
     async def main() -> list[float]:
         nc = await nats.connect(url)

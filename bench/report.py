@@ -242,7 +242,7 @@ DESCRIPTIONS = {
         "backend on Trio, against raw nats-py on a plain asyncio loop doing the KV "
         "operations the requests count saw an owner ping do (same sizes, one key), in the "
         "same run. A third variant in the same rotation does these operations through "
-        "the backend's store alone (``NatsKvStore``: one trio-asyncio crossing per "
+        "the backend's store alone (``NatsKvStore``: one crossing into the asyncio host per "
         "operation, no coordinator), which splits the gap into the bridge's share and "
         "the coordinator's."
     ),
@@ -334,6 +334,19 @@ def write(results_path: Path, out: Path = OUT) -> Path:
         lines.append("")
         if key in plots:
             lines += [f".. image:: {plots[key]}", f"   :alt: {item['title']}", ""]
+    # Written by bench/nats_hosts.py --rst (each host in processes of its own).
+    title = "The asyncio hosts of the NATS backend"
+    lines += [
+        title,
+        "-" * len(title),
+        "",
+        "The two hosts of nats-py's loop (``NatsConfig.asyncio_host``, :doc:`/nats`), "
+        "side by side in one run of ``bench/nats_hosts.py`` (not part of ``nox -s "
+        "bench``: every sample is a process of its own).",
+        "",
+        ".. include:: hosts.inc",
+        "",
+    ]
     missed = [
         (key, r)
         for key, item in results["items"].items()
