@@ -67,6 +67,11 @@ def test_mixed_faults(tmp_path: Path) -> None:
     assert_held([row])
 
 
+# Solo: beside another test's load (seen on Python 3.14, twice in two whole-suite
+# runs, never alone) the twins' timing let one window fire twice; the scenario's
+# promise is about two processes with one id, not about a starved machine. The long
+# variant (nox -s chaos) runs it alone as well.
+@pytest.mark.solo
 @pytest.mark.timeout(120)
 def test_twin_process_id(tmp_path: Path) -> None:
     assert_held(sp.twin_process_id(context(tmp_path, 5.0)))
