@@ -175,22 +175,23 @@ def tests_trio_asyncio(session: nox.Session) -> None:
     session.run(python, "-m", "pytest", *args, env={"TRIO_DEBOUNCE_TEST_AUTO_HOST": "trio-asyncio"})
 
 
-@nox.session(python=False, name="tests-3.12")
-def tests_312(session: nox.Session) -> None:
-    """The conformance, NATS-backend and semantics tests on Python 3.12 (pyenv)."""
-    python = _uv_venv(session, _interpreter("3.12"))
+def _core_tests(session: nox.Session, version: str) -> None:
+    python = _uv_venv(session, _interpreter(version))
     _uv_install(session, python, "-e", ".[test]")
     session.run(python, "-W", "error", "-c", "import trio_debounce.nats")
     session.run(python, "-m", "pytest", *(session.posargs or CORE_TESTS))
+
+
+@nox.session(python=False, name="tests-3.12")
+def tests_312(session: nox.Session) -> None:
+    """The conformance, NATS-backend and semantics tests on Python 3.12 (pyenv)."""
+    _core_tests(session, "3.12")
 
 
 @nox.session(python=False, name="tests-3.13")
 def tests_313(session: nox.Session) -> None:
     """The conformance, NATS-backend and semantics tests on Python 3.13 (pyenv)."""
-    python = _uv_venv(session, _interpreter("3.13"))
-    _uv_install(session, python, "-e", ".[test]")
-    session.run(python, "-W", "error", "-c", "import trio_debounce.nats")
-    session.run(python, "-m", "pytest", *(session.posargs or CORE_TESTS))
+    _core_tests(session, "3.13")
 
 
 @nox.session(python=False, name="tests-3.14")
