@@ -44,7 +44,7 @@ from trio_debounce import (
     open_coordinator,
 )
 from trio_debounce.abc import StoredRun
-from trio_debounce.nats import NatsConfig, open_nats_backend, open_nats_run_store
+from trio_debounce.nats import NatsConfig, _connection, open_nats_backend, open_nats_run_store
 from trio_debounce.nats._store import _log_asyncio_error, _map_error, _redact, _secrets
 
 pytestmark = pytest.mark.slow
@@ -354,6 +354,35 @@ async def test_refused_credentials_fail_at_once_and_show_no_secret(
     assert time.monotonic() - start < REFUSED_WITHIN
     assert setup.bad_error in str(info.value)
     assert_hidden(setup.secrets, *_texts(info.value), repr(config), caplog_debug.text)
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("missing client certificate", "the server requires a client certificate"),
+        ("client certificate of another CA", "the server refused the handshake"),
+        ("good", ""),
+    ],
+)
+async def test_tls_probe_names_the_refusal_a_cut_connection_hides(
+    case: str, expected: str, nats_server_factory: NatsServerFactory, tmp_path: Path
+) -> None:
+    # Under TLS 1.3 nats-py may meet a broken pipe instead of the server's alert (a
+    # race it loses under load, seen on 3.14); after such a cut the connect probes,
+    # and the probe reads before it writes, so it meets the alert every time.
+    setup = make_setup("mtls", tmp_path / "pki")
+    server = nats_server_factory(conf=setup.conf)
+    config = config_from_env(
+        server, setup.scheme, setup.good if case == "good" else setup.bad[case]
+    )
+    context = _connection.tls_context(config)
+    assert context is not None
+    with trio.fail_after(10):
+        failure = await _connection.probe_tls(config, context)
+    if expected:
+        assert failure.startswith(expected)
+    else:
+        assert failure == ""
 
 
 async def test_plaintext_server_is_refused_when_tls_is_asked_for(

@@ -20,7 +20,14 @@ from nats.aio.client import Client
 from .._errors import BackendAuthError, BackendConfigError, BackendUnavailableError
 from ._bridge import Host, callback, cross
 from ._config import NatsConfig
-from ._errors import PERMISSION_MARKER, is_auth_failure, map_error, redact, tls_failure
+from ._errors import (
+    PERMISSION_MARKER,
+    TLS_CUT,
+    is_auth_failure,
+    map_error,
+    redact,
+    tls_failure,
+)
 from ._errors import tls_refused as _tls_refused
 
 logger = logging.getLogger("trio_debounce.nats")
@@ -53,6 +60,9 @@ class State:
     permission_message: str = ""
     #: Cancelled by the error callback on an authorization violation during start-up.
     connect_scope: trio.CancelScope | None = None
+    #: Set by the error callback when a connection is cut during start-up (a TLS
+    #: refusal can look like one: see :func:`probe_tls`); replaced once acted on.
+    cut_while_connecting: trio.Event = field(default_factory=trio.Event)
     #: Set when the store is being closed on purpose (its disconnect is no news).
     closing: bool = False
     #: The open watches, interrupted by every disconnect and reconnect.
@@ -97,6 +107,8 @@ class State:
             self.permission_message = redact(text, self.secrets)
             self.log_once(logging.ERROR, f"NATS denied a permission: {text}")
         else:
+            if self.connect_scope is not None and isinstance(exc, (OSError, *TLS_CUT)):
+                self.cut_while_connecting.set()
             self.log_once(logging.WARNING, f"NATS connection error: {text}")
 
     def on_disconnected(self) -> None:
@@ -266,6 +278,69 @@ def connect_options(config: NatsConfig, state: State, host: Host) -> dict[str, A
     return options
 
 
+#: Seconds one TLS probe of one server may take (:func:`probe_tls`).
+_PROBE_TIMEOUT = 2.0
+
+
+async def probe_tls(config: NatsConfig, context: ssl.SSLContext) -> str:
+    """Why the servers refuse this client's TLS handshake, or "" if none does.
+
+    Under TLS 1.3 a server checks the client certificate after the client's side of
+    the handshake is done, then sends its alert and closes. nats-py writes CONNECT
+    at that moment, and whether it reads the alert (an :class:`ssl.SSLError`
+    naming the refusal) or meets the closed socket first (a broken pipe, which
+    looks like an outage) is a race. This probe does the same handshake with
+    Trio's :class:`trio.SSLStream` and reads before it writes, so the alert is
+    what it meets. Each server (``nats://`` and ``tls://`` only) gets at most
+    :data:`_PROBE_TIMEOUT` seconds; one that cannot be reached is skipped.
+    """
+    for url in config.servers:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("nats", "tls"):
+            continue
+        hostname = parts.hostname or "localhost"
+        with trio.move_on_after(_PROBE_TIMEOUT):
+            try:
+                stream = await trio.open_tcp_stream(hostname, parts.port or 4222)
+            except (OSError, ValueError):  # unreachable, or no valid port
+                continue
+            async with stream:
+                try:
+                    if not config.tls_handshake_first:
+                        info = b""  # the server's plaintext INFO line comes first
+                        while b"\n" not in info and len(info) < 1 << 20:
+                            chunk = await stream.receive_some(1 << 16)
+                            if not chunk:
+                                break
+                            info += chunk
+                    tls = trio.SSLStream(stream, context, server_hostname=hostname)
+                    await tls.do_handshake()
+                    await tls.receive_some(1)
+                except OSError:
+                    continue
+                except trio.BrokenResourceError as exc:
+                    cause = exc.__cause__
+                    if isinstance(cause, ssl.SSLError) and _tls_refused(cause):
+                        return tls_failure(cause)
+    return ""
+
+
+async def _diagnose_cuts(
+    config: NatsConfig, state: State, context: ssl.SSLContext, scope: trio.CancelScope
+) -> None:
+    """While connecting: after each cut connection, probe for a TLS refusal (see
+    :func:`probe_tls`); on one, record it and end the connect at once."""
+    while True:
+        await state.cut_while_connecting.wait()
+        state.cut_while_connecting = trio.Event()
+        failure = await probe_tls(config, context)
+        if failure:
+            state.tls_failure = failure
+            state.log_once(logging.ERROR, f"NATS TLS handshake failed: {failure}")
+            scope.cancel()
+            return
+
+
 def wants_tls(config: NatsConfig) -> bool:
     """Whether the config asks for TLS: a ``tls://`` URL, TLS files or handshake-first."""
     return (
@@ -296,13 +371,23 @@ async def connect(config: NatsConfig, state: State, host: Host, nc: Client) -> N
       BackendError: any other failure.
     """
     options = connect_options(config, state, host)
-    with trio.move_on_after(config.connect_timeout) as scope:
-        state.connect_scope = scope
-        try:
-            await cross(host, functools.partial(nc.connect, **options))
-        except Exception as exc:
-            raise map_error(exc, "connect", state) from exc
-    state.connect_scope = None
+    failed: Exception | None = None
+    # the nursery's body raises nothing (it would come out in an ExceptionGroup)
+    async with trio.open_nursery() as nursery:
+        with trio.move_on_after(config.connect_timeout) as scope:
+            state.connect_scope = scope
+            context = options.get("tls")
+            if isinstance(context, ssl.SSLContext):
+                nursery.start_soon(_diagnose_cuts, config, state, context, scope)
+            try:
+                await cross(host, functools.partial(nc.connect, **options))
+            except Exception as exc:
+                failed = exc
+            finally:
+                state.connect_scope = None
+                nursery.cancel_scope.cancel()
+    if failed is not None:
+        raise map_error(failed, "connect", state) from failed
     if state.auth_failed:
         raise BackendAuthError("connect: NATS refused the credentials")
     if state.tls_failure:
