@@ -372,20 +372,23 @@ async def connect(config: NatsConfig, state: State, host: Host, nc: Client) -> N
     """
     options = connect_options(config, state, host)
     failed: Exception | None = None
-    # the nursery's body raises nothing (it would come out in an ExceptionGroup)
-    async with trio.open_nursery() as nursery:
-        with trio.move_on_after(config.connect_timeout) as scope:
-            state.connect_scope = scope
-            context = options.get("tls")
-            if isinstance(context, ssl.SSLContext):
-                nursery.start_soon(_diagnose_cuts, config, state, context, scope)
-            try:
-                await cross(host, functools.partial(nc.connect, **options))
-            except Exception as exc:
-                failed = exc
-            finally:
-                state.connect_scope = None
-                nursery.cancel_scope.cancel()
+    # The nursery's body raises nothing (it would come out in an ExceptionGroup), and
+    # it cancels the probe only once out of ``scope`` (a cancelled parent would take
+    # over the catch of ``scope``'s own cancel, and hide the timeout).
+    try:
+        async with trio.open_nursery() as nursery:
+            with trio.move_on_after(config.connect_timeout) as scope:
+                state.connect_scope = scope
+                context = options.get("tls")
+                if isinstance(context, ssl.SSLContext):
+                    nursery.start_soon(_diagnose_cuts, config, state, context, scope)
+                try:
+                    await cross(host, functools.partial(nc.connect, **options))
+                except Exception as exc:
+                    failed = exc
+            nursery.cancel_scope.cancel()
+    finally:
+        state.connect_scope = None
     if failed is not None:
         raise map_error(failed, "connect", state) from failed
     if state.auth_failed:
