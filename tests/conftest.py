@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import faulthandler
 import fcntl
 import importlib.util
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +42,13 @@ LONG = os.environ.get(LONG_ENV) == "1"
 # under TRIO_DEBOUNCE_TEST_AUTO_HOST they run on the same host as the rest (tests/__init__.py).
 if os.environ.get(AUTO_HOST_ENV):
     os.environ.setdefault("TRIO_DEBOUNCE_NATS_ASYNCIO_HOST", os.environ[AUTO_HOST_ENV])
+
+# A worker that a signal ends (SIGTERM, SIGHUP) says so, with every thread's stack,
+# before the default action: xdist itself only reports "node down".
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _signum in (signal.SIGTERM, signal.SIGHUP):
+        faulthandler.register(_signum, all_threads=True, chain=True)
+
 
 #: The xdist group of the tests marked ``realtime``.
 REALTIME_GROUP = "realtime"
