@@ -26,9 +26,8 @@ from tests.chaos.checker import Report, check
 from tests.chaos.driver import key_shape
 from trio_debounce import Coordinator, Fire, RunFire, open_coordinator
 from trio_debounce._protocol import KvDebounceBackend
-from trio_debounce.abc import RunStore
+from trio_debounce.abc import KvEntry, KvStore, RunStore
 from trio_debounce.nats import NatsConfig, open_nats_backend
-from trio_debounce.testing import KvEntry, KvStore
 
 WORKFLOW = "wf"
 RUN_WORKFLOW = "job"

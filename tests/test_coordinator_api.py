@@ -674,3 +674,15 @@ async def test_an_outside_cancel_during_the_exit_settles_every_pending_fire(
         assert len(trailing) + stats.cancelled == 2  # each: started or dropped, once
         with trio.fail_after(1):
             await c.wait_idle()
+
+
+def test_the_kv_contract_is_public_in_abc() -> None:
+    # The store a custom backend implements is a contract: its home is the abc
+    # module; trio_debounce.testing, where it was first exported, still has it.
+    import trio_debounce.abc
+    import trio_debounce.testing
+
+    for name in ("KvStore", "KvEntry"):
+        cls = getattr(trio_debounce.abc, name)
+        assert cls.__module__ == "trio_debounce.abc"
+        assert getattr(trio_debounce.testing, name) is cls

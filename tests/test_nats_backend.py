@@ -34,9 +34,9 @@ from trio_debounce import (
     open_coordinator,
 )
 from trio_debounce._protocol import KvDebounceBackend
-from trio_debounce.abc import DebounceBackend
+from trio_debounce.abc import DebounceBackend, KvEntry, KvStore
 from trio_debounce.nats import NatsConfig, open_nats_backend
-from trio_debounce.testing import KvEntry, KvStore, check_debounce_backend
+from trio_debounce.testing import check_debounce_backend
 
 LEASE = 1.5
 SKEW = 0.25

@@ -37,9 +37,9 @@ from tests.chaos.checker import Report
 from tests.cluster_load import RUN_WORKFLOW, Load, xfail_if_known
 from tests.nats_cluster import NatsCluster, running_cluster
 from trio_debounce import BackendUnavailableError, RunOptions, open_coordinator
+from trio_debounce.abc import KvEntry
 from trio_debounce.nats import NatsConfig, open_nats_run_store
 from trio_debounce.nats._store import open_nats_store
-from trio_debounce.testing import KvEntry
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,8 @@ from trio_debounce import Coordinator, Outcome, RunFire, RunOptions, open_coordi
 from trio_debounce._keys import process_key, run_lease_key
 from trio_debounce._protocol import KvDebounceBackend
 from trio_debounce._runs._kv_store import KvRunStore
-from trio_debounce.testing import KvEntry, KvStore, MemoryRunStore, MemoryStore
+from trio_debounce.abc import KvEntry, KvStore
+from trio_debounce.testing import MemoryRunStore, MemoryStore
 
 LEASE = 6.0
 SKEW = 1.0
