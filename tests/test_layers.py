@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "_util": VALUES,
     "_version": VALUES,
     "_options": VALUES,
+    "_process": VALUES,
     "_engine": ENGINE,
     "_backend": CONTRACTS,
     "_kv": CONTRACTS,

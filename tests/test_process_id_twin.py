@@ -12,6 +12,7 @@ once. (The deferred-run side: tests/test_runs.py, ``*process_id*``.)
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import trio
@@ -27,6 +28,7 @@ from trio_debounce import (
     open_coordinator,
 )
 from trio_debounce._keys import process_key
+from trio_debounce._process import TWIN_LOOKS, Look, TwinWatch
 from trio_debounce.abc import Lease
 from trio_debounce.testing import MemoryBackend, MemoryRunStore, MemoryStore
 
@@ -301,3 +303,48 @@ async def test_a_live_run_lease_refuses_the_start_before_the_backend_writes(
             ):
                 pytest.fail("the twin started")  # pragma: no cover
         assert store.raw_get(process_key("svc")) is None  # the backend wrote nothing
+
+
+# ------------------------------------------------- the watch itself (pure, _process)
+
+
+def _watch(**overrides: object) -> TwinWatch:
+    args: dict[str, Any] = {
+        "revision": 7,
+        "expires": 1_000.0 + 30.0,  # wall: lapses 30 s after the read
+        "heartbeat": 10.0,
+        "own_heartbeat": 4.0,
+        "lease": 30.0,
+        "skew": 1.0,
+        "wall_now": 1_000.0,
+        "trio_now": 50.0,
+    }
+    return TwinWatch.start(**(args | overrides))
+
+
+def test_the_watch_lasts_the_holders_heartbeat_plus_the_skew() -> None:
+    watch = _watch()
+    assert watch.until == 50.0 + 10.0 + 1.0
+    assert watch.step == pytest.approx(11.0 / TWIN_LOOKS)
+    assert watch.next_look(50.0) == pytest.approx(50.0 + 11.0 / TWIN_LOOKS)
+    assert watch.next_look(60.9) == watch.until  # never past the watch's end
+
+
+@pytest.mark.parametrize("recorded", [None, "10", True, 0.0, -1.0, float("inf"), float("nan")])
+def test_a_heartbeat_not_recorded_or_unusable_is_ours(recorded: object) -> None:
+    assert _watch(heartbeat=recorded).until == 50.0 + 4.0 + 1.0
+
+
+def test_the_watch_is_capped_at_our_lease_and_at_the_holders_expiry() -> None:
+    assert _watch(heartbeat=100.0).until == 50.0 + 30.0 + 1.0  # our lease
+    # lapses 2 s after the read: dead beyond the skew 3 s after it, whatever its beat
+    assert _watch(expires=1_002.0).until == pytest.approx(50.0 + 2.0 + 1.0)
+
+
+def test_a_look_tells_a_renewal_from_a_silence() -> None:
+    watch = _watch()
+    assert watch.look(revision=7, expires=1_030.0, now=55.0) is Look.WATCHING
+    assert watch.look(revision=8, expires=1_030.0, now=55.0) is Look.RENEWED
+    assert watch.look(revision=7, expires=1_040.0, now=55.0) is Look.RENEWED
+    assert watch.look(revision=8, expires=1_040.0, now=99.0) is Look.RENEWED  # renewal wins
+    assert watch.look(revision=7, expires=1_030.0, now=watch.until) is Look.OVER

@@ -7,36 +7,18 @@ import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import trio
 
 from .._errors import BackendError, BackendUnavailableError, ProcessIdTakenError, RevisionConflict
 from .._keys import process_key
 from .._kv import KvEntry
-from .._wallclock import wall_to_trio
+from .._process import Look, TwinWatch, taken_error
 from ._documents import LEASE_PREFIX, Lease, RunMarker, WindowDoc, decode_lease, encode_lease
 from ._rules import Identity
 from ._view import StoreView
 
 logger = logging.getLogger("trio_debounce.backend")
-
-#: Looks at a live lease of our process id (another epoch) while it is watched for a
-#: renewal at start, besides the first (the KV interface has no watch to wait on).
-_TWIN_LOOKS = 4
-
-
-@dataclass(slots=True)
-class _TwinWatch:
-    """A live lease of another epoch of our process id, watched before this opening's
-    first lease write: renewed within ``until`` (Trio time), it is a live twin."""
-
-    epoch: str
-    revision: int
-    expires: float
-    until: float
-    #: Seconds between two looks at the lease.
-    step: float
 
 
 class ProcessLease:
@@ -88,7 +70,9 @@ class ProcessLease:
         self.replaced: Lease | None = None
         #: Before this opening's first lease write: the live lease of another epoch
         #: of our process id being watched for a renewal (a live twin), if any.
-        self._twin_watch: _TwinWatch | None = None
+        self._twin_watch: TwinWatch | None = None
+        #: The epoch of the lease ``_twin_watch`` watches.
+        self._twin_epoch = ""
         #: The process id was found free (no live lease of another epoch, or one not
         #: renewed for its holder's heartbeat interval plus the skew margin).
         self._id_cleared = False
@@ -167,13 +151,6 @@ class ProcessLease:
             return None
         return lease if lease.epoch != self._me.epoch else None
 
-    def _twin_wait(self, holder: Lease) -> float:
-        """Seconds to watch ``holder`` (a live lease of another epoch of our process
-        id) for a renewal: its heartbeat interval (ours if it did not record one,
-        capped at our lease) plus the skew margin."""
-        beat = self.heartbeat_interval if holder.heartbeat is None else holder.heartbeat
-        return min(beat, self._seconds) + self._skew
-
     async def _check_twin(self) -> bool:
         """Before this opening's first lease write: may it write now?
 
@@ -204,28 +181,28 @@ class ProcessLease:
         if watch is None:
             # A live lease of another epoch: a live twin, or a predecessor that crashed
             # (or stalls) before its lease lapsed. Only a renewal tells them apart.
-            until = min(
-                now + self._twin_wait(foreign),
-                # Lapsed (beyond the skew) before then: dead, whatever its interval.
-                wall_to_trio(foreign.expires + self._skew, wall_now=wall, trio_now=now),
-            )
-            self._twin_watch = _TwinWatch(
-                foreign.epoch,
-                entry.revision,
-                foreign.expires,
-                until,
-                max((until - now) / _TWIN_LOOKS, 1e-3),
+            self._twin_epoch = foreign.epoch
+            self._twin_watch = watch = TwinWatch.start(
+                revision=entry.revision,
+                expires=foreign.expires,
+                heartbeat=foreign.heartbeat,
+                own_heartbeat=self.heartbeat_interval,
+                lease=self._seconds,
+                skew=self._skew,
+                wall_now=wall,
+                trio_now=now,
             )
             logger.info(
                 "process id %r: the lease of epoch %s is live; watching it for %.3g s for "
                 "a renewal before this opening (epoch %s) starts",
                 self._me.process_id,
                 foreign.epoch,
-                until - now,
+                watch.until - now,
                 self._me.epoch,
             )
             return False
-        if entry.revision != watch.revision or foreign.expires != watch.expires:
+        look = watch.look(revision=entry.revision, expires=foreign.expires, now=now)
+        if look is Look.RENEWED:
             self._twin_watch = None
             self.taken_by = foreign
             logger.error(
@@ -236,21 +213,17 @@ class ProcessLease:
                 foreign.epoch,
                 self._me.epoch,
             )
-            raise ProcessIdTakenError(
-                f"process id {self._me.process_id!r} is held by a live coordinator (epoch "
-                f"{foreign.epoch}, whose lease was renewed while this one watched it); "
-                f"this one (epoch {self._me.epoch}) is refused and wrote nothing: two live "
-                f"coordinators must never share a process id"
+            raise taken_error(
+                self._me.process_id, f"epoch {foreign.epoch}", f"this one (epoch {self._me.epoch})"
             )
-        if now < watch.until:
+        if look is Look.WATCHING:
             return False
         logger.warning(
-            "process id %r: the lease of epoch %s was not renewed for %.3g s; taking the "
+            "process id %r: the lease of epoch %s was not renewed while watched; taking the "
             "process id over (that coordinator crashed or stalls; if it resumes, it is "
             "fenced at its next heartbeat)",
             self._me.process_id,
-            watch.epoch,
-            self._twin_wait(foreign),
+            self._twin_epoch,
         )
         self._twin_watch = None
         self._id_cleared = True
@@ -261,9 +234,7 @@ class ProcessLease:
         while not await self._check_twin():
             watch = self._twin_watch
             assert watch is not None
-            # A few looks during the watch, so a live twin is refused at its renewal
-            # rather than at the end of the watch (the store has no watch to wait on).
-            await trio.sleep_until(min(watch.until, trio.current_time() + watch.step))
+            await trio.sleep_until(watch.next_look(trio.current_time()))
         await trio.lowlevel.checkpoint()
 
     async def refresh(self, apply_queued: Callable[[], Awaitable[None]]) -> set[str]:
@@ -287,7 +258,7 @@ class ProcessLease:
             assert self._twin_watch is not None
             raise BackendUnavailableError(
                 f"process id {self._me.process_id!r}: the live lease of epoch "
-                f"{self._twin_watch.epoch} is watched for a renewal for "
+                f"{self._twin_epoch} is watched for a renewal for "
                 f"{max(self._twin_watch.until - trio.current_time(), 0.0):.3g} s more "
                 f"before this opening writes its own"
             )

@@ -5,22 +5,17 @@ process id."""
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 import trio
 
-from .._errors import BackendError, ProcessIdTakenError
-from .._wallclock import wall_to_trio
+from .._errors import BackendError
+from .._process import Look, TwinWatch, taken_error
 from ._calls import Counters, StoreCalls
 from ._store import Lease, StoredRun
 from ._types import RunOptions
 
 logger = logging.getLogger("trio_debounce.runs")
-
-#: Looks at a live lease of our process id while it is watched for a renewal at start,
-#: besides the first (a run store has no watch to wait on).
-_TWIN_LOOKS = 4
 
 
 class RunLease:
@@ -122,27 +117,32 @@ class RunLease:
             return old
         # A live twin, or a predecessor that crashed (or stalls) before its lease
         # lapsed: only a renewal tells them apart.
-        beat = old.heartbeat_interval
-        if not (isinstance(beat, float | int) and 0 < beat < math.inf):
-            beat = self._interval  # not recorded (or no usable value)
-        until = min(
-            now + min(beat, options.lease) + skew,
-            wall_to_trio(old.expires_at + skew, wall_now=wall, trio_now=now),
+        watch = TwinWatch.start(
+            revision=old.revision,
+            expires=old.expires_at,
+            heartbeat=old.heartbeat_interval,
+            own_heartbeat=self._interval,
+            lease=options.lease,
+            skew=skew,
+            wall_now=wall,
+            trio_now=now,
         )
-        step = max((until - now) / _TWIN_LOOKS, 1e-3)
         logger.info(
             "process id %r: the run lease of epoch %d is live; watching it for %.3g s for a "
             "renewal before this coordinator starts",
             self.process_id,
             old.epoch,
-            until - now,
+            watch.until - now,
         )
         while True:
-            await trio.sleep_until(min(until, trio.current_time() + step))
+            await trio.sleep_until(watch.next_look(trio.current_time()))
             current = await self._call("get_lease", store.get_lease, self.process_id)
             if current is None or current.released:
                 return current  # left meanwhile: free
-            if current.revision != old.revision:
+            look = watch.look(
+                revision=current.revision, expires=current.expires_at, now=trio.current_time()
+            )
+            if look is Look.RENEWED:
                 logger.error(
                     "process id %r is held by a live coordinator (run lease epoch %d was "
                     "renewed): this one is refused; two live coordinators must never share "
@@ -150,20 +150,15 @@ class RunLease:
                     self.process_id,
                     current.epoch,
                 )
-                raise ProcessIdTakenError(
-                    f"process id {self.process_id!r} is held by a live coordinator (run "
-                    f"lease epoch {current.epoch}, renewed while this one watched it); this "
-                    f"one is refused and wrote nothing: two live coordinators must never "
-                    f"share a process id"
-                )
-            if trio.current_time() >= until:
+                raise taken_error(self.process_id, f"run lease epoch {current.epoch}", "this one")
+            if look is Look.OVER:
                 logger.warning(
                     "process id %r: the run lease of epoch %d was not renewed for %.3g s; "
                     "taking the process id over (that coordinator crashed or stalls; if it "
                     "resumes, it is fenced at its next heartbeat)",
                     self.process_id,
                     current.epoch,
-                    until - now,
+                    watch.until - now,
                 )
                 return current
 
