@@ -49,6 +49,7 @@ LAYERS: dict[str, int] = {
     "_version": VALUES,
     "_options": VALUES,
     "_process": VALUES,
+    "_codec": VALUES,
     "_engine": ENGINE,
     "_backend": CONTRACTS,
     "_kv": CONTRACTS,

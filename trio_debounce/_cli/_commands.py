@@ -7,7 +7,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
@@ -16,6 +15,7 @@ import trio
 
 from .. import _validate
 from .._backend import DebounceBackend
+from .._codec import hide_userinfo
 from .._options import window_options
 from .._types import Mode
 from ._events import EventError, decode_line
@@ -191,7 +191,7 @@ def _nats_backend(
     for url in servers:
         if not url.startswith(_BACKEND_SCHEMES):
             parser.error(
-                f"--backend URLs must start with nats:// or tls://, got {_redact_url(url)!r}"
+                f"--backend URLs must start with nats:// or tls://, got {hide_userinfo(url)!r}"
             )
     if args.bucket is not None and not args.bucket:
         parser.error("--bucket must not be empty")
@@ -217,13 +217,8 @@ def _nats_backend(
     try:
         config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:
-        parser.error(_redact_url(str(exc)))
+        parser.error(hide_userinfo(str(exc)))
     return functools.partial(open_nats_backend, config, process_id=args.process_id)
-
-
-def _redact_url(text: str) -> str:
-    """``text`` with the userinfo of any URL in it (``nats://user:pass@``) hidden."""
-    return re.sub(r"(?<=://)[^/@\s]*@", "<hidden>@", text)
 
 
 def cmd_events_git(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

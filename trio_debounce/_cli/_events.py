@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .._codec import strict_loads
+
 #: Times at or beyond 2**53 are not exact as floats: integer times would be rounded.
 _EXACT_LIMIT = 2.0**53
 
@@ -49,21 +51,6 @@ def decode_line(raw: bytes, line_number: int) -> str:
     return text.removesuffix("\r")
 
 
-def _reject_constant(name: str) -> Any:
-    # Python's json accepts NaN, Infinity and -Infinity; JSON does not.
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"the number {text[:40]} is out of range for a float")
-    return value
-
-
-_decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
-
-
 def parse_json_object(text: str, line_number: int) -> dict[str, Any]:
     """Parse one line as a strict JSON object, or raise :class:`EventError`.
 
@@ -71,13 +58,11 @@ def parse_json_object(text: str, line_number: int) -> dict[str, Any]:
     whatever is accepted can be written back out as valid JSON.
     """
     try:
-        value = _decoder.decode(text)
+        value = strict_loads(text)
     except json.JSONDecodeError as exc:
         raise EventError(line_number, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-    except ValueError as exc:  # NaN, Infinity, 1e999, an integer too long to convert
+    except ValueError as exc:  # NaN, Infinity, 1e999, too long an integer, too deep
         raise EventError(line_number, f"not valid JSON ({exc})") from None
-    except RecursionError:
-        raise EventError(line_number, "not valid JSON (nested too deeply)") from None
     if not isinstance(value, dict):
         raise EventError(line_number, f"expected a JSON object, got {_describe(value)}")
     return value

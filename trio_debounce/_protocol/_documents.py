@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import _validate
+from .. import _codec, _validate
 from .._keys import WINDOW_PREFIX
 from .._types import Mode
 
@@ -216,7 +216,7 @@ class WindowDoc:
     @classmethod
     def decode(cls, raw: bytes) -> WindowDoc:
         """Parse a document; raises ValueError for anything but a valid version 1, 2 or 3."""
-        obj = _loads(raw)
+        obj = _codec.strict_loads(raw)
         versions = (SCHEMA_VERSION, WINDOW_SCHEMA_OPTIONS, WINDOW_SCHEMA_RUNS)
         if not isinstance(obj, dict) or obj.get("v") not in versions:
             raise ValueError("not a version 1, 2 or 3 window document")
@@ -286,7 +286,7 @@ class WindowDoc:
                     or not all(isinstance(part, str) for part in proof)
                 ):
                     raise ValueError(f"bad after {after!r}")
-                proofs.append((_utf8("after", proof[0]), _utf8("after", proof[1])))
+                proofs.append((_codec.utf8("after", proof[0]), _codec.utf8("after", proof[1])))
             extra["after"] = tuple(proofs)
         doc = cls(
             owner=_str(obj, "owner"),
@@ -303,7 +303,7 @@ class WindowDoc:
             count=int(obj["count"]),
             write=_str(obj, "write"),
             opened_by=_str(obj, "open"),
-            payload=_opt_str(obj, "payload"),
+            payload=_codec.opt_string(obj, "payload"),
             fired=obj.get("fired", False) is True,
             max_count=max_count,
             payload_policy=policy,
@@ -316,27 +316,6 @@ class WindowDoc:
         if doc.count < 1:
             raise ValueError("count < 1")
         return doc
-
-
-def _reject(text: str) -> float:
-    raise ValueError(f"not a finite number: {text[:40]}")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        _reject(text)
-    return value
-
-
-def _loads(raw: bytes) -> Any:
-    """JSON of a stored document: NaN, infinities and nesting too deep to parse are
-    refused with ValueError like any other unreadable document, so that every decoder
-    raises only ValueError, KeyError or TypeError (what their callers catch)."""
-    try:
-        return json.loads(raw, parse_constant=_reject, parse_float=_finite_float)
-    except RecursionError:
-        raise ValueError("a document nested too deeply") from None
 
 
 def _order(value: Any) -> float:
@@ -357,40 +336,11 @@ def _float(value: Any) -> float:
 
 
 def _str(obj: dict[str, Any], name: str) -> str:
-    value = obj[name]
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} is not a non-empty string")
-    return _utf8(name, value)
-
-
-def _opt_str(obj: dict[str, Any], name: str) -> str | None:
-    value = obj.get(name)
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{name} is not a string")
-    return value if value is None else _utf8(name, value)
-
-
-def _utf8(name: str, value: str) -> str:
-    # A "\ud800" escape parses to a lone surrogate, which no document can be
-    # written back with (the encoders write UTF-8).
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{name} holds a lone surrogate") from None
-    return value
+    return _codec.string(obj, name, nonempty=True)
 
 
 def _num(obj: dict[str, Any], name: str) -> float:
-    value = obj[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} is not a number")
-    try:
-        value = float(value)
-    except OverflowError:
-        raise ValueError(f"{name} is too large") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name} is not finite")
-    return value
+    return float(_codec.number(obj, name))
 
 
 class WindowFull(Exception):
@@ -419,7 +369,7 @@ class Lease:
 
 
 def decode_lease(raw: bytes) -> Lease:
-    obj = _loads(raw)
+    obj = _codec.strict_loads(raw)
     if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
         raise ValueError("not a version 1 lease")
     heartbeat = _validate.advisory_seconds(obj.get("beat"))
@@ -485,7 +435,7 @@ class FireRecord:
 
     @classmethod
     def decode(cls, raw: bytes) -> FireRecord:
-        obj = _loads(raw)
+        obj = _codec.strict_loads(raw)
         if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
             raise ValueError("not a version 1 fire record")
         return cls(
@@ -494,10 +444,10 @@ class FireRecord:
             workflow=_str(obj, "workflow"),
             key=_str(obj, "key"),
             run_id=_str(obj, "run"),
-            payload=_opt_str(obj, "payload"),
+            payload=_codec.opt_string(obj, "payload"),
             count=int(obj["count"]),
             first=_num(obj, "first"),
             at=_num(obj, "at"),
             attempt=int(obj["attempt"]),
-            write=_opt_str(obj, "write"),
+            write=_codec.opt_string(obj, "write"),
         )

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from .. import _validate
+from .._codec import number, opt_number, opt_string, strict_loads, string
 from .._errors import DocumentTooLargeError, RevisionConflict
 from .._keys import (
     RUN_LEASE_PREFIX,
@@ -66,32 +66,6 @@ def encode_run(run: StoredRun) -> bytes:
     return json.dumps(doc, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
 
 
-def _number(doc: dict[str, Any], name: str, *, optional: bool = False) -> Any:
-    value = doc.get(name)
-    if value is None and optional:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(float(value) if abs(value) < 1e308 else math.inf)
-    ):
-        raise ValueError(f"field {name!r} is not a finite number: {str(value)[:40]}")
-    return value
-
-
-def _string(doc: dict[str, Any], name: str, *, optional: bool = False) -> Any:
-    value = doc.get(name)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"field {name!r} is not a str: {value!r}")
-    try:
-        value.encode("utf-8")  # a "\ud800" escape: no document could be written back
-    except UnicodeEncodeError:
-        raise ValueError(f"field {name!r} holds a lone surrogate") from None
-    return value
-
-
 def _load(value: bytes) -> dict[str, Any]:
     """The JSON object of a document of this schema version.
 
@@ -99,11 +73,9 @@ def _load(value: bytes) -> dict[str, Any]:
       ValueError: not JSON, not an object, or an unknown schema version.
     """
     try:
-        doc = json.loads(value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = strict_loads(value)
+    except ValueError as exc:
         raise ValueError(f"not JSON: {exc}") from None
-    except RecursionError:
-        raise ValueError("not JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
     if doc.get("v") != SCHEMA:
@@ -119,24 +91,24 @@ def decode_run(value: bytes, revision: int, key: str | None = None) -> StoredRun
         it is of another run than the one ``key`` names.
     """
     doc = _load(value)
-    if key is not None and key != run_key(_string(doc, "id")):
-        raise ValueError(f"the document is of another run, {_string(doc, 'id')[:80]!r}")
+    if key is not None and key != run_key(string(doc, "id")):
+        raise ValueError(f"the document is of another run, {string(doc, 'id')[:80]!r}")
     return StoredRun(
-        run_id=_string(doc, "id"),
-        workflow=_string(doc, "wf"),
-        payload=_string(doc, "payload"),
-        scheduled_at=float(_number(doc, "at")),
-        expires_at=_number(doc, "exp", optional=True),
-        state=RunState(_string(doc, "state")),
-        owner=_string(doc, "owner", optional=True),
-        epoch=int(_number(doc, "epoch")),
-        version=int(_number(doc, "version")),
-        attempt=int(_number(doc, "attempt")),
-        token=int(_number(doc, "token")),
-        created_at=float(_number(doc, "created")),
-        started_at=_number(doc, "started", optional=True),
-        finished_at=_number(doc, "finished", optional=True),
-        outcome=_string(doc, "outcome", optional=True),
+        run_id=string(doc, "id"),
+        workflow=string(doc, "wf"),
+        payload=string(doc, "payload"),
+        scheduled_at=float(number(doc, "at")),
+        expires_at=opt_number(doc, "exp"),
+        state=RunState(string(doc, "state")),
+        owner=opt_string(doc, "owner"),
+        epoch=int(number(doc, "epoch")),
+        version=int(number(doc, "version")),
+        attempt=int(number(doc, "attempt")),
+        token=int(number(doc, "token")),
+        created_at=float(number(doc, "created")),
+        started_at=opt_number(doc, "started"),
+        finished_at=opt_number(doc, "finished"),
+        outcome=opt_string(doc, "outcome"),
         revision=revision,
     )
 
@@ -163,16 +135,16 @@ def decode_lease(value: bytes, revision: int, key: str | None = None) -> Lease:
         it is of another process than the one ``key`` names.
     """
     doc = _load(value)
-    if key is not None and key != run_lease_key(_string(doc, "pid")):
-        raise ValueError(f"the document is of another process, {_string(doc, 'pid')[:80]!r}")
+    if key is not None and key != run_lease_key(string(doc, "pid")):
+        raise ValueError(f"the document is of another process, {string(doc, 'pid')[:80]!r}")
     released = doc.get("released")
     if not isinstance(released, bool):
         raise ValueError(f"field 'released' is not a bool: {released!r}")
     beat = doc.get("beat")
     return Lease(
-        process_id=_string(doc, "pid"),
-        epoch=int(_number(doc, "epoch")),
-        expires_at=float(_number(doc, "exp")),
+        process_id=string(doc, "pid"),
+        epoch=int(number(doc, "epoch")),
+        expires_at=float(number(doc, "exp")),
         released=released,
         revision=revision,
         # Only advisory (how long a newcomer watches the lease): a value no interval

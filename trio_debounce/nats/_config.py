@@ -9,19 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .. import _validate
+from .._codec import hide_userinfo
 
 _BUCKET = re.compile(r"\A[A-Za-z0-9_-]+\Z")
 _SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 _SECRETS = ("token", "password", "nkey_seed")
 _ENV = "TRIO_DEBOUNCE_"
-_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 #: The values of :attr:`NatsConfig.asyncio_host`.
 ASYNCIO_HOSTS = ("auto", "thread", "trio-asyncio")
-
-
-def _hide_userinfo(text: str) -> str:
-    """``text`` with the credentials of any URL in it (``nats://user:pass@``) hidden."""
-    return _URL_USERINFO.sub("<hidden>@", text)
 
 
 @dataclass(frozen=True)
@@ -115,11 +110,11 @@ class NatsConfig:
         servers: object = self.servers
         if isinstance(servers, str):
             raise TypeError(
-                f"servers must be a sequence of URLs, not the str {_hide_userinfo(servers)!r}"
+                f"servers must be a sequence of URLs, not the str {hide_userinfo(servers)!r}"
             )
         if not isinstance(servers, (tuple, list)):
             raise TypeError(
-                f"servers must be a sequence of URLs, not {_hide_userinfo(repr(servers))}"
+                f"servers must be a sequence of URLs, not {hide_userinfo(repr(servers))}"
             )
         servers = tuple(servers)
         object.__setattr__(self, "servers", servers)
@@ -127,7 +122,7 @@ class NatsConfig:
             raise ValueError("servers must name at least one server")
         for url in servers:
             if not isinstance(url, str) or not url.startswith(_SCHEMES):
-                shown = _hide_userinfo(repr(url))
+                shown = hide_userinfo(repr(url))
                 raise ValueError(f"server URL must start with one of {_SCHEMES}, got {shown}")
         for name in (
             "ping_interval",
@@ -180,7 +175,7 @@ class NatsConfig:
                 if value is not None:
                     shown.append(f"{f.name}=<hidden>")
             elif f.name == "servers" and value != f.default:
-                shown.append(f"servers={_hide_userinfo(repr(value))}")
+                shown.append(f"servers={hide_userinfo(repr(value))}")
             elif value != f.default:
                 shown.append(f"{f.name}={value!r}")
         return f"NatsConfig({', '.join(shown)})"

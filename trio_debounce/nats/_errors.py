@@ -4,13 +4,13 @@ the JetStream codes and TLS failures the backend tells apart; no I/O, no state."
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 from typing import Protocol
 
 import nats.errors
 import nats.js.errors
 
+from .._codec import hide_userinfo
 from .._errors import (
     BackendAuthError,
     BackendError,
@@ -64,7 +64,6 @@ AUTH_MARKERS = (
     "authentication revoked",
 )
 PERMISSION_MARKER = "permissions violation"
-_URL_USERINFO = re.compile(r"(?<=://)[^/@]*@")
 
 #: TLS errors that are a cut connection (an outage), not a refused handshake.
 TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
@@ -72,7 +71,7 @@ TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
 
 def redact(text: str, secrets: tuple[str, ...]) -> str:
     """``text`` without URL credentials and without any of ``secrets``."""
-    text = _URL_USERINFO.sub("<hidden>@", text)
+    text = hide_userinfo(text)
     for secret in secrets:
         if secret:
             text = text.replace(secret, "<hidden>")
