@@ -312,7 +312,7 @@ async def test_a_peers_ping_races_the_owners_commit_of_a_window_due_at_its_cap(
     assert results["b"].ping_count == 1
 
 
-# ----------------------------------------------- the window options of issue 8, merged
+# ------------------------------------------------------ the window options, merged
 
 
 async def register_any(

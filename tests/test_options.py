@@ -1,4 +1,4 @@
-"""Named tests, one or more per rule of issue 8's window options, to the float on MockClock.
+"""Named tests, one or more per rule of the window options (docs/semantics.rst), on MockClock.
 
 max_count, payload policies (first, collect, reducers, bounds), one run at a time per
 key (overlap="queue-latest", run_timeout) and caller ordering (order_key, drop_stale).

@@ -3,7 +3,7 @@
 Every scenario runs driver processes (:mod:`tests.chaos.driver`, or
 ``tests/runs_driver.py`` for deferred runs) on a real ``nats-server``, checks their logs
 (:mod:`tests.chaos.checker`) and returns table rows. Leases are short (2 s) and the
-operation deadline (5 s) is longer than a JetStream leader election, as issue 7 asks;
+operation deadline (5 s) is longer than a JetStream leader election (docs/reliability.rst);
 the ping rate is limited so that two cores carry the clients and the server.
 """
 
