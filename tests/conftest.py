@@ -196,4 +196,4 @@ def nats_py_log() -> Path:
     return shared_file(NATS_PY_LOG)
 
 
-from tests.nats_server import nats_server, nats_server_factory  # noqa: E402, F401
+from tests.harness.nats_server import nats_server, nats_server_factory  # noqa: E402, F401

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.nats_server import NatsServer, free_port
+from tests.harness.nats_server import NatsServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
