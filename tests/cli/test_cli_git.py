@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.harness.env import ROOT
 from trio_debounce._cli import main
 from trio_debounce._cli._git_events import GitEventsError, git_events, parse_git_log
 

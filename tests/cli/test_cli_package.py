@@ -7,7 +7,7 @@ import ast
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.harness.env import ROOT
 
 PACKAGE = ROOT / "trio_debounce"
 

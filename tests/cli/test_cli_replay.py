@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import REQUIRE_SHARED_ENV, shared_file
+from tests.harness.env import REQUIRE_SHARED_ENV, shared_file
 from tests.harness.model import Model, Options
 from trio_debounce._cli import _replay, main
 from trio_debounce._cli._events import Event

@@ -1,4 +1,6 @@
-"""``Fires``: what the handlers of several simulated or real processes ran, in order."""
+"""Fire recorders: :class:`Fires`, what the handlers of several simulated or real
+processes ran, in order; :class:`Recorder`, one handler's fires (it can take time to
+run)."""
 
 from __future__ import annotations
 
@@ -41,3 +43,25 @@ class Fires:
     def by_attempt(self) -> list[tuple[str, str, Any, int, int]]:
         """(process, key, payload, ping count, attempt) of each fire."""
         return [(p, f.key, f.payload, f.ping_count, f.attempt) for p, f in self.log]
+
+
+class Recorder:
+    """A fire handler that records every fire and can take time to run."""
+
+    def __init__(self, duration: float = 0.0) -> None:
+        self.fires: list[Fire] = []
+        self.duration = duration
+        self.running = 0
+        self.max_running = 0
+
+    async def __call__(self, fire: Fire) -> None:
+        self.fires.append(fire)
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            await trio.sleep(self.duration)
+        finally:
+            self.running -= 1
+
+    def summary(self) -> list[tuple[float, str, object, int, str]]:
+        return [(f.fired_at, f.key, f.payload, f.ping_count, f.edge.value) for f in self.fires]

@@ -11,18 +11,28 @@ The fixtures: ``nats_server`` (one started server, no auth) and ``nats_server_fa
 (call it to start more, optionally with ``token=...``, or with ``conf=...``: lines of a
 server configuration file, for authorization, TLS or limits). Every server a fixture
 started is resumed if paused and terminated by pid at teardown.
+
+:func:`store_config` is the configuration the store tests connect with (a short
+``op_timeout`` on loopback).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from trio_debounce.testing import _nats_server
 from trio_debounce.testing._nats_server import START_TIMEOUT as START_TIMEOUT
 from trio_debounce.testing._nats_server import free_port as free_port
+
+if TYPE_CHECKING:
+    from trio_debounce.nats import NatsConfig
+
+#: The ``op_timeout`` of :func:`store_config`, in seconds.
+OP_TIMEOUT = 0.5
 
 
 def find_nats_server() -> str:
@@ -87,3 +97,19 @@ def nats_server_factory(tmp_path: Path) -> Iterator[NatsServerFactory]:
 def nats_server(nats_server_factory: NatsServerFactory) -> NatsServer:
     """One started ``nats-server -js`` without authentication."""
     return nats_server_factory()
+
+
+def store_config(server: NatsServer, **kwargs: object) -> NatsConfig:
+    """A :class:`~trio_debounce.nats.NatsConfig` for ``server``: ``op_timeout``
+    :data:`OP_TIMEOUT`, a 3 s connect timeout and a 1 s ping interval, unless ``kwargs``
+    (more fields) say otherwise."""
+    from trio_debounce.nats import NatsConfig  # not imported with the fixtures
+
+    options: dict[str, object] = {
+        "servers": (server.url,),
+        "op_timeout": OP_TIMEOUT,
+        "connect_timeout": 3.0,
+        "ping_interval": 1.0,
+    }
+    options.update(kwargs)
+    return NatsConfig(**options)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.conftest import Recorder
+from tests.harness.fires import Recorder
 from trio_debounce import DebounceResult, Edge, Mode, Outcome, open_coordinator
 
 WF = "wf"

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
 
@@ -20,12 +19,11 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Recorder
-from tests.harness.fires import Fires
+from tests.harness.fires import Fires, Recorder
+from tests.harness.memory import near, processes
 from tests.harness.model import Model, Options
 from trio_debounce import (
     BackendUnavailableError,
-    Coordinator,
     DebounceResult,
     Edge,
     Fire,
@@ -697,66 +695,43 @@ async def test_drop_stale_counts_a_leading_fire(
 # ------------------------------------------------------ max_count across processes
 
 
-def _near(t: float) -> Any:
-    # Shared times pass through the wall clock (epoch seconds as floats).
-    return pytest.approx(t, abs=0.02)
-
-
-@asynccontextmanager
-async def _processes(
-    store: MemoryStore, fires: Fires, names: str
-) -> AsyncIterator[list[Coordinator]]:
-    async with AsyncExitStack() as stack:
-        yield [
-            await stack.enter_async_context(
-                open_coordinator(
-                    handlers={WF: fires.handler(name)},
-                    backend=MemoryBackend(
-                        store, process_id=name, process_lease=6.0, max_clock_skew=1.0
-                    ),
-                )
-            )
-            for name in names
-        ]
-
-
 async def test_shared_max_count_the_pinger_that_reaches_it_takes_the_fire(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     store, fires = MemoryStore(), Fires()
-    async with _processes(store, fires, "ABC") as (a, b, c):
+    async with processes(store, fires, "ABC") as (a, b, c):
         t0 = trio.current_time()
         r = await a.debounce(WF, "k", "a", delay=10.0, max_count=3)
         assert (r.outcome, r.owner) == (Outcome.SCHEDULE_TRAILING, True)
         await trio.sleep(1.0)
         r = await b.debounce(WF, "k", "b", delay=10.0, max_count=3)
-        assert (r.ping_count, r.scheduled_at) == (2, _near(t0 + 11.0))
+        assert (r.ping_count, r.scheduled_at) == (2, near(t0 + 11.0))
         await trio.sleep(1.0)
         r = await c.debounce(WF, "k", "c", delay=10.0, max_count=3)
         assert (r.outcome, r.ping_count, r.scheduled_at) == (
             Outcome.COALESCE,
             3,
-            _near(t0 + 2.0),
+            near(t0 + 2.0),
         )
         await trio.sleep(1.0)
         # The window has fired: the next ping opens a new one.
         r = await b.debounce(WF, "k", "d", delay=10.0, max_count=3)
         assert (r.outcome, r.owner, r.ping_count) == (Outcome.SCHEDULE_TRAILING, True, 1)
     [(p1, f1), (p2, f2)] = fires.of("k")
-    assert (p1, f1.payload, f1.ping_count, f1.fired_at) == ("C", "c", 3, _near(t0 + 2.0))
-    assert (p2, f2.payload, f2.ping_count, f2.fired_at) == ("B", "d", 1, _near(t0 + 13.0))
+    assert (p1, f1.payload, f1.ping_count, f1.fired_at) == ("C", "c", 3, near(t0 + 2.0))
+    assert (p2, f2.payload, f2.ping_count, f2.fired_at) == ("B", "d", 1, near(t0 + 13.0))
 
 
 async def test_shared_max_count_reached_by_the_owner_fires_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     store, fires = MemoryStore(), Fires()
-    async with _processes(store, fires, "AB") as (a, b):
+    async with processes(store, fires, "AB") as (a, b):
         t0 = trio.current_time()
         await a.debounce(WF, "k", 1, delay=10.0, max_count=2)
         await trio.sleep(1.0)
         r = await a.debounce(WF, "k", 2, delay=10.0, max_count=2)
-        assert r.scheduled_at == _near(t0 + 1.0)
+        assert r.scheduled_at == near(t0 + 1.0)
         await trio.sleep(0.5)
         assert fires.by_edge() == [("A", "k", 2, 2, Edge.TRAILING)]
         await b.debounce(WF, "j", 1, delay=5.0, max_count=2)
@@ -765,7 +740,7 @@ async def test_shared_max_count_reached_by_the_owner_fires_at_once(
         with pytest.raises(ValueError, match="max_count None differs from the max_count 2"):
             await a.debounce(WF, "j", 2, delay=5.0)
         r = await b.debounce(WF, "one", 1, delay=5.0, max_count=1)
-        assert r.scheduled_at == _near(trio.current_time())
+        assert r.scheduled_at == near(trio.current_time())
     assert ("B", "one", 1, 1, Edge.TRAILING) in fires.by_edge()
     assert [f.ping_count for _, f in fires.of("j")] == [1]
 
@@ -775,7 +750,7 @@ async def test_shared_collect_gathers_every_process_payload_in_order(
 ) -> None:
     store, fires = MemoryStore(), Fires()
     opts: dict[str, Any] = {"payload_policy": "collect", "overflow": "drop-oldest"}
-    async with _processes(store, fires, "ABC") as (a, b, c):
+    async with processes(store, fires, "ABC") as (a, b, c):
         for who, payload, order in [(a, "e5", 5), (b, "e9", 9), (c, "e7", 7), (a, "e1", 1)]:
             await who.debounce(WF, "all", payload, delay=5.0, mode="both", **opts)
             await who.debounce(WF, "sorted", payload, delay=5.0, order_key=order, **opts)
@@ -796,7 +771,7 @@ async def test_shared_order_key_and_first_keep_the_right_payload_across_processe
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     store, fires = MemoryStore(), Fires()
-    async with _processes(store, fires, "ABC") as (a, b, c):
+    async with processes(store, fires, "ABC") as (a, b, c):
         for who, payload, order in [(a, "e5", 5), (b, "e9", 9), (c, "e7", 7), (a, "e9b", 9)]:
             await who.debounce(WF, "last", payload, delay=5.0, order_key=order)
             await who.debounce(
@@ -908,7 +883,7 @@ def test_shared_options_match_the_model(
     async def main() -> list[tuple[str, Any, int, float]]:
         store, fires = MemoryStore(), Fires()
         t0 = trio.current_time()
-        async with _processes(store, fires, "ABC") as coordinators:
+        async with processes(store, fires, "ABC") as coordinators:
             elapsed = 0.0
             for i, (dt, who, key) in enumerate(pings):
                 # At the model's instants exactly: a ping whose call took time (a
@@ -1101,7 +1076,7 @@ async def test_a_shared_collect_ping_that_cannot_be_stored_raises(
     opts: dict[str, Any] = {"payload_policy": "collect", "overflow": "drop-oldest"}
     b_backend = MemoryBackend(store, process_id="B", op_timeout=1.0)
     async with (
-        _processes(store, fires, "A") as (a,),
+        processes(store, fires, "A") as (a,),
         open_coordinator(
             handlers={WF: fires.handler("B")}, backend=b_backend, on_backend_error="raise"
         ) as b,
@@ -1123,7 +1098,7 @@ async def test_shared_reducer_folds_every_process_ping_into_the_document(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     store, fires = MemoryStore(), Fires()
-    async with _processes(store, fires, "ABC") as (a, b, c):
+    async with processes(store, fires, "ABC") as (a, b, c):
         for who in (a, b, c):
             who.set_reducer("tail", _append, initial=list)
         await a.debounce(WF, "k", 1, delay=5.0, payload_policy="tail")
@@ -1151,7 +1126,7 @@ async def test_shared_reducer_value_must_be_storable(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     store, fires = MemoryStore(), Fires()
-    async with _processes(store, fires, "A") as (a,):
+    async with processes(store, fires, "A") as (a,):
         a.set_reducer("paths", lambda acc, p: acc | {p}, initial=set)
         with pytest.raises(TypeError, match="cannot be stored as JSON"):
             await a.debounce(WF, "k", "x", delay=5.0, payload_policy="paths")
@@ -1164,7 +1139,7 @@ async def test_shared_fire_early_the_overflowing_pinger_takes_the_fire(
 ) -> None:
     store, fires = MemoryStore(), Fires()
     opts: dict[str, Any] = {"payload_policy": "collect", "max_items": 2}
-    async with _processes(store, fires, "ABC") as (a, b, c):
+    async with processes(store, fires, "ABC") as (a, b, c):
         for who in (a, b, c):
             who.set_reducer("sum", _sum, initial=int)
         t0 = trio.current_time()
@@ -1176,7 +1151,7 @@ async def test_shared_fire_early_the_overflowing_pinger_takes_the_fire(
         # Full: C's ping fires A's window at once (C takes it) and opens the next.
         r = await c.debounce(WF, "k", 3, delay=10.0, **opts)
         assert (r.outcome, r.owner, r.ping_count) == (Outcome.SCHEDULE_TRAILING, True, 1)
-        assert r.scheduled_at == _near(t0 + 11.0)
+        assert r.scheduled_at == near(t0 + 11.0)
         r = await a.debounce(WF, "s", 3, delay=10.0, payload_policy="sum", max_items=2)
         assert (r.outcome, r.owner, r.ping_count) == (Outcome.SCHEDULE_TRAILING, True, 1)
         await trio.sleep(0.5)
@@ -1184,7 +1159,7 @@ async def test_shared_fire_early_the_overflowing_pinger_takes_the_fire(
             ("A", "s", 3, 2),
             ("C", "k", [1, 2], 2),
         ]
-        assert all(f.fired_at == _near(t0 + 1.0) for _, f in fires.log)
+        assert all(f.fired_at == near(t0 + 1.0) for _, f in fires.log)
     assert sorted((p, f.key, f.payload) for p, f in fires.log)[-2:] == [
         ("C", "k", [1, 2]),
         ("C", "k", [3]),
@@ -1199,7 +1174,7 @@ async def test_shared_fire_early_by_the_store_size_limit(
     # drop-oldest drops more of the oldest; a payload too large alone raises.
     store, fires = MemoryStore(max_value_bytes=1100), Fires()
     big = "x" * 300
-    async with _processes(store, fires, "AB") as (a, b):
+    async with processes(store, fires, "AB") as (a, b):
         for i in range(3):
             await (a, b)[i % 2].debounce(
                 WF, "early", f"{i}{big}", delay=5.0, payload_policy="collect"
@@ -1222,7 +1197,7 @@ async def test_shared_queue_latest_waits_for_a_run_in_another_process(
     store, fires = MemoryStore(), Fires()
     opts: dict[str, Any] = {"overlap": "queue-latest"}
     async with (
-        _processes(store, fires, "B") as (b,),
+        processes(store, fires, "B") as (b,),
         open_coordinator(
             handlers={WF: fires.handler("A", hold=10.0)},
             backend=MemoryBackend(store, process_id="A", process_lease=6.0),
@@ -1232,7 +1207,7 @@ async def test_shared_queue_latest_waits_for_a_run_in_another_process(
         await a.debounce(WF, "k", "a", delay=1.0, **opts)  # A runs it, t0+1 .. t0+11
         await trio.sleep(2.0)
         r = await b.debounce(WF, "k", "b", delay=1.0, **opts)  # B owns the next window
-        assert (r.owner, r.scheduled_at) == (True, _near(t0 + 3.0))
+        assert (r.owner, r.scheduled_at) == (True, near(t0 + 3.0))
         await trio.sleep(3.0)  # t0+5: due, waiting for A's run
         assert b.has(WF, "k")
         status = await b.window_status(WF, "k")
@@ -1248,7 +1223,7 @@ async def test_shared_queue_latest_waits_for_a_run_in_another_process(
         # A's run returned: A took and fired the window (B notices when it looks again).
         assert await b.window_status(WF, "k") is None
     assert [(p, f.payload, f.ping_count) for p, f in fires.log] == [("A", "a", 1), ("A", "d", 3)]
-    assert fires.log[1][1].fired_at == _near(t0 + 11.0)
+    assert fires.log[1][1].fired_at == near(t0 + 11.0)
 
 
 async def test_shared_queue_latest_run_timeout_and_a_dead_runner(
@@ -1256,7 +1231,7 @@ async def test_shared_queue_latest_run_timeout_and_a_dead_runner(
 ) -> None:
     store, fires = MemoryStore(), Fires()
     dead = MemoryBackend(store, process_id="A", process_lease=6.0, max_clock_skew=1.0)
-    async with _processes(store, fires, "B") as (b,):
+    async with processes(store, fires, "B") as (b,):
         t0 = trio.current_time()
         with trio.CancelScope() as a_scope:
             async with open_coordinator(
@@ -1268,16 +1243,16 @@ async def test_shared_queue_latest_run_timeout_and_a_dead_runner(
                 r = await b.debounce(
                     WF, "t", "b", delay=0.5, overlap="queue-latest", run_timeout=4.0
                 )
-                assert r.scheduled_at == _near(t0 + 1.5)
+                assert r.scheduled_at == near(t0 + 1.5)
                 r = await b.debounce(WF, "d", "b", delay=0.5, overlap="queue-latest")
-                assert r.scheduled_at == _near(t0 + 1.5)
+                assert r.scheduled_at == near(t0 + 1.5)
                 await trio.sleep(1.0)
                 # A's runs hang; A "dies" (its lease is no longer renewed).
                 dead.faults.partitioned = True
                 a_scope.cancel()
         await trio.sleep(20.0)
     fired = {(p, f.key, f.payload): f.fired_at - t0 for p, f in fires.log}
-    assert fired[("B", "t", "b")] == _near(4.0)  # the run timed out at t0 + 4
+    assert fired[("B", "t", "b")] == near(4.0)  # the run timed out at t0 + 4
     # The run blocked until A's lease (renewed every 2 s, 6 s long) lapsed, plus skew.
     assert 6.0 < fired[("B", "d", "b")] < 11.0
 
@@ -1286,7 +1261,7 @@ async def test_shared_drop_stale_knows_the_last_fired_order_key_after_the_window
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     store, fires = MemoryStore(), Fires()
-    async with _processes(store, fires, "ABC") as (a, b, c):
+    async with processes(store, fires, "ABC") as (a, b, c):
         await a.debounce(WF, "k", "e5", delay=1.0, order_key=5)
         await b.debounce(WF, "k", "e7", delay=1.0, order_key=7)
         await trio.sleep(2.0)  # fired; the tombstone keeps order key 7
@@ -1351,7 +1326,7 @@ async def test_shared_flush_and_cancel_while_a_run_blocks(
     store, fires = MemoryStore(), Fires()
     opts: dict[str, Any] = {"overlap": "queue-latest"}
     async with (
-        _processes(store, fires, "B") as (b,),
+        processes(store, fires, "B") as (b,),
         open_coordinator(
             handlers={WF: fires.handler("A", hold=10.0)},
             backend=MemoryBackend(store, process_id="A", process_lease=6.0),
@@ -1395,7 +1370,7 @@ async def test_shared_end_of_run_that_cannot_be_recorded_is_retried(
     a_backend = MemoryBackend(store, process_id="A", process_lease=6.0, max_clock_skew=1.0)
     opts: dict[str, Any] = {"overlap": "queue-latest"}
     async with (
-        _processes(store, fires, "B") as (b,),
+        processes(store, fires, "B") as (b,),
         open_coordinator(handlers={WF: fires.handler("A", hold=3.0)}, backend=a_backend) as a,
     ):
         t0 = trio.current_time()

@@ -13,7 +13,13 @@ import nats.js.errors
 import pytest
 import trio
 
-from tests.harness.nats_server import NatsServer, NatsServerFactory, free_port
+from tests.harness.nats_server import (
+    OP_TIMEOUT,
+    NatsServer,
+    NatsServerFactory,
+    free_port,
+    store_config,
+)
 from trio_debounce._errors import (
     BackendAuthError,
     BackendConfigError,
@@ -28,23 +34,10 @@ from trio_debounce.nats._store import NatsKvStore, _map_error, _State, open_nats
 
 pytestmark = pytest.mark.slow
 
-OP_TIMEOUT = 0.5
-
-
-def config_for(server: NatsServer, **kwargs: object) -> NatsConfig:
-    options: dict[str, object] = {
-        "servers": (server.url,),
-        "op_timeout": OP_TIMEOUT,
-        "connect_timeout": 3.0,
-        "ping_interval": 1.0,
-    }
-    options.update(kwargs)
-    return NatsConfig(**options)  # type: ignore[arg-type]
-
 
 @asynccontextmanager
 async def store_on(server: NatsServer, **kwargs: object) -> AsyncIterator[NatsKvStore]:
-    async with open_nats_store(config_for(server, **kwargs)) as store:
+    async with open_nats_store(store_config(server, **kwargs)) as store:
         yield store
 
 

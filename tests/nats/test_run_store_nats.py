@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from tests.harness.nats_server import NatsServer
+from tests.harness.nats_server import OP_TIMEOUT, NatsServer, store_config
 from trio_debounce import BackendUnavailableError, DocumentTooLargeError
 from trio_debounce._keys import run_key
 from trio_debounce._runs._kv_store import DOCUMENT_ALLOWANCE, encode_run
@@ -22,31 +22,18 @@ from trio_debounce.testing import check_run_store
 
 pytestmark = pytest.mark.slow
 
-OP_TIMEOUT = 0.5
-
 #: Seconds within which another connection's write must show in the index.
 FOLLOW_BOUND = 2.0
 
 T = TypeVar("T")
 
 
-def config_for(server: NatsServer, **kwargs: object) -> NatsConfig:
-    options: dict[str, object] = {
-        "servers": (server.url,),
-        "op_timeout": OP_TIMEOUT,
-        "connect_timeout": 3.0,
-        "ping_interval": 1.0,
-    }
-    options.update(kwargs)
-    return NatsConfig(**options)  # type: ignore[arg-type]
-
-
 @asynccontextmanager
 async def two_stores(server: NatsServer) -> AsyncIterator[tuple[NatsKvRunStore, NatsKvRunStore]]:
     """Two stores on the same bucket, each with its own connection (and loop)."""
     async with AsyncExitStack() as stack:
-        one = await stack.enter_async_context(open_nats_run_store(config_for(server)))
-        two = await stack.enter_async_context(open_nats_run_store(config_for(server)))
+        one = await stack.enter_async_context(open_nats_run_store(store_config(server)))
+        two = await stack.enter_async_context(open_nats_run_store(store_config(server)))
         yield one, two
 
 
@@ -227,7 +214,7 @@ async def test_oversized_run_is_refused_before_sending(
 
 async def test_a_lost_cas_repairs_a_stale_index_entry(nats_server: NatsServer) -> None:
     with trio.fail_after(10):
-        async with open_nats_run_store(config_for(nats_server)) as store:
+        async with open_nats_run_store(store_config(nats_server)) as store:
             # a record whose delete the watch never saw (its marker purged first)
             ghost = a_run("ghost").replace(revision=10_000)
             store._runs.apply(run_key("ghost"), ghost.revision, encode_run(ghost))
@@ -270,8 +257,8 @@ async def _true(value: bool) -> bool:
 async def test_periodic_resync_keeps_serving(nats_server: NatsServer) -> None:
     with trio.fail_after(10):
         async with (
-            open_nats_run_store(config_for(nats_server), resync_interval=0.2) as store,
-            open_nats_run_store(config_for(nats_server)) as writer,
+            open_nats_run_store(store_config(nats_server), resync_interval=0.2) as store,
+            open_nats_run_store(store_config(nats_server)) as writer,
         ):
             made = await writer.create_run(a_run("kept"))
             assert made is not None
@@ -291,7 +278,7 @@ async def test_periodic_resync_keeps_serving(nats_server: NatsServer) -> None:
 
 async def test_closed_store_refuses_calls(nats_server: NatsServer) -> None:
     with trio.fail_after(10):
-        async with open_nats_run_store(config_for(nats_server)) as store:
+        async with open_nats_run_store(store_config(nats_server)) as store:
             await store.aclose()
             await store.aclose()
             with pytest.raises(trio.ClosedResourceError):
@@ -304,7 +291,7 @@ async def test_closed_store_refuses_calls(nats_server: NatsServer) -> None:
 
 async def test_errors_in_the_block_are_not_wrapped(nats_server: NatsServer) -> None:
     with trio.fail_after(10), pytest.raises(KeyError):
-        async with open_nats_run_store(config_for(nats_server)):
+        async with open_nats_run_store(store_config(nats_server)):
             raise KeyError("mine")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.env import ROOT
 
 # Tiny counts, but about 30 processes (DBOS, nats-server, replays): minutes under load.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

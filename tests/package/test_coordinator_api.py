@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 import trio_debounce
-from tests.conftest import Recorder
+from tests.harness.fires import Recorder
 from trio_debounce import Coordinator, Fire, Outcome, open_coordinator
 from trio_debounce._firing import Ledger
 

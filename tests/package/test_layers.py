@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "trio_debounce"
+from tests.harness.env import ROOT
+
+PACKAGE = ROOT / "trio_debounce"
 
 #: Values and pure helpers: no Trio task, no I/O of their own.
 VALUES = 0

@@ -19,7 +19,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.conftest import ROOT
+from tests.harness.env import ROOT
 from trio_debounce import Fire, open_coordinator
 from trio_debounce.testing import FireRecorder, Processes
 

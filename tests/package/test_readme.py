@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.conftest import ROOT
+from tests.harness.env import ROOT
 
 
 def test_readme_example(

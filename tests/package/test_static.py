@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import ROOT, lint_env, lint_tool
+from tests.harness.env import ROOT, lint_env, lint_tool
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REQUIRE_LINT_ENV, ROOT, lint_env, lint_tool
+from tests.harness.env import REQUIRE_LINT_ENV, ROOT, lint_env, lint_tool
 
 pytestmark = pytest.mark.slow
 

@@ -4,8 +4,6 @@ without a ping, both delivery guarantees, stale owners, fencing and hand-off."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -13,9 +11,9 @@ import trio
 import trio.testing
 
 from tests.harness.fires import Fires
+from tests.harness.memory import BEAT, LEASE, SKEW, backend, die, process
 from trio_debounce import (
     BackendUnavailableError,
-    Coordinator,
     Edge,
     Finalized,
     Mode,
@@ -27,38 +25,9 @@ from trio_debounce._keys import window_key
 from trio_debounce._protocol import _AFTER_KEEP, WindowDoc, _FireRecord
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
-LEASE = 6.0
-SKEW = 1.0
-BEAT = LEASE / 3
 #: The longest a dead owner's window waits past its due time: its lease lapses, the
 #: skew passes, and a survivor's next heartbeat notices.
 FAILOVER = LEASE + SKEW + BEAT
-
-
-def backend(store: MemoryStore, name: str, **kwargs: Any) -> MemoryBackend:
-    kwargs.setdefault("process_lease", LEASE)
-    kwargs.setdefault("max_clock_skew", SKEW)
-    return MemoryBackend(store, process_id=name, **kwargs)
-
-
-@asynccontextmanager
-async def process(
-    store: MemoryStore, fires: Fires, name: str, *, hold: float = 0.0, **kwargs: Any
-) -> AsyncIterator[tuple[Coordinator, MemoryBackend, trio.CancelScope]]:
-    """A simulated process: kill it with ``die()`` below."""
-    b = backend(store, name)
-    with trio.CancelScope() as scope:
-        async with open_coordinator(
-            handlers={"wf": fires.handler(name, hold=hold)}, backend=b, **kwargs
-        ) as c:
-            yield c, b, scope
-
-
-def die(b: MemoryBackend, scope: trio.CancelScope) -> None:
-    """The process dies at once: it can no longer reach the store (no lease renewal,
-    no release, no hand-off) and its tasks stop."""
-    b.faults.partitioned = True
-    scope.cancel()
 
 
 async def test_payload_is_the_latest_stored_one_whoever_fires(

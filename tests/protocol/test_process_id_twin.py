@@ -19,6 +19,7 @@ import trio
 import trio.testing
 
 from tests.harness.fires import Fires
+from tests.harness.memory import BEAT, LEASE, SKEW, backend
 from trio_debounce import (
     BackendConfigError,
     BackendUnavailableError,
@@ -30,15 +31,7 @@ from trio_debounce import (
 from trio_debounce._keys import process_key
 from trio_debounce._process import TWIN_LOOKS, Look, TwinWatch
 from trio_debounce.abc import Lease
-from trio_debounce.testing import MemoryBackend, MemoryRunStore, MemoryStore
-
-LEASE = 6.0
-SKEW = 1.0
-BEAT = LEASE / 3
-
-
-def backend(store: MemoryStore, name: str, lease: float = LEASE) -> MemoryBackend:
-    return MemoryBackend(store, process_id=name, process_lease=lease, max_clock_skew=SKEW)
+from trio_debounce.testing import MemoryRunStore, MemoryStore
 
 
 def lease_doc(store: MemoryStore, name: str) -> dict[str, object]:
@@ -139,7 +132,7 @@ async def test_the_holders_recorded_interval_sets_the_watch(
     # The holder's lease is 12 s (a heartbeat every 4 s), the newcomer's 6 s (2 s):
     # the newcomer watches 4 s + the skew, so it sees the slower holder's renewal.
     store = MemoryStore()
-    async with open_coordinator(backend=backend(store, "svc", lease=12.0)):
+    async with open_coordinator(backend=backend(store, "svc", process_lease=12.0)):
         await trio.sleep(0.1)
         t0 = trio.current_time()
         with pytest.raises(ProcessIdTakenError):

@@ -20,7 +20,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.conftest import ROOT
+from tests.harness.env import ROOT
 from trio_debounce import (
     BackendConfigError,
     BackendError,

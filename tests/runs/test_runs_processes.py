@@ -53,13 +53,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import LONG
+from tests.harness.env import LONG, ROOT
 from tests.harness.nats_server import NatsServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 DRIVER = Path(__file__).with_name("runs_driver.py")
-ROOT = DRIVER.parents[2]
 
 LEASE = 1.0
 HEARTBEAT = 0.25

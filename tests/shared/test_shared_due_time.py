@@ -14,8 +14,7 @@ times convert exactly and the tests compare times with ``==``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ import trio
 import trio.testing
 
 from tests.harness.fires import Fires
+from tests.harness.memory import backend, processes
 from trio_debounce import (
     Coordinator,
     Edge,
@@ -36,32 +36,8 @@ from trio_debounce._protocol import WindowDoc
 from trio_debounce._protocol._rules import Identity, Ping, apply_ping
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
-LEASE = 6.0
-SKEW = 1.0
 DELAY = 4.0
 T = 1.0  # the instant of the bursts
-
-
-def backend(store: MemoryStore, name: str, **kwargs: Any) -> MemoryBackend:
-    kwargs.setdefault("process_lease", LEASE)
-    kwargs.setdefault("max_clock_skew", SKEW)
-    return MemoryBackend(store, process_id=name, **kwargs)
-
-
-@asynccontextmanager
-async def processes(
-    store: MemoryStore, fires: Fires, names: Sequence[str], **backend_kwargs: Any
-) -> AsyncIterator[list[Coordinator]]:
-    async with AsyncExitStack() as stack:
-        yield [
-            await stack.enter_async_context(
-                open_coordinator(
-                    handlers={"wf": fires.handler(name)},
-                    backend=backend(store, name, **backend_kwargs),
-                )
-            )
-            for name in names
-        ]
 
 
 def fired(fires: Fires) -> list[tuple[float, str, str, Any, int, float]]:
@@ -277,7 +253,8 @@ async def test_a_ping_into_a_dead_owners_due_window_takes_its_fire_and_opens_the
     await d.register(
         "wf", "k", mode=Mode.TRAILING, delay=DELAY, max_delay=None, run_id="d", payload="d"
     )
-    async with processes(store, fires, "B", process_lease=60.0) as (b,):  # heartbeats every 20 s
+    # A lease of 60 s: B heartbeats every 20 s.
+    async with processes(store, fires, "B", backend_options={"process_lease": 60.0}) as (b,):
         r = await _ping_at(b, 10.0, "b", delay=DELAY)
         assert (r.outcome, r.active_run_id, r.ping_count, r.owner) == (
             Outcome.SCHEDULE_TRAILING,

@@ -17,6 +17,7 @@ import trio
 import trio.testing
 
 from tests.harness.fires import Fires
+from tests.harness.memory import LEASE, SKEW, backend, near, processes
 from trio_debounce import (
     BackendAuthError,
     BackendUnavailableError,
@@ -31,37 +32,6 @@ from trio_debounce import (
 )
 from trio_debounce.abc import DebounceBackend
 from trio_debounce.testing import MemoryBackend, MemoryStore, check_debounce_backend
-
-LEASE = 6.0
-SKEW = 1.0
-
-
-def near(t: float) -> Any:
-    """Shared times pass through the wall clock (epoch seconds, about 2e-7 s apart as
-    floats), and a ping that meets a heartbeat or a finalize backs off a few ms."""
-    return pytest.approx(t, abs=0.02)
-
-
-def backend(store: MemoryStore, name: str, **kwargs: Any) -> MemoryBackend:
-    kwargs.setdefault("process_lease", LEASE)
-    kwargs.setdefault("max_clock_skew", SKEW)
-    return MemoryBackend(store, process_id=name, **kwargs)
-
-
-@asynccontextmanager
-async def processes(
-    store: MemoryStore, fires: Fires, names: Sequence[str], **kwargs: Any
-) -> AsyncIterator[list[Coordinator]]:
-    async with AsyncExitStack() as stack:
-        coordinators = [
-            await stack.enter_async_context(
-                open_coordinator(
-                    handlers={"wf": fires.handler(name)}, backend=backend(store, name), **kwargs
-                )
-            )
-            for name in names
-        ]
-        yield coordinators
 
 
 async def test_conformance_memory_backend(autojump_clock: trio.testing.MockClock) -> None:
