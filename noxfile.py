@@ -96,24 +96,12 @@ def chaos(session: nox.Session) -> None:
 # Debian's sid suite, in a chroot (.ci/sid-python). Every venv is made by uv, from the
 # interpreter's real path (pyenv's shims pick a version by configuration, not by name).
 
-#: The NATS tests: each with the trio-asyncio host as well as the default one.
+#: The NATS tests: each with the trio-asyncio host as well as the default one. Every
+#: file of tests/nats/, and the two of other layers that also run on a real server.
 NATS_TESTS = (
-    "tests/nats/test_nats_backend.py",
-    "tests/nats/test_nats_store.py",
-    "tests/nats/test_nats_hosts.py",
-    "tests/nats/test_nats_config.py",
-    "tests/nats/test_nats_failover.py",
-    "tests/nats/test_nats_hotkey.py",
-    "tests/nats/test_nats_loops.py",
-    "tests/nats/test_nats_proxy.py",
-    "tests/nats/test_nats_security.py",
-    "tests/nats/test_nats_cluster.py",
-    "tests/nats/test_run_store_nats.py",
-    "tests/nats/test_hostile_nats.py",
+    "tests/nats",
     "tests/cli/test_cli_run_nats.py",
-    "tests/nats/test_store_full_exit.py",
     "tests/runs/test_runs_processes.py",
-    "tests/nats/test_chaos_short.py",
 )
 
 #: The conformance, NATS-backend and semantics tests: the suite's part that runs on
