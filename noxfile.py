@@ -52,7 +52,7 @@ def bench(session: nox.Session) -> None:
     git revision REV. bench/README.md lists the items.
     """
     # bench: the harness and the baselines; test: the nats-server binary and
-    # tests/nats_server.py, which starts it (it imports pytest).
+    # tests/harness/nats_server.py, which starts it (it imports pytest).
     session.install("-e", ".[bench,test]")
     session.run("python", "bench/suite.py", *session.posargs)
 
@@ -66,11 +66,15 @@ def chaos(session: nox.Session) -> None:
     ``--scale 2`` longer load phases, ``--keep DIR`` the logs."""
     session.install("-e", ".[test]")
     # The fuzz targets of the document decoders and the key codec, for a bounded time.
-    session.run("python", "-m", "tests.fuzz", "--seconds", "30")
-    # The cluster tests under load, kept out of the default run (tests/test_nats_cluster.py).
+    session.run("python", "-m", "tests.protocol.fuzz", "--seconds", "30")
+    # The cluster tests under load, kept out of the default run (tests/nats/test_nats_cluster.py).
     # One process (-n 0): nothing else shares the cores with them.
     session.run(
-        "pytest", "-n", "0", "tests/test_nats_cluster.py", env={"TRIO_DEBOUNCE_CLUSTER_TESTS": "1"}
+        "pytest",
+        "-n",
+        "0",
+        "tests/nats/test_nats_cluster.py",
+        env={"TRIO_DEBOUNCE_CLUSTER_TESTS": "1"},
     )
     # The long variants of the suite's SIGKILL scenarios (more rounds, runs and kills;
     # the suite runs short ones that make the same assertions), also in one process.
@@ -78,8 +82,8 @@ def chaos(session: nox.Session) -> None:
         "pytest",
         "-n",
         "0",
-        "tests/test_nats_failover.py",
-        "tests/test_runs_processes.py",
+        "tests/nats/test_nats_failover.py",
+        "tests/runs/test_runs_processes.py",
         env={"TRIO_DEBOUNCE_LONG_TESTS": "1"},
     )
     session.run("python", "-m", "tests.chaos", *session.posargs)
@@ -92,43 +96,31 @@ def chaos(session: nox.Session) -> None:
 # Debian's sid suite, in a chroot (.ci/sid-python). Every venv is made by uv, from the
 # interpreter's real path (pyenv's shims pick a version by configuration, not by name).
 
-#: The NATS tests: each with the trio-asyncio host as well as the default one.
+#: The NATS tests: each with the trio-asyncio host as well as the default one. Every
+#: file of tests/nats/, and the two of other layers that also run on a real server.
 NATS_TESTS = (
-    "tests/test_nats_backend.py",
-    "tests/test_nats_store.py",
-    "tests/test_nats_hosts.py",
-    "tests/test_nats_config.py",
-    "tests/test_nats_failover.py",
-    "tests/test_nats_hotkey.py",
-    "tests/test_nats_loops.py",
-    "tests/test_nats_proxy.py",
-    "tests/test_nats_security.py",
-    "tests/test_nats_cluster.py",
-    "tests/test_run_store_nats.py",
-    "tests/test_hostile_nats.py",
-    "tests/test_cli_run_nats.py",
-    "tests/test_store_full_exit.py",
-    "tests/test_runs_processes.py",
-    "tests/test_chaos_short.py",
+    "tests/nats",
+    "tests/cli/test_cli_run_nats.py",
+    "tests/runs/test_runs_processes.py",
 )
 
 #: The conformance, NATS-backend and semantics tests: the suite's part that runs on
 #: the other versions and at the dependency floors.
 CORE_TESTS = (
     # conformance: the backend and run-store suites (trio_debounce.testing)
-    "tests/test_shared_memory.py",
-    "tests/test_run_store_memory.py",
-    "tests/test_run_store_sqlite.py",
-    "tests/test_run_store_nats.py",
-    "tests/test_nats_hosts.py",
+    "tests/shared/test_shared_memory.py",
+    "tests/runs/test_run_store_memory.py",
+    "tests/runs/test_run_store_sqlite.py",
+    "tests/nats/test_run_store_nats.py",
+    "tests/nats/test_nats_hosts.py",
     # the NATS backend
-    "tests/test_nats_backend.py",
-    "tests/test_nats_store.py",
+    "tests/nats/test_nats_backend.py",
+    "tests/nats/test_nats_store.py",
     # semantics
-    "tests/test_semantics.py",
-    "tests/test_engine.py",
-    "tests/test_properties.py",
-    "tests/test_options.py",
+    "tests/local/test_semantics.py",
+    "tests/engine/test_engine.py",
+    "tests/local/test_properties.py",
+    "tests/local/test_options.py",
 )
 
 

@@ -240,7 +240,7 @@ def compare(
             if {"owner-ping", "hot-key"} & set(items):
                 from_tests = str(ROOT)
                 sys.path.insert(0, from_tests)
-                from tests.nats_server import NatsServer
+                from tests.harness.nats_server import NatsServer
 
                 server = NatsServer(tmp / "nats-store")
                 server.start()

@@ -2,7 +2,7 @@
 
 Run from the project root: ``python bench/contention.py`` (MemoryBackend, in one
 process) and ``python bench/contention.py --nats`` (a real ``nats-server -js`` started on
-a free loopback port through ``tests/nats_server.py``; needs the test extra). Each of
+a free loopback port through ``tests/harness/nats_server.py``; needs the test extra). Each of
 ten coordinators, each with its own backend (one simulated process each), sends
 ``--pings`` pings of a payload of each size to the same key with a 0.2 s delay, a few ms
 apart at random. A ping fails when it raises (no write within the operation deadline and
@@ -139,7 +139,7 @@ def main() -> None:
             report("memory", label(size), *result)
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.nats_server import NatsServer
+    from tests.harness.nats_server import NatsServer
     from trio_debounce.nats import NatsConfig, open_nats_backend
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -244,7 +244,7 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 def drive(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
-    from tests.nats_server import NatsServer
+    from tests.harness.nats_server import NatsServer
 
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:

@@ -98,7 +98,7 @@ RUN_ORDER = (
 
 def start_nats(tmp: Path) -> Any:
     sys.path.insert(0, str(ROOT))
-    from tests.nats_server import NatsServer
+    from tests.harness.nats_server import NatsServer
 
     server = NatsServer(tmp / "nats-store")
     server.start()

@@ -1,5 +1,8 @@
 """The test suite of trio_debounce, and the drivers its real-process tests start.
 
+One directory per layer of the package, and ``harness/`` for what several share:
+``tests/README.md`` maps them.
+
 ``TRIO_DEBOUNCE_TEST_AUTO_HOST=trio-asyncio`` runs every NATS test, in the pytest
 process and in every driver process (each is started as ``python -m tests.<name>``,
 which imports this package first), with ``NatsConfig(asyncio_host="auto")`` meaning

@@ -1,42 +1,30 @@
+"""The suite's hooks and fixtures, for every directory under ``tests/``: the xdist
+grouping of the ``realtime`` and ``solo`` tests, the ``recorder``, ``nats_py_log``,
+``nats_server`` and ``nats_server_factory`` fixtures. What tests import (recorders,
+simulated processes, servers, paths) is in :mod:`tests.harness`."""
+
 from __future__ import annotations
 
 import faulthandler
 import fcntl
-import importlib.util
 import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import trio
 from hypothesis import settings
 
 from tests import AUTO_HOST_ENV
-from trio_debounce import Fire
-
-ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
-NATS_PY_LOG = SHARED_DATA / "nats-py-commits.jsonl"
+from tests.harness.env import NATS_PY_LOG, shared_file
+from tests.harness.fires import Recorder
+from tests.harness.nats_server import nats_server, nats_server_factory  # noqa: F401 (fixtures)
 
 # CI runs the property tests on a fixed seed so a submission's result is reproducible;
 # local runs explore new examples (and keep failures in .hypothesis/).
 settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-
-#: Set (by .ci/run) to turn the skip of tests that need ../shared into a failure.
-REQUIRE_SHARED_ENV = "TRIO_DEBOUNCE_REQUIRE_SHARED"
-
-#: Set to 1 (by .ci/run) to turn the skip of tests whose linter or type checker (the
-#: lint extra: ruff, mypy, pyright) is not installed into a failure.
-REQUIRE_LINT_ENV = "TRIO_DEBOUNCE_REQUIRE_LINT"
-
-#: Set (by ``nox -s chaos``) to run the long variants of the fault scenarios (more
-#: rounds, runs and kills); the suite runs short ones that make the same assertions.
-LONG_ENV = "TRIO_DEBOUNCE_LONG_TESTS"
-LONG = os.environ.get(LONG_ENV) == "1"
 
 # The CLI's NATS processes take their host from the environment (NatsConfig.from_env):
 # under TRIO_DEBOUNCE_TEST_AUTO_HOST they run on the same host as the rest (tests/__init__.py).
@@ -129,71 +117,11 @@ def _machine_share(
             fcntl.flock(machine, fcntl.LOCK_UN)
 
 
-class Recorder:
-    """A fire handler that records every fire and can take time to run."""
-
-    def __init__(self, duration: float = 0.0) -> None:
-        self.fires: list[Fire] = []
-        self.duration = duration
-        self.running = 0
-        self.max_running = 0
-
-    async def __call__(self, fire: Fire) -> None:
-        self.fires.append(fire)
-        self.running += 1
-        self.max_running = max(self.max_running, self.running)
-        try:
-            await trio.sleep(self.duration)
-        finally:
-            self.running -= 1
-
-    def summary(self) -> list[tuple[float, str, object, int, str]]:
-        return [(f.fired_at, f.key, f.payload, f.ping_count, f.edge.value) for f in self.fires]
-
-
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
 
 
-def shared_file(path: Path) -> Path:
-    """Return ``path`` if it exists; else skip, or fail when CI requires ../shared."""
-    if not path.exists():
-        reason = f"reference data {path} is absent (../shared is not beside the project)"
-        if os.environ.get(REQUIRE_SHARED_ENV):
-            pytest.fail(f"{reason}, and {REQUIRE_SHARED_ENV} is set")
-        pytest.skip(reason)
-    return path
-
-
-def lint_tool(name: str) -> list[str]:
-    """The command that runs the lint extra's tool ``name`` (``"ruff"``, ``"mypy"`` or
-    ``"pyright"``) of this interpreter's environment; skip if it is not installed, or
-    fail when CI requires the lint extra (``TRIO_DEBOUNCE_REQUIRE_LINT=1``)."""
-    if name == "pyright":
-        # pyright's entry point (a wrapper that runs it on Node.js) sits beside python.
-        entry = Path(sys.executable).parent / "pyright"
-        found, command = entry.exists(), [str(entry)]
-    else:
-        found, command = importlib.util.find_spec(name) is not None, [sys.executable, "-m", name]
-    if not found:
-        reason = f"{name} is not installed (it is in the lint extra: pip install -e '.[lint]')"
-        if os.environ.get(REQUIRE_LINT_ENV) == "1":
-            pytest.fail(f"{reason}, and {REQUIRE_LINT_ENV}=1 is set")
-        pytest.skip(reason)
-    return command
-
-
-def lint_env() -> dict[str, str]:
-    """The environment for a lint tool: this one, with this interpreter's bin directory
-    first on PATH (pyright's wrapper looks for python and its Node.js there)."""
-    bin_dir = str(Path(sys.executable).parent)
-    return {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
-
-
 @pytest.fixture
 def nats_py_log() -> Path:
     return shared_file(NATS_PY_LOG)
-
-
-from tests.nats_server import nats_server, nats_server_factory  # noqa: E402, F401

@@ -12,13 +12,13 @@ The callers keep only what is theirs:
 * the local window table (``_coordinator``) keeps the window's task, its cancel scope
   and its handler, and calls :func:`open_window`, :func:`absorb` and friends for every
   decision (one hand-inlined copy of :func:`absorb` for the plain coalescing ping stays
-  on ``debounce_nowait``'s hot path; ``tests/test_engine.py`` checks that it equals
+  on ``debounce_nowait``'s hot path; ``tests/engine/test_engine.py`` checks that it equals
   :func:`absorb` on every input);
 * the shared protocol keeps ownership, leases, proofs, tombstones and fire records;
 * the replay drives the real coordinator.
 
 The tie rule is :func:`is_due`: a window whose due time has been reached is due, and a
-ping at that instant belongs to the next window. ``tests/model.py`` is an independent
+ping at that instant belongs to the next window. ``tests/harness/model.py`` is an independent
 reference model of the same rules; the property tests compare this engine, the local
 coordinator and coordinators sharing a backend with it.
 """

@@ -15,7 +15,7 @@ open until its standard input is closed (so that it takes over the windows of pe
 that were killed), and leaves the block with ``on_exit="wait"``.
 
 Every event is one JSON line in ``--log``, written with one ``write(2)`` on an
-``O_APPEND`` descriptor (:class:`tests.runs_driver.EventLog`: a line is whole or absent
+``O_APPEND`` descriptor (:class:`tests.runs.runs_driver.EventLog`: a line is whole or absent
 after a ``SIGKILL``), with ``ev``, ``proc`` (``--name``), ``id`` (the process id),
 ``pid`` and ``t`` (:func:`time.time`, the host's real clock, whatever clock the backend
 is given):
@@ -50,7 +50,7 @@ from typing import Any
 
 import trio
 
-from tests.runs_driver import EventLog, read_lines
+from tests.runs.runs_driver import EventLog, read_lines
 from trio_debounce import Coordinator, Fire, ModeName, open_coordinator
 from trio_debounce.nats import NatsConfig, open_nats_backend
 

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.nats_server import NatsServer, free_port
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness.env import ROOT
+from tests.harness.nats_server import NatsServer, free_port
 
 Event = dict[str, Any]
 

@@ -1,8 +1,8 @@
 """Chaos scenarios on a three-node JetStream cluster, and stalls through a TCP proxy.
 
-Each scenario starts its own cluster (:mod:`tests.nats_cluster`) or server and runs
+Each scenario starts its own cluster (:mod:`tests.harness.nats_cluster`) or server and runs
 three coordinators in this process, each through its own connection and trio-asyncio
-loop (:class:`tests.cluster_load.Load`: the chaos driver's event format, judged by
+loop (:class:`tests.harness.cluster_load.Load`: the chaos driver's event format, judged by
 :func:`tests.chaos.checker.check`), at a limited rate, while faults are injected:
 
 ``cluster-one-node``
@@ -17,7 +17,7 @@ loop (:class:`tests.cluster_load.Load`: the chaos driver's event format, judged 
   persisted deferred runs (``open_nats_run_store``) on the same kind of cluster, the
   stream leader killed while they are pending: every scheduled run runs once.
 ``stalls``
-  one server, one coordinator behind the proxy (:mod:`tests.tcp_proxy`): replies
+  one server, one coordinator behind the proxy (:mod:`tests.harness.tcp_proxy`): replies
   slower than ``op_timeout``, stalls, connections cut mid-write, and ``SIGSTOP`` /
   ``SIGCONT`` cycles of the server.
 
@@ -40,10 +40,10 @@ import trio
 
 from tests.chaos.checker import Report
 from tests.chaos.registry import Context, Row, register
-from tests.cluster_load import RUN_WORKFLOW, Load
-from tests.nats_cluster import NatsCluster, running_cluster
-from tests.nats_server import NatsServer
-from tests.tcp_proxy import open_tcp_proxy
+from tests.harness.cluster_load import RUN_WORKFLOW, Load
+from tests.harness.nats_cluster import NatsCluster, running_cluster
+from tests.harness.nats_server import NatsServer
+from tests.harness.tcp_proxy import open_tcp_proxy
 from trio_debounce import BackendUnavailableError, RunOptions, open_coordinator
 from trio_debounce.nats import NatsConfig, open_nats_run_store
 

@@ -1,7 +1,7 @@
 """Single-server scenarios: soak, process death, blocked loops, clocks, resource faults.
 
 Every scenario runs driver processes (:mod:`tests.chaos.driver`, or
-``tests/runs_driver.py`` for deferred runs) on a real ``nats-server``, checks their logs
+``tests/runs/runs_driver.py`` for deferred runs) on a real ``nats-server``, checks their logs
 (:mod:`tests.chaos.checker`) and returns table rows. Leases are short (2 s) and the
 operation deadline (5 s) is longer than a JetStream leader election (docs/reliability.rst);
 the ping rate is limited so that two cores carry the clients and the server.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from tests.chaos.checker import Report, check
 from tests.chaos.fleet import Event, Fleet, monitored_server, stream_messages
 from tests.chaos.registry import Context, Row, load, register
-from tests.nats_server import NatsServer
+from tests.harness.nats_server import NatsServer
 
 LEASE = 2.0
 SKEW = 0.5
@@ -301,8 +301,8 @@ def soak(ctx: Context) -> list[Row]:
 def death(ctx: Context) -> list[Row]:
     """kill -9 of owners and claim holders at random points: debounce windows (3
     processes on 60 keys, a kill every 1.5-4 s, handlers of 0.05-0.3 s so that kills
-    land inside them) and deferred runs (tests/runs_driver.py, the SIGKILL scenario of
-    tests/test_runs_processes.py), under both delivery modes."""
+    land inside them) and deferred runs (tests/runs/runs_driver.py, the SIGKILL scenario of
+    tests/runs/test_runs_processes.py), under both delivery modes."""
     rows = []
     for delivery in ("at-least-once", "at-most-once"):
         label = f"death/windows/{delivery}"
@@ -331,9 +331,9 @@ def death(ctx: Context) -> list[Row]:
 def deferred_runs(
     ctx: Context, prefix: str = "death/runs", options: dict[str, float] | None = None
 ) -> list[Row]:
-    """The deferred-run SIGKILL scenario of tests/test_runs_processes.py on NATS
+    """The deferred-run SIGKILL scenario of tests/runs/test_runs_processes.py on NATS
     (``options``: more runs_driver options, for every process)."""
-    import tests.test_runs_processes as runs_test
+    import tests.runs.test_runs_processes as runs_test
 
     rows = []
     seconds = min(ctx.seconds, 30.0)
@@ -365,7 +365,7 @@ def deferred_runs(
         finally:
             cluster.kill_all()
             server.stop()
-        # The start-latency bound of tests/test_runs_processes.py is a timing check:
+        # The start-latency bound of tests/runs/test_runs_processes.py is a timing check:
         # reported with the load, not a promise of this table.
         late = [p for p in listed if "after max(due, orphaned)" in p]
         other = [p for p in listed if p not in late]

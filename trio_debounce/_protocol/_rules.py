@@ -560,7 +560,7 @@ def fold_plain(
     """Apply the plain pings ``pending[start:end]`` (a run of them, up to the first
     ping that is not plain or has another mode) to the open plain window ``doc``
     at once: one document instead of one per ping, the same as :func:`apply_ping`
-    for each in turn (tests/test_group_commit.py checks it against that).
+    for each in turn (tests/protocol/test_group_commit.py checks it against that).
 
     Returns ``end``, the document, the take time (as the run's last ping left it)
     and the outcome every ping of the run gets; None if the run would take the

@@ -6,7 +6,7 @@ JetStream store directory, and can stop, kill, pause (``SIGSTOP``), resume and r
 it on the same port and store. Synchronous (``subprocess`` and blocking sockets with
 short timeouts): a few blocking milliseconds at a test's set-up do no harm. The
 ``trio_debounce_nats_server`` fixture of the pytest plugin and the library's own tests
-(``tests/nats_server.py``) start their servers with it. Only the standard library.
+(``tests/harness/nats_server.py``) start their servers with it. Only the standard library.
 """
 
 from __future__ import annotations

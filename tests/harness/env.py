@@ -1,0 +1,67 @@
+"""Where the suite runs: the repository's root, the reference data beside it, and the
+environment variables that turn skips into failures or pick the long variants.
+
+Test modules import these from here, at any depth under ``tests/`` (a path computed
+from a test file's own ``__file__`` changes with its directory; :data:`ROOT` does not).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+#: The repository's root (the directory of ``pyproject.toml``).
+ROOT = Path(__file__).resolve().parents[2]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+NATS_PY_LOG = SHARED_DATA / "nats-py-commits.jsonl"
+
+#: Set (by .ci/run) to turn the skip of tests that need ../shared into a failure.
+REQUIRE_SHARED_ENV = "TRIO_DEBOUNCE_REQUIRE_SHARED"
+
+#: Set to 1 (by .ci/run) to turn the skip of tests whose linter or type checker (the
+#: lint extra: ruff, mypy, pyright) is not installed into a failure.
+REQUIRE_LINT_ENV = "TRIO_DEBOUNCE_REQUIRE_LINT"
+
+#: Set (by ``nox -s chaos``) to run the long variants of the fault scenarios (more
+#: rounds, runs and kills); the suite runs short ones that make the same assertions.
+LONG_ENV = "TRIO_DEBOUNCE_LONG_TESTS"
+LONG = os.environ.get(LONG_ENV) == "1"
+
+
+def shared_file(path: Path) -> Path:
+    """Return ``path`` if it exists; else skip, or fail when CI requires ../shared."""
+    if not path.exists():
+        reason = f"reference data {path} is absent (../shared is not beside the project)"
+        if os.environ.get(REQUIRE_SHARED_ENV):
+            pytest.fail(f"{reason}, and {REQUIRE_SHARED_ENV} is set")
+        pytest.skip(reason)
+    return path
+
+
+def lint_tool(name: str) -> list[str]:
+    """The command that runs the lint extra's tool ``name`` (``"ruff"``, ``"mypy"`` or
+    ``"pyright"``) of this interpreter's environment; skip if it is not installed, or
+    fail when CI requires the lint extra (``TRIO_DEBOUNCE_REQUIRE_LINT=1``)."""
+    if name == "pyright":
+        # pyright's entry point (a wrapper that runs it on Node.js) sits beside python.
+        entry = Path(sys.executable).parent / "pyright"
+        found, command = entry.exists(), [str(entry)]
+    else:
+        found, command = importlib.util.find_spec(name) is not None, [sys.executable, "-m", name]
+    if not found:
+        reason = f"{name} is not installed (it is in the lint extra: pip install -e '.[lint]')"
+        if os.environ.get(REQUIRE_LINT_ENV) == "1":
+            pytest.fail(f"{reason}, and {REQUIRE_LINT_ENV}=1 is set")
+        pytest.skip(reason)
+    return command
+
+
+def lint_env() -> dict[str, str]:
+    """The environment for a lint tool: this one, with this interpreter's bin directory
+    first on PATH (pyright's wrapper looks for python and its Node.js there)."""
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
