@@ -91,7 +91,8 @@ def chaos(session: nox.Session) -> None:
 
 # ------------------------------------------------------------------ versions and floors
 #
-# .ci/run runs these after the whole suite on the machine's Python (docs/development).
+# .ci/run runs these after the whole suite on the machine's Python (README: "Python
+# versions and CI").
 # Python 3.11 is the machine's Python; 3.12 and 3.13 come from pyenv here; 3.14 from
 # Debian's sid suite, in a chroot (.ci/sid-python). Every venv is made by uv, from the
 # interpreter's real path (pyenv's shims pick a version by configuration, not by name).

@@ -49,7 +49,16 @@ async def _noop(fire: trio_debounce.Fire) -> None:
     pass
 
 
+#: Set to a host name ("thread", "trio-asyncio") to run the NATS items on that asyncio
+#: host; ignored by a revision whose NatsConfig has no asyncio_host (bench/compare.py
+#: runs this code against older revisions too).
+HOST_ENV = "TRIO_DEBOUNCE_BENCH_ASYNCIO_HOST"
+
+
 def config(url: str, bucket: str | None = None, **kw: Any) -> NatsConfig:
+    host = os.environ.get(HOST_ENV)
+    if host and "asyncio_host" in getattr(NatsConfig, "__dataclass_fields__", {}):
+        kw.setdefault("asyncio_host", host)
     return NatsConfig(
         servers=(url,), bucket=bucket or f"b{uuid.uuid4().hex[:12]}", op_timeout=5.0, **kw
     )

@@ -341,12 +341,22 @@ def write(results_path: Path, out: Path = OUT) -> Path:
         "-" * len(title),
         "",
         "The two hosts of nats-py's loop (``NatsConfig.asyncio_host``, :doc:`/nats`), "
-        "side by side in one run of ``bench/nats_hosts.py`` (not part of ``nox -s "
-        "bench``: every sample is a process of its own).",
+        "side by side in runs of ``bench/nats_hosts.py`` (not part of ``nox -s "
+        "bench``: every sample is a process of its own), on the two machines the "
+        "project has measured on; :doc:`/nats` says what they decide.",
+        "",
+        "On AMD EPYC:",
         "",
         ".. include:: hosts.inc",
         "",
+        "On Intel Xeon:",
+        "",
+        ".. include:: hosts-xeon.inc",
+        "",
     ]
+    # Written by hand from bench/compare.py's report (the before/after of a refactor).
+    title = "Before and after the window engine"
+    lines += [title, "-" * len(title), "", ".. include:: engine-before-after.inc", ""]
     missed = [
         (key, r)
         for key, item in results["items"].items()

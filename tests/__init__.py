@@ -4,7 +4,7 @@ One directory per layer of the package, and ``harness/`` for what several share:
 ``tests/README.md`` maps them.
 
 ``TRIO_DEBOUNCE_TEST_AUTO_HOST=trio-asyncio`` runs every NATS test, in the pytest
-process and in every driver process (each is started as ``python -m tests.<name>``,
+process and in every driver process (each is started as ``python -m tests.<dir>.<name>``,
 which imports this package first), with ``NatsConfig(asyncio_host="auto")`` meaning
 the trio-asyncio host instead of the thread host: the NATS tests parametrized over the
 host, one run per host (.ci/run runs both on Python 3.11). Tests that name a host keep

@@ -45,7 +45,9 @@ from tests.harness.nats_server import NatsServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
-DRIVER = Path(__file__).with_name("failover_driver.py")
+#: The driver, run as a module so that it imports the tests package first (which
+#: applies ``TRIO_DEBOUNCE_TEST_AUTO_HOST``: tests/__init__.py).
+DRIVER = ("-m", "tests.nats.failover_driver")
 
 LEASE = 1.0
 SKEW = 0.2
@@ -153,7 +155,7 @@ class Cluster:
         log = self.tmp_path / f"{name}.log"
         args = [
             sys.executable,
-            str(DRIVER),
+            *DRIVER,
             "--url",
             self.url,
             "--bucket",

@@ -24,13 +24,16 @@ from typing import Any
 
 import pytest
 
+from tests.harness.env import ROOT
 from tests.harness.nats_server import NatsServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
 logger = logging.getLogger(__name__)
 
-DRIVER = Path(__file__).with_name("hotkey_driver.py")
+#: The driver, run as a module so that it imports the tests package first (which
+#: applies ``TRIO_DEBOUNCE_TEST_AUTO_HOST``: tests/__init__.py).
+DRIVER = ("-m", "tests.nats.hotkey_driver")
 PROCESSES = 4
 SECONDS = 2.0
 
@@ -48,13 +51,14 @@ def test_four_processes_on_one_hot_key(
             proc = subprocess.Popen(
                 [
                     sys.executable,
-                    str(DRIVER),
+                    *DRIVER,
                     *("--url", nats_server.url, "--bucket", bucket, "--process-id", name),
                     *("--delivery", delivery, "--seconds", str(SECONDS)),
                 ],
                 stdin=subprocess.PIPE,
                 stdout=stdout,
                 stderr=stderr,
+                cwd=ROOT,
             )
         procs.append((name, proc, out))
     try:

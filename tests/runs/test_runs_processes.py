@@ -58,7 +58,9 @@ from tests.harness.nats_server import NatsServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
-DRIVER = Path(__file__).with_name("runs_driver.py")
+#: The driver, run as a module so that it imports the tests package first (which
+#: applies ``TRIO_DEBOUNCE_TEST_AUTO_HOST``: tests/__init__.py).
+DRIVER = ("-m", "tests.runs.runs_driver")
 
 LEASE = 1.0
 HEARTBEAT = 0.25
@@ -178,7 +180,7 @@ class Cluster:
         stderr_path = self.tmp_path / f"{name}.stderr"
         args = [
             sys.executable,
-            str(DRIVER),
+            *DRIVER,
             *self.store_args,
             "--standby",
             "--name",

@@ -19,9 +19,9 @@ from ._config import ASYNCIO_HOSTS
 logger = logging.getLogger("trio_debounce.nats")
 
 #: The host ``"auto"`` prefers where trio-asyncio imports (elsewhere it is the thread
-#: host anyway): the thread host, which measured faster (owner-ping p50 about 1.3x
-#: better than trio-asyncio's, ``bench/nats_hosts.py``; the figures are in
-#: :doc:`/nats`, *The asyncio host*).
+#: host anyway): the thread host. trio-asyncio would be preferred only if it were at
+#: least 10 % faster at the owner ping; ``bench/nats_hosts.py`` found it 1.32x slower on
+#: one machine and 0.82x on another (the figures and the reasoning: :doc:`/nats`).
 AUTO_WHERE_TRIO_ASYNCIO_IMPORTS = "thread"
 
 
