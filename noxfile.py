@@ -164,7 +164,7 @@ def tests_trio_asyncio(session: nox.Session) -> None:
     python = _uv_venv(session, _interpreter("3.11"))
     _uv_install(session, python, "-e", ".[test]")
     # Not the SQLite variants of the run-store process tests: no NATS in them.
-    args = session.posargs or (*NATS_TESTS, "-k", "not sqlite", "--durations=15")
+    args = session.posargs or (*NATS_TESTS, "-k", "not sqlite")
     session.run(python, "-m", "pytest", *args, env={"TRIO_DEBOUNCE_TEST_AUTO_HOST": "trio-asyncio"})
 
 
