@@ -67,10 +67,10 @@ def test_mixed_faults(tmp_path: Path) -> None:
     assert_held([row])
 
 
-# Solo: beside another test's load (seen on Python 3.14, twice in two whole-suite
-# runs, never alone) the twins' timing let one window fire twice; the scenario's
-# promise is about two processes with one id, not about a starved machine. The long
-# variant (nox -s chaos) runs it alone as well.
+# Solo, as the other SIGKILL tests: its refusal bound is measured on wall-clock time.
+# Beside another test's load its kill landed inside a handler more often, and the
+# restart's at-least-once re-run of that fire was counted as firing twice (seen on
+# Python 3.14); the row now allows exactly those re-runs (tests/chaos).
 @pytest.mark.solo
 @pytest.mark.timeout(120)
 def test_twin_process_id(tmp_path: Path) -> None:
