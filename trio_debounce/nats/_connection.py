@@ -20,14 +20,7 @@ from nats.aio.client import Client
 from .._errors import BackendAuthError, BackendConfigError, BackendUnavailableError
 from ._bridge import Host, callback, cross
 from ._config import NatsConfig
-from ._errors import (
-    PERMISSION_MARKER,
-    TLS_CUT,
-    is_auth_failure,
-    map_error,
-    redact,
-    tls_failure,
-)
+from ._errors import PERMISSION_MARKER, is_auth_failure, map_error, redact, tls_failure
 from ._errors import tls_refused as _tls_refused
 
 logger = logging.getLogger("trio_debounce.nats")
@@ -98,18 +91,25 @@ class State:
             self.log_once(logging.ERROR, f"NATS refused the credentials: {text}")
         elif _tls_refused(exc):
             assert isinstance(exc, ssl.SSLError)
-            self.tls_failure = tls_failure(exc)
-            if self.connect_scope is not None:
-                self.connect_scope.cancel()
-            self.log_once(logging.ERROR, f"NATS TLS handshake failed: {self.tls_failure}")
+            self.refuse_tls(tls_failure(exc))
         elif PERMISSION_MARKER in text.lower():
             self.permission_denied_at = time.monotonic()
             self.permission_message = redact(text, self.secrets)
             self.log_once(logging.ERROR, f"NATS denied a permission: {text}")
         else:
-            if self.connect_scope is not None and isinstance(exc, (OSError, *TLS_CUT)):
+            # A cut (an OSError; the TLS errors that are cuts are OSErrors too) while
+            # connecting may hide a TLS refusal: see probe_tls.
+            if self.connect_scope is not None and isinstance(exc, OSError):
                 self.cut_while_connecting.set()
             self.log_once(logging.WARNING, f"NATS connection error: {text}")
+
+    def refuse_tls(self, failure: str) -> None:
+        """The TLS handshake was refused for good (``failure`` says why): record it,
+        end a connect in progress at once, and log it."""
+        self.tls_failure = failure
+        if self.connect_scope is not None:
+            self.connect_scope.cancel()
+        self.log_once(logging.ERROR, f"NATS TLS handshake failed: {failure}")
 
     def on_disconnected(self) -> None:
         self._connection_changed()
@@ -325,19 +325,15 @@ async def probe_tls(config: NatsConfig, context: ssl.SSLContext) -> str:
     return ""
 
 
-async def _diagnose_cuts(
-    config: NatsConfig, state: State, context: ssl.SSLContext, scope: trio.CancelScope
-) -> None:
+async def _diagnose_cuts(config: NatsConfig, state: State, context: ssl.SSLContext) -> None:
     """While connecting: after each cut connection, probe for a TLS refusal (see
-    :func:`probe_tls`); on one, record it and end the connect at once."""
+    :func:`probe_tls`); on one, refuse the handshake (:meth:`State.refuse_tls`)."""
     while True:
         await state.cut_while_connecting.wait()
         state.cut_while_connecting = trio.Event()
         failure = await probe_tls(config, context)
         if failure:
-            state.tls_failure = failure
-            state.log_once(logging.ERROR, f"NATS TLS handshake failed: {failure}")
-            scope.cancel()
+            state.refuse_tls(failure)
             return
 
 
@@ -381,7 +377,7 @@ async def connect(config: NatsConfig, state: State, host: Host, nc: Client) -> N
                 state.connect_scope = scope
                 context = options.get("tls")
                 if isinstance(context, ssl.SSLContext):
-                    nursery.start_soon(_diagnose_cuts, config, state, context, scope)
+                    nursery.start_soon(_diagnose_cuts, config, state, context)
                 try:
                     await cross(host, functools.partial(nc.connect, **options))
                 except Exception as exc:
