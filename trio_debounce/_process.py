@@ -45,12 +45,14 @@ class TwinWatch:
     """A watch of a live lease of another epoch of our process id.
 
     Attributes:
+      epoch (str): the watched lease's epoch, for messages.
       revision (int): the lease's store revision when the watch began.
       expires (float): its expiry (wall-clock epoch seconds) then.
       until (float): when the watch ends (Trio time, seconds).
       step (float): seconds between two looks.
     """
 
+    epoch: str
     revision: int
     expires: float
     until: float
@@ -60,6 +62,7 @@ class TwinWatch:
     def start(
         cls,
         *,
+        epoch: str,
         revision: int,
         expires: float,
         heartbeat: object,
@@ -69,8 +72,8 @@ class TwinWatch:
         wall_now: float,
         trio_now: float,
     ) -> TwinWatch:
-        """The watch of a live lease read at ``wall_now`` (wall clock) / ``trio_now``
-        (Trio clock): for ``heartbeat`` (the interval its holder recorded, seconds;
+        """The watch of a live lease of ``epoch``, read at ``wall_now`` (wall clock) /
+        ``trio_now`` (Trio clock): for ``heartbeat`` (the interval its holder recorded, seconds;
         ``own_heartbeat`` when it recorded none or no usable value), capped at
         ``lease`` (our lease, seconds), plus ``skew`` (seconds); never past its expiry
         plus the skew."""
@@ -81,7 +84,7 @@ class TwinWatch:
             trio_now + min(float(beat), lease) + skew,
             wall_to_trio(expires + skew, wall_now=wall_now, trio_now=trio_now),
         )
-        return cls(revision, expires, until, max((until - trio_now) / TWIN_LOOKS, 1e-3))
+        return cls(epoch, revision, expires, until, max((until - trio_now) / TWIN_LOOKS, 1e-3))
 
     def next_look(self, now: float) -> float:
         """When to look next (Trio time), from ``now``."""

@@ -303,6 +303,7 @@ async def test_a_live_run_lease_refuses_the_start_before_the_backend_writes(
 
 def _watch(**overrides: object) -> TwinWatch:
     args: dict[str, Any] = {
+        "epoch": "e1",
         "revision": 7,
         "expires": 1_000.0 + 30.0,  # wall: lapses 30 s after the read
         "heartbeat": 10.0,

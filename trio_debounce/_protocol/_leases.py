@@ -71,8 +71,6 @@ class ProcessLease:
         #: Before this opening's first lease write: the live lease of another epoch
         #: of our process id being watched for a renewal (a live twin), if any.
         self._twin_watch: TwinWatch | None = None
-        #: The epoch of the lease ``_twin_watch`` watches.
-        self._twin_epoch = ""
         #: The process id was found free (no live lease of another epoch, or one not
         #: renewed for its holder's heartbeat interval plus the skew margin).
         self._id_cleared = False
@@ -181,8 +179,8 @@ class ProcessLease:
         if watch is None:
             # A live lease of another epoch: a live twin, or a predecessor that crashed
             # (or stalls) before its lease lapsed. Only a renewal tells them apart.
-            self._twin_epoch = foreign.epoch
             self._twin_watch = watch = TwinWatch.start(
+                epoch=foreign.epoch,
                 revision=entry.revision,
                 expires=foreign.expires,
                 heartbeat=foreign.heartbeat,
@@ -223,7 +221,7 @@ class ProcessLease:
             "process id over (that coordinator crashed or stalls; if it resumes, it is "
             "fenced at its next heartbeat)",
             self._me.process_id,
-            self._twin_epoch,
+            watch.epoch,
         )
         self._twin_watch = None
         self._id_cleared = True
@@ -258,7 +256,7 @@ class ProcessLease:
             assert self._twin_watch is not None
             raise BackendUnavailableError(
                 f"process id {self._me.process_id!r}: the live lease of epoch "
-                f"{self._twin_epoch} is watched for a renewal for "
+                f"{self._twin_watch.epoch} is watched for a renewal for "
                 f"{max(self._twin_watch.until - trio.current_time(), 0.0):.3g} s more "
                 f"before this opening writes its own"
             )

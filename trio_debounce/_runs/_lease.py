@@ -118,6 +118,7 @@ class RunLease:
         # A live twin, or a predecessor that crashed (or stalls) before its lease
         # lapsed: only a renewal tells them apart.
         watch = TwinWatch.start(
+            epoch=str(old.epoch),
             revision=old.revision,
             expires=old.expires_at,
             heartbeat=old.heartbeat_interval,
