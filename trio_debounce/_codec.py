@@ -1,9 +1,10 @@
 """Reading stored JSON documents strictly, and hiding URL credentials in messages.
 
-Every stored document (window documents, leases, fire records, persisted runs) is
-read through :func:`strict_loads` and the typed field readers here, so that an
-unreadable document raises :exc:`ValueError`, which the readers' callers catch, and
-never a ``RecursionError`` or a NaN that would poison arithmetic later. Pure: no Trio, no I/O.
+Every stored document (window documents, leases, fire records, persisted runs) and
+the CLI's event lines are read through :func:`strict_loads` and the typed field readers
+here, so that an unreadable document raises :exc:`ValueError`, which the readers'
+callers catch, and never a ``RecursionError`` or a NaN that would poison arithmetic
+later. Pure: no Trio, no I/O.
 """
 
 from __future__ import annotations
