@@ -242,11 +242,15 @@ class Orphans(NamedTuple):
       owned (list[OwnedWindow]): every window that names this process as its owner
         after the call (the adopted ones included), from the same listing: what
         :meth:`DebounceBackend.owned_windows` would return, without a second scan.
+      deferred (bool): True when takeovers were held back (the grace after an outage,
+        while live peers renew their leases): the coordinator calls again at its next
+        heartbeat instead of waiting for its periodic reconcile.
     """
 
     windows: list[OwnedWindow]
     fires: list[OrphanFire]
     owned: list[OwnedWindow]
+    deferred: bool = False
 
 
 class WindowStatus(NamedTuple):

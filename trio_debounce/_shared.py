@@ -576,6 +576,8 @@ class SharedWindows:
         # from the listing and must not be dropped.
         listed_at = self._now()
         orphans = await self._backend.adopt_orphans(frozenset(self._handlers.by_workflow))
+        if orphans.deferred:
+            self.reconcile_soon = True  # again at the next heartbeat, until adopted
         ledger.takeovers += len(orphans.windows)
         for orphan in orphans.fires:
             self._nursery.start_soon(fires.refire, orphan)

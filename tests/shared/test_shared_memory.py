@@ -899,3 +899,34 @@ async def test_a_fail_open_fire_carries_token_zero(autojump_clock: trio.testing.
         await local.debounce("wf", "k", delay=1.0, mode="both")
         await local.debounce("wf", "k", delay=1.0, mode="both")
     assert [f.fencing_token for p, f in fires.log if p == "L"] == [1, 2]
+
+
+async def test_a_takeover_deferred_by_the_outage_grace_comes_when_the_grace_ends(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # B starts in an outage that ends at once: the grace after it defers adopting the
+    # dead A's window, and the takeover follows within a heartbeat of the grace's end,
+    # not at the next periodic reconcile (six heartbeats later).
+    store, fires = MemoryStore(), Fires()
+    dead = backend(store, "A")
+    with trio.CancelScope() as a_scope:
+        async with open_coordinator(handlers={"wf": fires.handler("A")}, backend=dead) as a:
+            t0 = trio.current_time()
+            await a.debounce("wf", "k", "a", delay=LEASE + SKEW + 2.0)
+            dead.faults.partitioned = True
+            a_scope.cancel()
+    await trio.sleep(LEASE + SKEW + 0.5)  # A's lease has lapsed
+    b = backend(store, "B")
+    b.faults.fail_next(1)  # a call at start fails: the outage, over at once
+    started = trio.current_time()
+    async with open_coordinator(handlers={"wf": fires.handler("B")}, backend=b) as c:
+        with trio.fail_after(20 * LEASE):
+            while not fires.log:
+                await trio.sleep(0.01)
+        seen = trio.current_time()
+        assert c.statistics().takeovers == 1
+    [(process, fire)] = fires.log
+    assert (process, fire.payload) == ("B", "a")
+    grace_ends = started + b.heartbeat_interval + SKEW
+    assert t0 + LEASE + SKEW + 2.0 < grace_ends  # the window came due in the grace
+    assert grace_ends <= seen <= grace_ends + b.heartbeat_interval + 0.1

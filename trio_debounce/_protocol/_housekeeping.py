@@ -272,7 +272,7 @@ class Housekeeping:
             orphans.windows.append(adopted_window)
             orphans.owned.append(adopted_window)
         if not adopting:
-            return orphans  # the grace after an outage: no takeover yet
+            return orphans._replace(deferred=True)  # the grace after an outage
         for entry in await self._view.entries(FIRE_PREFIX):
             if entry.value is None:
                 continue
