@@ -17,6 +17,8 @@ class Fires:
     def __init__(self) -> None:
         self.log: list[tuple[str, Fire]] = []
         self._first = trio.Event()
+        #: Set (and replaced) at each recorded fire.
+        self._grew = trio.Event()
 
     def handler(self, process: str, *, hold: float = 0.0) -> Any:
         """A handler for ``process`` that records each fire, then sleeps ``hold`` s."""
@@ -24,6 +26,8 @@ class Fires:
         async def handle(fire: Fire) -> None:
             self.log.append((process, fire))
             self._first.set()
+            self._grew.set()
+            self._grew = trio.Event()
             if hold:
                 await trio.sleep(hold)
 
@@ -35,6 +39,11 @@ class Fires:
     async def wait_first(self) -> None:
         """Wait until some handler has run."""
         await self._first.wait()
+
+    async def wait_for(self, n: int) -> None:
+        """Wait until ``n`` fires have been recorded."""
+        while len(self.log) < n:
+            await self._grew.wait()
 
     def by_edge(self) -> list[tuple[str, str, Any, int, Edge]]:
         """(process, key, payload, ping count, edge) of each fire."""

@@ -345,8 +345,7 @@ async def test_a_live_process_id_refuses_a_second_start_not_a_restart(
             async with open_coordinator(handlers=handlers, backend=backend_b):
                 # "left" came due 3 s after its ping; a call that timed out at the
                 # start (a loaded machine) defers the takeover by a heartbeat or two.
-                while len(fires.log) < 3:
-                    await trio.sleep(0.05)
+                await fires.wait_for(3)
     assert [(who, f.key) for who, f in fires.log] == [
         ("first", "early"),
         ("first", "after"),

@@ -921,8 +921,7 @@ async def test_a_takeover_deferred_by_the_outage_grace_comes_when_the_grace_ends
     started = trio.current_time()
     async with open_coordinator(handlers={"wf": fires.handler("B")}, backend=b) as c:
         with trio.fail_after(20 * LEASE):
-            while not fires.log:
-                await trio.sleep(0.01)
+            await fires.wait_for(1)
         seen = trio.current_time()
         assert c.statistics().takeovers == 1
     [(process, fire)] = fires.log
