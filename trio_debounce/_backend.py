@@ -594,9 +594,22 @@ class DebounceBackend(abc.ABC):
         Called once, shielded, instead of :meth:`release`. Idempotent."""
 
     @abc.abstractmethod
-    async def release(self, runs: Collection[str] | None = None) -> None:
+    async def release(
+        self, runs: Collection[str] | None = None, *, own_only: Collection[str] = ()
+    ) -> Collection[str] | None:
         """Leave: apply the deletes queued during an outage, delete (revision-checked)
         the window records of ``runs`` that this process owns (all it owns when None),
         then delete its lease. Windows it owns but does not delete stay in the store, and
         peers adopt them once the lease is gone. Called once, shielded, when the
-        coordinator's block is left. Idempotent."""
+        coordinator's block is left. Idempotent.
+
+        Args:
+          runs (Collection[str] | None): run ids of owned windows to delete.
+          own_only (Collection[str]): run ids of owned windows to delete only if every
+            ping stored in them came from this process (an explicit
+            ``on_exit="cancel"``); one that holds a peer's ping is left for a peer.
+
+        Returns:
+          Collection[str] | None: the run ids whose windows it deleted (None: not
+          known, a backend that predates ``own_only``).
+        """

@@ -489,13 +489,15 @@ class Coordinator(metaclass=NoPublicConstructor):
 
     def _hands_off(self, on_exit: OnExit, *, aborted: bool) -> bool:
         """Does leaving the block hand the shared windows off (instead of deleting
-        them)? With ``on_exit="handoff"``; under at-least-once also on a cancel exit,
-        a cancellation or an error, so that no stored ping is lost."""
+        them)? With ``on_exit="handoff"``; under at-least-once also on an exit the user
+        did not choose (a cancellation or an error), so that no stored ping is lost.
+        An explicit ``on_exit="cancel"`` releases: it deletes the windows that hold
+        only this process's pings and leaves the others for a peer."""
         if self._shared is None:
             return False
         if on_exit == "handoff":
             return True
-        return self._delivery == "at-least-once" and (aborted or on_exit == "cancel")
+        return self._delivery == "at-least-once" and aborted
 
     # -------------------------------------------------------------- inspection
 
@@ -864,7 +866,8 @@ async def open_coordinator(
       on_exit (str): what a normal exit of the block does with pending trailing fires:
         ``"wait"`` (the default) lets them fire at their scheduled times; ``"flush"``
         fires them at once; ``"cancel"`` drops them (with a backend under at-least-once
-        delivery, it hands the shared ones off instead); ``"handoff"`` (with a backend only)
+        delivery, a shared window that holds a peer's ping is left for that peer to
+        fire); ``"handoff"`` (with a backend only)
         leaves the shared windows in the store, where a live peer that handles the
         workflow takes each over at once and fires it on time (or, with no peer alive,
         the next coordinator that handles it does). In every case the exit then waits
@@ -892,8 +895,9 @@ async def open_coordinator(
         :doc:`/protocol`. ``"at-least-once"`` (the default): a window whose ping was
         stored is never lost; the owner writes a fire record before it runs the handler,
         and a survivor runs the fire again (``Fire.attempt`` 2) if its process died in
-        the handler; leaving the block by cancellation, by an error or with
-        ``on_exit="cancel"`` hands the shared windows off instead of deleting them.
+        the handler; leaving the block by cancellation or by an error hands the shared
+        windows off instead of deleting them, and ``on_exit="cancel"`` deletes only
+        the windows that hold this process's pings alone.
         ``"at-most-once"``: a window never fires twice; the owner fires only after a
         compare-and-swap it can prove, and drops the fire otherwise (counted in
         ``statistics().dropped_fires``). Without a backend both behave alike (a
@@ -1050,8 +1054,14 @@ async def open_coordinator(
             if coordinator._hands_off(on_exit, aborted=aborted):
                 await backend.handoff()
             else:
-                assert coordinator._shared is not None
-                await backend.release(coordinator._shared.release_runs)
+                shared = coordinator._shared
+                assert shared is not None
+                deleted = await backend.release(shared.release_runs, own_only=shared.cancel_runs)
+                # An explicit cancel's windows count as cancelled once deleted (those
+                # left to a peer fire there).
+                coordinator._ledger.cancelled += len(
+                    shared.cancel_runs if deleted is None else shared.cancel_runs & set(deleted)
+                )
         backend.detach()
     try:
         if nursery_error is not None:

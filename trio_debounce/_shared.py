@@ -189,6 +189,10 @@ class SharedWindows:
         #: Run ids of the shared windows whose documents the release deletes at exit;
         #: other windows this process owns stay in the store for peers to adopt.
         self.release_runs: set[str] = set()
+        #: Run ids of the windows an explicit ``on_exit="cancel"`` closed under
+        #: at-least-once: the release deletes those that hold only this process's pings
+        #: and leaves the others (peers' pings are in them) for a peer to fire.
+        self.cancel_runs: set[str] = set()
 
     @property
     def reconcile_soon(self) -> bool:
@@ -547,12 +551,16 @@ class SharedWindows:
                 self._fires.close(shared)
 
     def cancel_all(self) -> None:
-        """The exit's ``on_exit="cancel"``: every pending trailing fire is dropped (its
-        document is released, deleted, when the block closes)."""
+        """The exit's ``on_exit="cancel"``: every pending trailing fire is dropped here
+        and its document deleted when the block closes; under at-least-once only if it
+        holds this process's pings alone (see ``cancel_runs``)."""
         for shared in list(self.windows.values()):
             if shared.pending_trailing and shared.state == OPEN:
-                self._ledger.cancelled += 1
-                self.release_runs.add(shared.run_id)
+                if self._delivery == "at-least-once":
+                    self.cancel_runs.add(shared.run_id)  # counted once deleted
+                else:
+                    self._ledger.cancelled += 1
+                    self.release_runs.add(shared.run_id)
                 self._fires.close(shared)
 
     def release_owned(self) -> None:

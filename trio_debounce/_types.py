@@ -227,7 +227,9 @@ class CoordinatorStatistics:
       fires (int): fires started, leading and trailing (a fire that finds no handler
         counts here and in ``handler_errors``).
       cancelled (int): windows closed by :meth:`Coordinator.cancel`, plus pending
-        trailing fires dropped when the coordinator exited without firing them.
+        trailing fires dropped when the coordinator exited without firing them (an
+        exit by an error or a cancellation counts those it handed off to peers too;
+        ``on_exit="cancel"`` counts the shared windows it deleted).
       handler_errors (int): handler calls that raised an :class:`Exception`, plus fires
         that found no handler.
       backend_errors (int): backend calls that failed (register, finalize, cancel,

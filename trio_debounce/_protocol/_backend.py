@@ -286,5 +286,7 @@ class KvDebounceBackend(DebounceBackend):
     async def handoff(self) -> None:
         await self._housekeeping.handoff()
 
-    async def release(self, runs: Collection[str] | None = None) -> None:
-        await self._housekeeping.release(runs)
+    async def release(
+        self, runs: Collection[str] | None = None, *, own_only: Collection[str] = ()
+    ) -> frozenset[str]:
+        return await self._housekeeping.release(runs, own_only=own_only)

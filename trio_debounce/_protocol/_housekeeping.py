@@ -381,15 +381,19 @@ class Housekeeping:
                 len(self._view.owned),
             )
 
-    async def release(self, runs: Collection[str] | None = None) -> None:
+    async def release(
+        self, runs: Collection[str] | None = None, *, own_only: Collection[str] = ()
+    ) -> frozenset[str]:
+        deleted: set[str] = set()
         if self._released:
-            return
+            return frozenset(deleted)
         self._released = True
         try:
             with trio.move_on_after(self._op_timeout) as scope:
                 await self._finalizer.apply_queued()
                 for kv_key, run_id in list(self._view.owned.items()):
-                    if runs is not None and run_id not in runs:
+                    only_own = run_id in own_only
+                    if runs is not None and run_id not in runs and not only_own:
                         continue  # left for a peer to adopt once our lease is gone
                     entry = await self._view.get(kv_key)
                     doc = self._view.parse(entry)
@@ -400,14 +404,30 @@ class Housekeeping:
                         and self._me.owns(doc)
                     ):
                         assert entry is not None
+                        if only_own and doc.count > self._view.own_count(kv_key, run_id):
+                            # Peers' pings are in it: deleting it would lose them.
+                            logger.info(
+                                "release leaves %s (run %s) for a peer: %d of its %d "
+                                "pings came from other processes",
+                                kv_key,
+                                run_id,
+                                doc.count - self._view.own_count(kv_key, run_id),
+                                doc.count,
+                            )
+                            continue
                         self._view.forget(kv_key)
                         try:
                             await self._view.close_window(kv_key, doc.closed(), entry.revision)
+                            deleted.add(run_id)
                         except RevisionConflict:
                             logger.warning("release of %s lost a race to another write", kv_key)
-                    del self._view.owned[kv_key]
-                    self._view.known_counts.pop(kv_key, None)
-                await self._leases.delete()
+                    self._view.disown(kv_key, run_id)
+                if self._view.owned:
+                    # Windows left for peers: a released lease hands them off at the
+                    # peers' next look (even a peer that never saw this process live).
+                    await self._leases.write_released()
+                else:
+                    await self._leases.delete()
             if scope.cancelled_caught:
                 logger.warning("release did not finish within %.3g s", self._op_timeout)
         except BackendError as exc:
@@ -417,3 +437,4 @@ class Housekeeping:
                 exc,
                 len(self._view.owned),
             )
+        return frozenset(deleted)

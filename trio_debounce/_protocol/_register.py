@@ -473,6 +473,7 @@ class Registrar:
         if self._me.owns(doc):
             self._view.owned[kv_key] = doc.run_id
             self._view.know_count(kv_key, doc.run_id, doc.count)
+            self._view.count_own(kv_key, doc.run_id, len(pings))
         else:
             self._view.disown(kv_key, doc.run_id)
         token = self._view.token(revision)

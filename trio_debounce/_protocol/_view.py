@@ -65,6 +65,10 @@ class StoreView:
         #: KV key -> (run id, the highest ping count returned to the coordinator for
         #: it): what the owner knows if its finalize fails; kept with ``owned``.
         self.known_counts: dict[str, tuple[str, int]] = {}
+        #: KV key -> (run id, how many of its stored pings this process sent), for the
+        #: windows it owns (the pings it sent before it owned one are not counted): an
+        #: explicit ``on_exit="cancel"`` deletes only windows that hold no peer's ping.
+        self.own_pings: dict[str, tuple[str, int]] = {}
         # Counters, see KvDebounceBackend.
         self.requests = 0
         self.conflicts = 0
@@ -201,6 +205,20 @@ class StoreView:
             del self.owned[kv_key]
         if self.known_counts.get(kv_key, ("",))[0] == run_id:
             del self.known_counts[kv_key]
+        if self.own_pings.get(kv_key, ("",))[0] == run_id:
+            del self.own_pings[kv_key]
+
+    def count_own(self, kv_key: str, run_id: str, n: int) -> None:
+        """Record that ``n`` more pings of this process were stored in window
+        ``kv_key`` (``run_id``), which it owns."""
+        known = self.own_pings.get(kv_key)
+        before = known[1] if known is not None and known[0] == run_id else 0
+        self.own_pings[kv_key] = (run_id, before + n)
+
+    def own_count(self, kv_key: str, run_id: str) -> int:
+        """How many pings of this process window ``kv_key`` (``run_id``) holds."""
+        known = self.own_pings.get(kv_key)
+        return known[1] if known is not None and known[0] == run_id else 0
 
     def know_count(self, kv_key: str, run_id: str, count: int) -> None:
         """Record that the coordinator was told window ``kv_key`` (``run_id``) holds
