@@ -600,3 +600,43 @@ async def test_fencing_tokens_increase_across_a_bucket_recreation(nats_server: N
     (_, old), (_, new) = tokens
     assert new > old
     assert new & ((1 << 40) - 1) <= old & ((1 << 40) - 1)  # revisions alone did not grow
+
+
+@pytest.mark.parametrize(
+    ("pinger", "on_backend_error"),
+    [("peer", "raise"), ("peer", "fail-open"), ("owner", "raise")],
+)
+async def test_a_ping_while_the_server_is_stopped_is_never_merged_unstored(
+    nats_server: NatsServer, pinger: str, on_backend_error: Any
+) -> None:
+    # nats-server stopped (SIGSTOP) past two op_timeouts while a window comes due: a
+    # ping made then finds no fire it can promise (the due time has passed unread), so
+    # it raises or fails open, never coalesces with stored=False.
+    fires = Fires()
+    cfg = config(nats_server)
+    with trio.fail_after(40):
+        async with processes(cfg, fires, "AB", on_backend_error=on_backend_error) as (a, b):
+            c = a if pinger == "owner" else b
+            await a.debounce("wf", "k", "a", delay=1.5)
+            assert (await b.debounce("wf", "k", "b", delay=1.5)).stored
+            await trio.sleep(0.7)
+            await trio.to_thread.run_sync(nats_server.pause)
+            try:
+                if on_backend_error == "raise":
+                    with pytest.raises(BackendUnavailableError):
+                        await c.debounce("wf", "k", "late", delay=1.5)
+                else:
+                    r = await c.debounce("wf", "k", "late", delay=1.5)
+                    assert r.stored, r  # failed open, not merged unstored
+                    assert c.statistics().fail_open_windows == 1
+                assert c.statistics().unstored_pings == 0
+                await trio.sleep(2.0)
+            finally:
+                await trio.to_thread.run_sync(nats_server.resume)
+            await trio.sleep(3 * LEASE)
+    shared = [f for p, f in fires.log if p == "A"]
+    assert len(shared) == 1  # the burst fired once, by its owner, after the stall
+    # A stopped server still receives what was sent: the ping's write may have landed.
+    assert shared[0].payload in ("b", "late")
+    if on_backend_error == "fail-open":
+        assert [f.payload for p, f in fires.log if p == pinger.upper()[0]].count("late") >= 1

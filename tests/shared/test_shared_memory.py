@@ -929,3 +929,83 @@ async def test_a_takeover_deferred_by_the_outage_grace_comes_when_the_grace_ends
     grace_ends = started + b.heartbeat_interval + SKEW
     assert t0 + LEASE + SKEW + 2.0 < grace_ends  # the window came due in the grace
     assert grace_ends <= seen <= grace_ends + b.heartbeat_interval + 0.1
+
+
+@pytest.mark.parametrize("pinger", ["owner", "peer"])
+@pytest.mark.parametrize("on_backend_error", ["raise", "fail-open"])
+async def test_a_ping_during_a_stall_is_never_answered_as_merged_into_a_fired_window(
+    autojump_clock: trio.testing.MockClock, pinger: str, on_backend_error: Any
+) -> None:
+    # The pinger's store stalls past the ping's deadline (its requests reach the store
+    # only later). Meanwhile the window came due and its owner fired it: the ping was
+    # never stored and no fire is to come, so it must raise or fail open; coalescing it
+    # unstored (stored=False) into the fired window would lose it without a word.
+    store, fires = MemoryStore(), Fires()
+    a_backend, b_backend = backend(store, "A"), backend(store, "B")
+    stalled = a_backend if pinger == "owner" else b_backend
+    async with (
+        open_coordinator(
+            handlers={"wf": fires.handler("A")},
+            backend=a_backend,
+            on_backend_error=on_backend_error,
+        ) as a,
+        open_coordinator(
+            handlers={"wf": fires.handler("B")},
+            backend=b_backend,
+            on_backend_error=on_backend_error,
+        ) as b,
+    ):
+        c = a if pinger == "owner" else b
+        t0 = trio.current_time()
+        await a.debounce("wf", "k", "a", delay=2.0)
+        await b.debounce("wf", "k", "b0", delay=2.0)  # B knows the window (cached)
+        await trio.sleep(1.5)
+        stalled.faults.stall_next(4.0, n=10_000)
+        if on_backend_error == "raise":
+            with pytest.raises(BackendUnavailableError, match="did not complete"):
+                await c.debounce("wf", "k", "late", delay=2.0)
+        else:
+            r = await c.debounce("wf", "k", "late", delay=2.0)
+            assert r.stored, r  # a local window (failed open), not an unstored merge
+            assert c.statistics().fail_open_windows == 1
+        assert c.statistics().unstored_pings == 0
+        assert trio.current_time() >= t0 + 1.5 + 2.0  # the op_timeout: 2 s
+        await trio.sleep(10.0)
+        stalled.faults.clear()
+    payloads = [f.payload for _, f in fires.log]
+    assert payloads.count("b0") == 1  # the burst before the stall fired once
+    assert payloads.count("late") == (on_backend_error == "fail-open")
+
+
+async def test_a_stalled_write_whose_caller_gave_up_lands_later(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    b = backend(store, "B")
+    view = b._view.store  # B's client of the store, through its faults
+    revision = await view.put("x", b"1", last=0)
+    b.faults.stall_next(5.0, n=2, ops=("put",))
+    with trio.move_on_after(1.0) as scope:
+        await view.put("x", b"2", last=revision)
+    assert scope.cancelled_caught
+    entry = await view.get("x")
+    assert entry is not None
+    assert entry.value == b"1"  # not yet: a read sees the old value
+    await trio.sleep(4.0)
+    entry = store.raw_get("x")
+    assert entry is not None
+    assert entry.value == b"2"  # landed 5 s after it was sent
+    # A stalled write that conflicts by the time it lands does not land.
+    with trio.move_on_after(1.0):
+        await view.put("x", b"3", last=revision)
+    await trio.sleep(5.0)
+    entry = store.raw_get("x")
+    assert entry is not None
+    assert entry.value == b"2"
+    # A stalled call that is waited for is applied and answered after the stall.
+    b.faults.stall_next(5.0, ops=("delete",))
+    start = trio.current_time()
+    assert (await view.delete("x", last=entry.revision)) > entry.revision
+    assert trio.current_time() - start == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="seconds must be finite"):
+        b.faults.stall_next(-1.0)

@@ -97,6 +97,11 @@ class ProcessLease:
         """The end of run ``run_id`` is in the store (or nothing there names it)."""
         self._ended_runs.discard(run_id)
 
+    @property
+    def skew(self) -> float:
+        """The tolerated wall-clock difference between hosts, seconds."""
+        return self._skew
+
     async def owner_live(self, doc: WindowDoc, now: float) -> bool:
         """Is the document's owner process live? Known live owners cost no request."""
         return await self.live(doc.owner, doc.epoch, now)

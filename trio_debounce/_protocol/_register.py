@@ -224,6 +224,8 @@ class Registrar:
         deadline = batch[0].deadline
         last_doc: WindowDoc | None = None
         last_live = False
+        #: last_doc came from a read of the store in this batch (not the cache).
+        last_read = False
         error: BackendError | None = None
         rest: list[Call] = []
         #: The pings of the write whose answer was lost, their outcomes, its take time,
@@ -239,6 +241,7 @@ class Registrar:
                         known = None if ambiguous else self._view.cached(kv_key)
                         if known is None:
                             _, revision, doc = await self._view.read(kv_key)
+                            read = True
                             if ambiguous:
                                 ambiguous = False
                                 assert sent is not None
@@ -257,13 +260,14 @@ class Registrar:
                                     break  # it did not land, and the deadline has passed
                         else:
                             revision, doc = known
+                            read = False
                         now = self._wall()
                         live = (
                             doc is not None
                             and not doc.fired
                             and await self._leases.owner_live(doc, now)
                         )
-                        last_doc, last_live = doc, live
+                        last_doc, last_live, last_read = doc, live, read
                         # Until when the key's queue-latest run blocks its next fire.
                         blocked = None
                         if doc is not None and doc.running is not None:
@@ -352,11 +356,17 @@ class Registrar:
         waiting = [ping for ping in batch if ping.result is None and ping not in rest]
         if (
             error is None
+            and last_read
             and last_doc is not None
             and _rules.absorbs_unstored(last_doc, last_live, self._me, waiting)
+            and self._wall() + self._leases.skew < last_doc.at
         ):
             # Contention until the deadline, but a live owner has a fire pending that
-            # comes after these pings' arrival: absorbed without a write.
+            # comes after these pings' arrival, and it is still to come: absorbed
+            # without a write. Only on what a read of this batch showed (a store that
+            # stalled answers nothing, and the cache may name a window that fired
+            # since) and while the due time is ahead (by the skew margin): otherwise
+            # no fire is known to be coming, and the pings fail (or fail open).
             self.unstored_coalesces += len(waiting)
             logger.warning(
                 "register %s: no write won within %.3g s; coalesced %d pings into the live "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -65,11 +67,35 @@ class MemoryStore(KvStore):
         self.requests: collections.Counter[str] = collections.Counter()
         self._data: dict[str, KvEntry] = {}
         self._sequence = 0
+        #: Writes that land later (see StoreFaults.stall_next): (Trio time, order,
+        #: operation, key, argument, last revision), applied before any later call.
+        self._late: list[tuple[float, int, str, str, bytes | None, int]] = []
+        self._late_order = itertools.count()
 
     def __repr__(self) -> str:
         return f"<MemoryStore {len(self._data)} keys, revision {self._sequence}>"
 
+    def land_later(self, at: float, op: str, key: str, value: bytes | None, last: int) -> None:
+        """Apply write ``op`` (``"put"``, ``"delete"``, ``"purge"`` or
+        ``"purge_marker"``; ``last``: the revision it names) at Trio time ``at``, as a
+        request queued at a stalled server whose client gave up; its answer is lost.
+        It lands before any call made at or after ``at`` (a conflict: not at all)."""
+        heapq.heappush(self._late, (at, next(self._late_order), op, key, value, last))
+
+    def _land_due(self) -> None:
+        late = self._late
+        while late and late[0][0] <= trio.current_time():
+            _, _, op, key, value, last = heapq.heappop(late)
+            entry = self._data.get(key)
+            current = 0 if entry is None else entry.revision
+            if op in ("put", "delete"):
+                if current == last:
+                    self._write(key, value)
+            elif entry is not None and current == last and (op == "purge" or entry.value is None):
+                del self._data[key]
+
     def _enter(self, op: str) -> None:
+        self._land_due()
         if self.down:
             raise BackendUnavailableError("the memory store is down")
         self.requests[op] += 1
@@ -136,6 +162,7 @@ class MemoryStore(KvStore):
 
     def raw_get(self, key: str) -> KvEntry | None:
         """The latest entry of ``key``, without a checkpoint or a fault."""
+        self._land_due()
         return self._data.get(key)
 
 
@@ -195,6 +222,20 @@ class StoreFaults:
         if not 0 <= seconds < math.inf:
             raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
         self._arm("delay", n, seconds, ops)
+
+    def stall_next(self, seconds: float, n: int = 1, *, ops: tuple[str, ...] = ()) -> None:
+        """The next ``n`` calls (of ``ops``, default any) reach the store only
+        ``seconds`` later (on Trio's clock), as requests queued at a stalled server (a
+        leader election, a SIGSTOP): the call is applied and answered then. If its
+        caller gives up meanwhile, a write still lands then (its answer is lost, and a
+        read made meanwhile sees the old value); a read has no effect.
+
+        Raises:
+          ValueError: ``seconds`` is negative or not finite, or ``n`` is not an int >= 1.
+        """
+        if not 0 <= seconds < math.inf:
+            raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
+        self._arm("stall", n, seconds, ops)
 
     def clear(self) -> None:
         """Disarm every fault not yet consumed (``partitioned`` is left as it is)."""
@@ -265,6 +306,18 @@ class _FaultyStore(KvStore):
         if fault.kind == "conflict":
             await trio.lowlevel.checkpoint()
             raise RevisionConflict(f"injected revision conflict on {op}")
+        if fault.kind == "stall":
+            until = trio.current_time() + fault.seconds
+            try:
+                await trio.sleep_until(until)
+            except trio.Cancelled:
+                if op in ("put", "delete", "purge", "purge_marker"):
+                    key = args[0]
+                    value = bytes(args[1]) if op == "put" else None
+                    last = kwargs["revision"] if op == "purge_marker" else kwargs["last"]
+                    self._store.land_later(until, op, key, value, last)
+                raise
+            return await fn(*args, **kwargs)
         result = await fn(*args, **kwargs)
         if fault.kind == "apply_then_fail":
             raise BackendUnavailableError(f"injected failure after {op} was applied")
