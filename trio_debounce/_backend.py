@@ -372,6 +372,14 @@ class DebounceBackend(abc.ABC):
     def wall_time(self) -> float:
         """The backend's wall clock, epoch seconds: every shared time is read here."""
 
+    def take_deleted(self, run_id: str) -> bool:
+        """Was the window of ``run_id``, which this process owned, found deleted by
+        another writer (a peer's :meth:`cancel`, an operator's delete of its key) rather
+        than fired? True at most once per run, so the coordinator counts it once (as a
+        cancel, and in ``statistics().deleted_externally``). The default: never (a
+        backend that cannot tell)."""
+        return False
+
     @abc.abstractmethod
     async def register(
         self,

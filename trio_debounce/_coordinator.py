@@ -575,6 +575,7 @@ class Coordinator(metaclass=NoPublicConstructor):
             dropped_fires=ledger.dropped,
             runs=self._runs.statistics(),
             stale_pings=ledger.stale,
+            deleted_externally=ledger.deleted_externally,
         )
 
     async def wait_idle(self) -> None:

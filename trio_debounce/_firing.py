@@ -40,6 +40,7 @@ class Ledger:
         "cancelled",
         "closed",
         "coalesced",
+        "deleted_externally",
         "dropped",
         "fail_open",
         "fires",
@@ -73,6 +74,7 @@ class Ledger:
         self.takeovers = 0
         self.refires = 0
         self.dropped = 0
+        self.deleted_externally = 0
         #: Unparked whenever the coordinator may have become idle (and, while an exit
         #: with on_exit="flush" or "cancel" waits, when a trailing fire becomes pending).
         self.idle_lot = trio.lowlevel.ParkingLot()

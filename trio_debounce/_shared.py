@@ -504,7 +504,7 @@ class SharedWindows:
         the backend deleted one (False if it failed, under fail-open)."""
         shared = self.windows.get((workflow, key))
         if shared is not None:
-            if shared.pending_trailing:
+            if not self._fires.settle_deleted(shared) and shared.pending_trailing:
                 self._ledger.cancelled += 1
             self._fires.close(shared)
         cancelled = False

@@ -185,8 +185,21 @@ class SharedFires:
         # A reconcile whose listing began before this must not re-arm the window.
         self.closed_runs[shared.run_id] = self._now()
 
+    def settle_deleted(self, shared: SharedWindow) -> bool:
+        """If the backend found ``shared`` deleted by another writer (see
+        ``DebounceBackend.take_deleted``), count it once, as a cancel if its trailing
+        fire was pending, and stop counting that fire; True then."""
+        if not self._backend.take_deleted(shared.run_id):
+            return False
+        self._ledger.deleted_externally += 1
+        if shared.pending_trailing:
+            self._ledger.cancelled += 1
+            self.set_pending(shared, False)
+        return True
+
     def close(self, shared: SharedWindow) -> None:
         """Close a shared window here without firing it (its pending fire is dropped)."""
+        self.settle_deleted(shared)
         self.detach(shared)
         self.set_pending(shared, False)
         if shared.scope is not None:
@@ -215,6 +228,13 @@ class SharedFires:
     ) -> SharedWindow:
         """The local window of a shared one: update it, or arm a new task for it."""
         shared = self.windows.get(ident)
+        if (
+            shared is not None
+            and shared.run_id != run_id
+            and shared.state == OPEN
+            and self.settle_deleted(shared)
+        ):
+            self.close(shared)  # deleted from outside: the new window replaces it
         if shared is None or shared.run_id != run_id or shared.state != OPEN:
             shared = SharedWindow(
                 ident, run_id, mode, deadline, first_ping_at, count, payload, on_fire, takes_fire
@@ -353,6 +373,7 @@ class SharedFires:
             shared.scope = None
             if not ledger.closed:
                 self._abort()
+            self.settle_deleted(shared)
             if shared.pending_trailing:
                 ledger.cancelled += 1
             self.close(shared)

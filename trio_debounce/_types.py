@@ -250,6 +250,11 @@ class CoordinatorStatistics:
       runs (RunStatistics): the deferred-run figures.
       stale_pings (int): pings dropped by ``drop_stale=True`` (outcome ``stale``); not
         counted in ``pings``.
+      deleted_externally (int): shared windows this process owned that another writer
+        deleted (a peer's :meth:`Coordinator.cancel`, an operator's delete of the key)
+        before they fired; each is also counted in ``cancelled`` if a trailing fire was
+        pending, and logged once as a warning. See :doc:`/protocol`, "Deleted from
+        outside".
     """
 
     open_windows: int
@@ -269,6 +274,7 @@ class CoordinatorStatistics:
     dropped_fires: int = 0
     runs: RunStatistics = RunStatistics()
     stale_pings: int = 0
+    deleted_externally: int = 0
 
 
 # ------------------------------------------------------------------ window options

@@ -33,9 +33,11 @@ from trio_debounce import (
     Registration,
     open_coordinator,
 )
+from trio_debounce._keys import window_key
 from trio_debounce._protocol import KvDebounceBackend
 from trio_debounce.abc import DebounceBackend, KvEntry, KvStore
 from trio_debounce.nats import NatsConfig, open_nats_backend
+from trio_debounce.nats._store import open_nats_store
 from trio_debounce.testing import check_debounce_backend
 
 LEASE = 1.5
@@ -640,3 +642,24 @@ async def test_a_ping_while_the_server_is_stopped_is_never_merged_unstored(
     assert shared[0].payload in ("b", "late")
     if on_backend_error == "fail-open":
         assert [f.payload for p, f in fires.log if p == pinger.upper()[0]].count("late") >= 1
+
+
+async def test_a_window_deleted_with_a_kv_delete_counts_as_a_cancel(
+    nats_server: NatsServer,
+) -> None:
+    # An operator deletes an open window's key on the real server (a JetStream KV
+    # delete marker): its owner's finalize counts it as a cancel, once, and fires
+    # nothing.
+    fires = Fires()
+    cfg = config(nats_server)
+    with trio.fail_after(20):
+        async with processes(cfg, fires, "A") as (a,), open_nats_store(cfg) as operator:
+            await a.debounce("wf", "k", "a", delay=1.0)
+            kv_key = window_key("wf", "k")
+            entry = await operator.get(kv_key)
+            assert entry is not None
+            await operator.delete(kv_key, last=entry.revision)
+            await a.wait_idle()
+            stats = a.statistics()
+    assert fires.log == []
+    assert (stats.cancelled, stats.deleted_externally) == (1, 1)

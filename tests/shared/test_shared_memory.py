@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from tests.harness.fires import Fires
-from tests.harness.memory import LEASE, SKEW, backend, near, processes
+from tests.harness.memory import BEAT, LEASE, SKEW, backend, near, processes
 from trio_debounce import (
     BackendAuthError,
     BackendUnavailableError,
@@ -30,6 +30,7 @@ from trio_debounce import (
     Registered,
     open_coordinator,
 )
+from trio_debounce._keys import window_key
 from trio_debounce.abc import DebounceBackend
 from trio_debounce.testing import MemoryBackend, MemoryStore, check_debounce_backend
 
@@ -1009,3 +1010,59 @@ async def test_a_stalled_write_whose_caller_gave_up_lands_later(
     assert trio.current_time() - start == pytest.approx(5.0)
     with pytest.raises(ValueError, match="seconds must be finite"):
         b.faults.stall_next(-1.0)
+
+
+@pytest.mark.parametrize("noticed_by", ["finalize", "ping", "reconcile"])
+async def test_a_window_deleted_from_outside_counts_as_a_cancel_once(
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+    noticed_by: str,
+) -> None:
+    # An operator deletes an open window's key (a KV delete, as `nats kv del` does).
+    # Whichever of the owner's finalize, its next ping or its reconcile notices first
+    # counts it once: a cancel, and deleted_externally; one warning.
+    store, fires = MemoryStore(), Fires()
+    delay = {"finalize": 30.0, "ping": 30.0, "reconcile": 1000.0}[noticed_by]
+    with caplog.at_level(logging.WARNING, logger="trio_debounce"):
+        async with processes(store, fires, "A") as (a,):
+            t0 = trio.current_time()
+            await a.debounce("wf", "k", "a", delay=delay)
+            await trio.sleep(2.0)
+            store.raw_put(window_key("wf", "k"), None)  # the operator's delete
+            if noticed_by == "ping":
+                r = await a.debounce("wf", "k", "b", delay=5.0)
+                assert r.outcome is Outcome.SCHEDULE_TRAILING  # a new window
+                assert r.ping_count == 1
+                assert a.statistics().deleted_externally == 1
+            elif noticed_by == "reconcile":
+                await trio.sleep(14 * BEAT)  # past two periodic reconciles
+                assert a.statistics().deleted_externally == 1
+                assert len(a) == 0
+            await a.wait_idle()
+            stats = a.statistics()
+    assert (stats.cancelled, stats.deleted_externally) == (1, 1)
+    if noticed_by == "ping":
+        [(_, fire)] = fires.log  # only the new window fires, with the new ping
+        assert (fire.payload, fire.ping_count) == ("b", 1)
+        assert fire.fired_at == near(t0 + 2.0 + 5.0)
+    else:
+        assert fires.log == []
+    assert caplog.text.count("was deleted by another writer") == 1
+
+
+async def test_a_peers_fire_is_never_taken_for_a_delete(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A peer's ping moves A's window earlier and takes its fire; A wakes at its own
+    # armed time, long after (more than a lease): the tombstone is still there, so A
+    # counts nothing as deleted.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB") as (a, b):
+        await a.debounce("wf", "k", "a", delay=5 * LEASE)
+        r = await b.debounce("wf", "k", "b", delay=1.0)
+        assert not r.owner
+        await trio.sleep(6 * LEASE)
+        await a.wait_idle()
+    assert [(p, f.payload) for p, f in fires.log] == [("B", "b")]
+    assert a.statistics().deleted_externally == 0
+    assert a.statistics().cancelled == 0

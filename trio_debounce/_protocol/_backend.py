@@ -266,6 +266,13 @@ class KvDebounceBackend(DebounceBackend):
     async def complete(self, fire_id: str) -> None:
         await self._records.complete(fire_id)
 
+    def take_deleted(self, run_id: str) -> bool:
+        deleted = self._view.deleted_runs
+        if run_id in deleted:
+            deleted.discard(run_id)
+            return True
+        return False
+
     async def cancel(self, workflow: str, key: str) -> bool:
         return await self._housekeeping.cancel(workflow, key)
 

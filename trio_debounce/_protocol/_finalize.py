@@ -179,6 +179,10 @@ class Finalizer:
                             known = None
                     if known is None:
                         entry, revision, doc = await self._view.read(kv_key)
+                        if doc is None and not take:
+                            self._view.note_deleted(
+                                kv_key, entry, self._wall(), self._leases.seconds
+                            )
                         if committing is not None:
                             proven = await self._reread_proof(
                                 kv_key, entry, doc, committing, delivery
@@ -192,6 +196,8 @@ class Finalizer:
                     if not take and not self._me.owns(doc):
                         self._view.disown(kv_key, run_id)
                         return Finalization(Finalized.ABANDONED)
+                    if not take:
+                        self._view.own(kv_key, doc)
                     now = self._wall()
                     if doc.queue and doc.running is not None and not early:
                         blocked = await self._leases.run_blocks_until(doc.running, now)
@@ -568,6 +574,7 @@ class Finalizer:
                 missed_trailing = doc.mode is Mode.BOTH and queued.known_count < 2 <= doc.count
                 if doc.last <= queued.fired_at and not missed_trailing:
                     self._view.forget(kv_key)
+                    self._view.disown(kv_key, queued.run_id)  # our delete, not a foreign one
                     try:
                         await self._view.close_window(kv_key, doc.closed(), entry.revision)
                     except RevisionConflict:

@@ -14,6 +14,7 @@ import trio
 from .._backend import Orphans, OwnedWindow, WindowStatus
 from .._errors import BackendError, BackendUnavailableError, RevisionConflict
 from .._keys import parse_window_key, window_key
+from .._kv import KvEntry
 from . import _rules
 from ._documents import (
     FIRE_PREFIX,
@@ -91,6 +92,10 @@ class Housekeeping:
                 if entry is None or entry.value is None or (doc is not None and doc.fired):
                     return False
                 self._view.forget(kv_key)
+                # Ours to delete: a read racing this write must not take it for a
+                # foreign delete of a window this process owns.
+                self._view.owned.pop(kv_key, None)
+                self._view.owned_last.pop(kv_key, None)
                 try:
                     tombstone = None if doc is None else doc.closed()
                     await self._view.close_window(kv_key, tombstone, entry.revision)
@@ -99,7 +104,6 @@ class Housekeeping:
                     await self._view.backoff(attempt)
                     attempt += 1
                     continue
-                self._view.owned.pop(kv_key, None)
                 return True
         raise BackendUnavailableError(
             f"cancel of {workflow!r}/{key!r} did not complete within {self._op_timeout} s"
@@ -115,7 +119,7 @@ class Housekeeping:
                 workflow, key = parse_window_key(entry.key)
             except ValueError:
                 continue
-            self._view.owned[entry.key] = doc.run_id
+            self._view.own(entry.key, doc)
             self._view.remember(entry.key, entry.revision, doc)
             owned.append(
                 OwnedWindow(workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
@@ -172,7 +176,14 @@ class Housekeeping:
             marker = item.revision if item.value is None else None
             if marker is None:
                 doc = self._view.parse(item)
-                if doc is None or not doc.fired or doc.last > now - self._lease_seconds:
+                if (
+                    doc is None
+                    or not doc.fired
+                    or max(doc.last, doc.armed) > now - self._lease_seconds
+                ):
+                    # Kept a lease past its last ping and its owner's wake time: the
+                    # owner then finds the tombstone, never the key gone, so a key
+                    # gone sooner was deleted by someone (StoreView.note_deleted).
                     continue
                 if (
                     doc.fired_order is not None
@@ -226,12 +237,27 @@ class Housekeeping:
                 self._leases.table.pop(lease.process, None)
         return removed
 
+    async def _note_deleted(self, listing: list[KvEntry], now: float) -> None:
+        """Owned windows that ``listing`` shows gone (absent or a delete marker): read
+        each from the store's authority (a listing may lag) and note a foreign delete
+        (see StoreView.note_deleted)."""
+        listed = {entry.key: entry for entry in listing}
+        for kv_key in list(self._view.owned):
+            entry = listed.get(kv_key)
+            if entry is not None and entry.value is not None:
+                continue
+            entry = await self._view.get_current(kv_key)
+            if self._view.note_deleted(kv_key, entry, now, self._lease_seconds) is not None:
+                self._view.disown(kv_key, self._view.owned[kv_key])
+
     async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:
         self._leases.check_not_taken()
         orphans = Orphans([], await self._finalizer.prove_lost_commits(), [])
         adopting = self._view.can_take_over()
         now = self._wall()
-        for entry in await self._view.entries(WINDOW_KEY_PREFIX):
+        listing = await self._view.entries(WINDOW_KEY_PREFIX)
+        await self._note_deleted(listing, now)
+        for entry in listing:
             doc = self._view.parse(entry)
             if doc is None or doc.fired:
                 continue
@@ -240,7 +266,7 @@ class Housekeeping:
             except ValueError:
                 continue
             if self._me.owns(doc):
-                self._view.owned[entry.key] = doc.run_id
+                self._view.own(entry.key, doc)
                 self._view.remember(entry.key, entry.revision, doc)
                 orphans.owned.append(
                     OwnedWindow(workflow, key, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
@@ -262,7 +288,7 @@ class Housekeeping:
                 continue  # a peer adopted it, or a ping took it over
             self._view.remember(entry.key, revision, new)
             self.takeovers += 1
-            self._view.owned[entry.key] = doc.run_id
+            self._view.own(entry.key, new)
             logger.info(
                 "adopted window %s (run %s) of dead process %s", entry.key, doc.run_id, doc.owner
             )
@@ -416,6 +442,7 @@ class Housekeeping:
                             )
                             continue
                         self._view.forget(kv_key)
+                        self._view.disown(kv_key, run_id)  # our delete, not a foreign one
                         try:
                             await self._view.close_window(kv_key, doc.closed(), entry.revision)
                             deleted.add(run_id)

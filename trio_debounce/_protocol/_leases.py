@@ -98,6 +98,11 @@ class ProcessLease:
         self._ended_runs.discard(run_id)
 
     @property
+    def seconds(self) -> float:
+        """The process lease, seconds."""
+        return self._seconds
+
+    @property
     def skew(self) -> float:
         """The tolerated wall-clock difference between hosts, seconds."""
         return self._skew

@@ -240,8 +240,12 @@ class Registrar:
                     try:
                         known = None if ambiguous else self._view.cached(kv_key)
                         if known is None:
-                            _, revision, doc = await self._view.read(kv_key)
+                            entry, revision, doc = await self._view.read(kv_key)
                             read = True
+                            if doc is None:
+                                self._view.note_deleted(
+                                    kv_key, entry, self._wall(), self._leases.seconds
+                                )
                             if ambiguous:
                                 ambiguous = False
                                 assert sent is not None
@@ -481,7 +485,7 @@ class Registrar:
         else:
             payload = pings[-1][0].own  # the last ping's: the one stored
         if self._me.owns(doc):
-            self._view.owned[kv_key] = doc.run_id
+            self._view.own(kv_key, doc)
             self._view.know_count(kv_key, doc.run_id, doc.count)
             self._view.count_own(kv_key, doc.run_id, len(pings))
         else:

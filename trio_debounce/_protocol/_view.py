@@ -65,6 +65,13 @@ class StoreView:
         #: KV key -> (run id, the highest ping count returned to the coordinator for
         #: it): what the owner knows if its finalize fails; kept with ``owned``.
         self.known_counts: dict[str, tuple[str, int]] = {}
+        #: KV key -> the later of the last ping and the owner's wake time (``armed``,
+        #: wall clock) that this process knows of the window it owns there: a fire's
+        #: tombstone outlives it by a lease (the sweeper's rule).
+        self.owned_last: dict[str, float] = {}
+        #: Run ids of owned windows that a read found deleted by another writer,
+        #: until the coordinator takes them (see note_deleted).
+        self.deleted_runs: set[str] = set()
         #: KV key -> (run id, how many of its stored pings this process sent), for the
         #: windows it owns (the pings it sent before it owned one are not counted): an
         #: explicit ``on_exit="cancel"`` deletes only windows that hold no peer's ping.
@@ -198,11 +205,44 @@ class StoreView:
 
     # --------------------------------------------------------------- ownership
 
+    def own(self, kv_key: str, doc: WindowDoc) -> None:
+        """Record that this process owns window ``kv_key`` as ``doc`` shows it."""
+        self.owned[kv_key] = doc.run_id
+        self.owned_last[kv_key] = max(doc.last, doc.armed)
+
+    def note_deleted(
+        self, kv_key: str, entry: KvEntry | None, now: float, lease: float
+    ) -> str | None:
+        """A read of window ``kv_key`` found ``entry`` (at wall time ``now``). If the key
+        is gone (absent, or a delete marker) while this process owns a window there,
+        sooner than the sweeper may remove a fire's tombstone (``lease`` seconds after
+        the window's last ping or its owner's wake time, whichever is later, less the
+        skew margin), another writer deleted it: a
+        peer's cancel, or an operator. Its run id is recorded for the coordinator (see
+        ``KvDebounceBackend.take_deleted``), logged once, and returned; else None."""
+        if entry is not None and entry.value is not None:
+            return None
+        run_id = self.owned.get(kv_key)
+        last = self.owned_last.get(kv_key)
+        if run_id is None or last is None or now >= last + lease - self._skew:
+            return None
+        if len(self.deleted_runs) >= KNOWN_LIMIT:
+            self.deleted_runs.clear()
+        self.deleted_runs.add(run_id)
+        logger.warning(
+            "window %s (run %s) was deleted by another writer (a cancel or an operator's "
+            "delete, not a fire): its pending fire, if any, is dropped as cancelled",
+            kv_key,
+            run_id,
+        )
+        return run_id
+
     def disown(self, kv_key: str, run_id: str) -> None:
         """Forget that this process owns window ``kv_key`` under ``run_id`` (and only
         under that run: a stale task's finalize must not forget a newer window)."""
         if self.owned.get(kv_key) == run_id:
             del self.owned[kv_key]
+            self.owned_last.pop(kv_key, None)
         if self.known_counts.get(kv_key, ("",))[0] == run_id:
             del self.known_counts[kv_key]
         if self.own_pings.get(kv_key, ("",))[0] == run_id:
