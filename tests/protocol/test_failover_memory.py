@@ -152,12 +152,15 @@ async def test_at_most_once_never_reruns_and_drops_an_unproven_fire(
             die(a_backend, a_scope)  # inside the handler: that fire is lost, not re-run
         await trio.sleep(2 * FAILOVER)
         assert b.statistics().refires == 0
-        # The backend unreachable at fire time: at-most-once drops the fire.
+        # The backend unreachable at fire time: at-most-once re-reads for the commit's
+        # proof while its lease is held, then drops the fire.
         b_backend = b._backend
         assert isinstance(b_backend, MemoryBackend)
         await b.debounce("wf", "j", "b", delay=1.0)
         b_backend.faults.partitioned = True
-        await trio.sleep(5.0)
+        await trio.sleep(LEASE - SKEW - 0.1)
+        assert b.statistics().dropped_fires == 0  # still proving: its lease is held
+        await trio.sleep(0.2)  # past it (renewed at the partition, at the latest)
         assert b.statistics().dropped_fires == 1
         assert [p for p, _ in fires.log] == ["A"]
         # The unproven fire had not committed: its window is still in the store, and
@@ -871,3 +874,51 @@ async def test_an_opening_write_that_landed_unseen_is_not_written_again_after_a_
     assert window is not None
     assert (window.run_id, window.fired) == ("r1", True)  # no second window
     assert (await a.finalize("wf", "k", "r1")).outcome is Finalized.ABANDONED
+
+
+async def test_at_most_once_proves_a_commit_whose_answer_comes_after_op_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The tombstone lands at once; its answer comes 3 s later, past op_timeout (2 s),
+    # the store answering every other call at once. The finalize gives the key's turn
+    # back and proves the commit by re-reading: the burst fires once, on time.
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "A", delivery="at-most-once") as (a, a_backend, _):
+        t0 = trio.current_time()
+        await a.debounce("wf", "k", "a", delay=1.0)
+        await trio.sleep(0.9)
+        a_backend.faults.delay_next(3.0, ops=("put",))  # the commit's answer is slow
+        await trio.sleep(2.2)  # past the finalize's op_timeout: it proves by re-reads
+        start = trio.current_time()
+        r = await a.debounce("wf", "k", "b", delay=1.0)  # not held up by the proof
+        assert trio.current_time() - start < 0.05
+        assert r.outcome is Outcome.SCHEDULE_TRAILING  # the burst before had fired
+        await a.wait_idle()
+        assert a.statistics().dropped_fires == 0
+    assert fires.by_attempt() == [("A", "k", "a", 1, 1), ("A", "k", "b", 1, 1)]
+    first = fires.log[0][1]
+    assert first.fired_at == pytest.approx(t0 + 1.0, abs=0.01)  # its due time
+    assert first.fencing_token < fires.log[1][1].fencing_token
+
+
+@pytest.mark.parametrize("delivery", ["at-most-once", "at-least-once"])
+async def test_a_first_commit_that_lands_late_is_recognised(
+    autojump_clock: trio.testing.MockClock, delivery: Any
+) -> None:
+    # The commit's write fails at once but reaches the store 1 s later (a leader
+    # election); the re-read, made before it lands, sees the window open, so the
+    # finalize decides again with a new write, which conflicts: the proof must still
+    # know the first write. The burst fires once.
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "A", delivery=delivery) as (a, a_backend, _):
+        t0 = trio.current_time()
+        await a.debounce("wf", "k", "a", delay=2.7)  # due between two heartbeats
+        await trio.sleep(2.6)
+        ops = ("put",) if delivery == "at-most-once" else ("delete", "put")
+        a_backend.faults.stall_next(1.0, ops=ops, fail_after=0.2)  # lands at 3.7
+        a_backend.faults.stall_next(0.5, ops=("get",))  # the re-read: sees it open
+        a_backend.faults.stall_next(0.5, ops=ops)  # the second decision's write
+        await trio.sleep(10.0)
+        assert a.statistics().dropped_fires == 0
+    assert fires.by_attempt() == [("A", "k", "a", 1, 1)]
+    assert fires.log[0][1].fired_at == pytest.approx(t0 + 2.7, abs=0.01)

@@ -27,6 +27,7 @@ from .._types import Mode
 from . import _rules
 from ._documents import FIRE_PREFIX, WindowDoc
 from ._leases import ProcessLease
+from ._proofs import SentCommits
 from ._records import FireRecords
 from ._rules import Identity
 from ._turns import KeyTurns
@@ -104,6 +105,8 @@ class Finalizer:
         self._queued_record_deletes: set[str] = set()
         #: The end records of queue-latest runs that could not reach the store, by KV key.
         self._queued_end_runs: dict[str, str] = {}
+        #: The at-most-once commits sent and not yet proven, and their proof.
+        self._sent = SentCommits(view, leases, op_timeout=op_timeout, wall=wall)
 
     async def finalize(
         self,
@@ -117,10 +120,21 @@ class Finalizer:
         early: bool = False,
     ) -> Finalization:
         kv_key = window_key(workflow, key)
-        async with self._turns.turn(kv_key):
-            return await self.finalize_in_turn(
-                workflow, key, kv_key, run_id, take, force, delivery, early
-            )
+        try:
+            async with self._turns.turn(kv_key):
+                return await self.finalize_in_turn(
+                    workflow, key, kv_key, run_id, take, force, delivery, early
+                )
+        except BackendUnavailableError:
+            if delivery != "at-most-once" or not self._sent.pending(kv_key, run_id):
+                raise
+        # A commit sent, its answer lost: proven by re-reads outside the key's turn, so
+        # that this process's pings of the key are not held up meanwhile.
+        proven = await self._sent.prove_late(workflow, key, kv_key, run_id)
+        if isinstance(proven, Finalization):
+            return proven
+        window, fired_at, token = proven
+        return self._finalization(kv_key, window, fired_at, token, None)
 
     async def finalize_in_turn(
         self,
@@ -179,6 +193,10 @@ class Finalizer:
                             known = None
                     if known is None:
                         entry, revision, doc = await self._view.read(kv_key)
+                        if delivery == "at-most-once":
+                            proof = self._sent.proof(kv_key, run_id, entry, doc)
+                            if proof is not None:
+                                return self._finalization(kv_key, *proof, None)
                         if doc is None and not take:
                             self._view.note_deleted(
                                 kv_key, entry, self._wall(), self._leases.seconds
@@ -255,7 +273,9 @@ class Finalizer:
                     # peer's fire would look the same).
                     tombstone = _rules.tombstone(doc, write, fired_at, self._me)
                     if delivery == "at-most-once":
+                        self._sent.add(kv_key, run_id, write, doc, fired_at, revision)
                         revision = await self._view.put(kv_key, tombstone.encode(), last=revision)
+                        self._sent.forget(kv_key, run_id)
                         self._view.remember(kv_key, revision, tombstone)
                         return self._finalization(
                             kv_key, doc, fired_at, self._view.token(revision), None
@@ -309,7 +329,9 @@ class Finalizer:
         if delivery == "at-most-once":
             # Not ours to delete at exit any more: the window stays in the store for
             # our reconcile (or, once we are gone, a peer) unless the fire committed.
-            self._view.disown(kv_key, run_id)
+            # A commit sent is proven by finalize() outside the key's turn.
+            if not self._sent.pending(kv_key, run_id):
+                self._view.disown(kv_key, run_id)
             raise BackendUnavailableError(
                 f"finalize of {workflow!r}/{key!r} (run {run_id}) could not prove its fire "
                 f"within {self._op_timeout} s" + (f": {error}" if error is not None else "")
@@ -431,11 +453,9 @@ class Finalizer:
         """After a commit whose answer was lost: the fire, if the re-read proves it."""
         window, write, fired_at, fire_id = committing
         if delivery == "at-most-once":
-            if entry is not None and doc is not None and doc.fired and doc.write == write:
-                return self._finalization(
-                    kv_key, window, fired_at, self._view.token(entry.revision), None
-                )
-            return None  # not proven: never fire on a guess (the caller re-reads)
+            # Proven by SentCommits.proof on the same read, if at all: never fire on a guess
+            # (the caller decides again from the read; the write stays remembered).
+            return None
         # at-least-once: our fire record decides.
         read = await self._records.read(fire_id)
         if read is None:

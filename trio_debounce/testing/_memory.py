@@ -172,6 +172,8 @@ class _Fault:
     seconds: float
     ops: frozenset[str]
     error: type[BackendError]
+    #: A stall's request timeout: the call fails then, and a write still lands later.
+    fail_after: float | None = None
 
 
 class StoreFaults:
@@ -223,19 +225,36 @@ class StoreFaults:
             raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
         self._arm("delay", n, seconds, ops)
 
-    def stall_next(self, seconds: float, n: int = 1, *, ops: tuple[str, ...] = ()) -> None:
+    def stall_next(
+        self,
+        seconds: float,
+        n: int = 1,
+        *,
+        ops: tuple[str, ...] = (),
+        fail_after: float | None = None,
+    ) -> None:
         """The next ``n`` calls (of ``ops``, default any) reach the store only
         ``seconds`` later (on Trio's clock), as requests queued at a stalled server (a
         leader election, a SIGSTOP): the call is applied and answered then. If its
         caller gives up meanwhile, a write still lands then (its answer is lost, and a
-        read made meanwhile sees the old value); a read has no effect.
+        read made meanwhile sees the old value); a read has no effect. With
+        ``fail_after`` (seconds, less than ``seconds``), the call itself gives up then,
+        raising :class:`~trio_debounce.BackendUnavailableError` (a request timeout),
+        and a write still lands at ``seconds``.
 
         Raises:
-          ValueError: ``seconds`` is negative or not finite, or ``n`` is not an int >= 1.
+          ValueError: ``seconds`` is negative or not finite, ``fail_after`` is not in
+            [0, ``seconds``), or ``n`` is not an int >= 1.
         """
         if not 0 <= seconds < math.inf:
             raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
-        self._arm("stall", n, seconds, ops)
+        if fail_after is not None and not 0 <= fail_after < seconds:
+            raise ValueError(f"fail_after must be >= 0 and below {seconds!r}, got {fail_after!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        self._queue.append(
+            [_Fault("stall", seconds, frozenset(ops), BackendUnavailableError, fail_after), n]
+        )
 
     def clear(self) -> None:
         """Disarm every fault not yet consumed (``partitioned`` is left as it is)."""
@@ -308,14 +327,24 @@ class _FaultyStore(KvStore):
             raise RevisionConflict(f"injected revision conflict on {op}")
         if fault.kind == "stall":
             until = trio.current_time() + fault.seconds
-            try:
-                await trio.sleep_until(until)
-            except trio.Cancelled:
+
+            def land_later() -> None:
                 if op in ("put", "delete", "purge", "purge_marker"):
                     key = args[0]
                     value = bytes(args[1]) if op == "put" else None
                     last = kwargs["revision"] if op == "purge_marker" else kwargs["last"]
                     self._store.land_later(until, op, key, value, last)
+
+            try:
+                if fault.fail_after is not None:
+                    await trio.sleep(fault.fail_after)
+                    land_later()
+                    raise BackendUnavailableError(
+                        f"injected request timeout of {op} (it reaches the store later)"
+                    )
+                await trio.sleep_until(until)
+            except trio.Cancelled:
+                land_later()
                 raise
             return await fn(*args, **kwargs)
         result = await fn(*args, **kwargs)
