@@ -14,7 +14,7 @@ from typing import Any, Literal, NamedTuple
 
 import trio
 
-from ._types import InitialFactory, Mode, Reducer
+from ._types import Edge, InitialFactory, Mode, Reducer
 
 #: The values of ``open_coordinator(delivery=...)``.
 Delivery = Literal["at-least-once", "at-most-once"]
@@ -117,6 +117,11 @@ class Registration(NamedTuple):
         fire to the coordinator as soon as it is committed (see
         :meth:`DebounceBackend.attach`), so a ping that fails after its take
         does not lose the fire. Optional: a backend that predates it leaves it empty.
+      fire_id (str | None): for an ``opened`` leading or both-edges window under
+        at-least-once delivery: the leading fire's record, written before the opening
+        write, to pass to :meth:`DebounceBackend.complete` once its handler has
+        returned (a survivor runs the fire again if this process dies first). None
+        otherwise, and from a backend that predates it.
     """
 
     outcome: Registered
@@ -132,6 +137,7 @@ class Registration(NamedTuple):
     overflowed: bool = False
     waiting: bool = False
     taken: tuple[Finalization, ...] = ()
+    fire_id: str | None = None
 
     @property
     def owner(self) -> bool:
@@ -219,6 +225,9 @@ class OrphanFire(NamedTuple):
       attempt (int): this attempt's number (2 for the first re-run).
       fencing_token (int): this attempt's token: the adoption's write, higher than the
         attempt it repeats.
+      edge (Edge): the edge of the fire it repeats: ``Edge.TRAILING``, or
+        ``Edge.LEADING`` for a leading fire (at-least-once writes its record before the
+        window's opening write).
     """
 
     fire_id: str
@@ -231,6 +240,7 @@ class OrphanFire(NamedTuple):
     fired_at: float
     attempt: int
     fencing_token: int
+    edge: Edge = Edge.TRAILING
 
 
 class Orphans(NamedTuple):

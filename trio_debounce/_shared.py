@@ -466,7 +466,9 @@ class SharedWindows:
                 )
                 ledger.fires += 1
                 ledger.running += 1
-                self._nursery.start_soon(self._fires.call, handler, fire)
+                # Under at-least-once its record (written before the opening write) is
+                # completed once the handler returns; a survivor runs it again if not.
+                self._nursery.start_soon(self._fires.call, handler, fire, registration.fire_id)
                 return _new_tuple(
                     DebounceResult, (_FIRE_IMMEDIATE, run_id, pending_at, count, True, True)
                 )

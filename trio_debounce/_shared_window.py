@@ -520,7 +520,7 @@ class SharedFires:
             orphan.ping_count,
             self.to_trio(orphan.first_ping_at),
             self.to_trio(orphan.fired_at),
-            Edge.TRAILING,
+            orphan.edge,
             orphan.attempt,
             orphan.fencing_token,
         )

@@ -484,6 +484,7 @@ async def test_leading_and_trailing_fires_never_share_a_token(
         process(store, fires, "B") as (b, _, _),
     ):
         await trio.sleep(0.5)
+        a_backend.faults.delay_next(0.0, ops=("put",))  # the leading fire's record
         a_backend.faults.apply_then_fail_next(ops=("put",))  # the opening write lands
 
         async def slow_backoff(attempt: int) -> None:
@@ -922,3 +923,81 @@ async def test_a_first_commit_that_lands_late_is_recognised(
         assert a.statistics().dropped_fires == 0
     assert fires.by_attempt() == [("A", "k", "a", 1, 1)]
     assert fires.log[0][1].fired_at == pytest.approx(t0 + 2.7, abs=0.01)
+
+
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+async def test_a_leading_fire_interrupted_by_a_crash_runs_again_at_least_once(
+    autojump_clock: trio.testing.MockClock, delivery: Any
+) -> None:
+    # A dies inside a leading fire's handler. At-least-once wrote its record before
+    # the opening write, so B runs it again (attempt 2, a higher token); at-most-once
+    # never runs a leading fire twice.
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B", delivery=delivery) as (b, _, _):
+        async with process(store, fires, "A", hold=100.0, delivery=delivery) as (
+            a,
+            a_backend,
+            a_scope,
+        ):
+            r = await a.debounce("wf", "k", {"n": 1}, delay=3.0, mode="leading")
+            assert r.outcome is Outcome.FIRE_IMMEDIATE
+            await trio.sleep(0.5)
+            die(a_backend, a_scope)
+        await trio.sleep(2 * FAILOVER)
+        assert b.statistics().refires == (delivery == "at-least-once")
+    edges = [(p, f.edge, f.attempt, f.payload, f.ping_count) for p, f in fires.log]
+    first = ("A", Edge.LEADING, 1, {"n": 1}, 1)
+    if delivery == "at-most-once":
+        assert edges == [first]
+        assert not [k for k in store._data if k.startswith("f.")]  # no record written
+        return
+    assert edges == [first, ("B", Edge.LEADING, 2, {"n": 1}, 1)]
+    assert fires.log[0][1].fencing_token < fires.log[1][1].fencing_token
+    assert fires.log[1][1].first_ping_at == pytest.approx(fires.log[0][1].first_ping_at)
+    assert not [k for k in store._data if k.startswith("f.")]  # completed
+
+
+async def test_a_both_edges_leading_fire_runs_again_before_its_trailing_fire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B") as (b, _, _):
+        async with process(store, fires, "A", hold=100.0) as (a, a_backend, a_scope):
+            await a.debounce("wf", "k", "a", delay=30.0, mode="both")
+            await trio.sleep(0.5)
+            r = await b.debounce("wf", "k", "b", delay=30.0, mode="both")
+            assert not r.owner
+            die(a_backend, a_scope)
+        await trio.sleep(40.0)
+    got = [(p, f.edge, f.attempt, f.payload) for p, f in fires.log]
+    assert got == [
+        ("A", Edge.LEADING, 1, "a"),
+        ("B", Edge.LEADING, 2, "a"),  # adopted with the window, run again first
+        ("B", Edge.TRAILING, 1, "b"),
+    ]
+    tokens = [f.fencing_token for _, f in fires.log]
+    assert tokens == sorted(tokens)
+    assert len(set(tokens)) == 3
+
+
+async def test_a_leading_rerun_is_skipped_once_a_later_fire_of_its_key_committed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A dies in the leading handler of window R; before its lease lapses, B's ping
+    # after R's due time closes R and opens the next window with its own leading fire.
+    # Running R's leading fire again then would put an older payload after a newer
+    # one (its token would be higher): it is skipped, and counted.
+    store, fires = MemoryStore(), Fires()
+    async with process(store, fires, "B") as (b, b_backend, _):
+        async with process(store, fires, "A", hold=100.0) as (a, a_backend, a_scope):
+            await a.debounce("wf", "k", "a", delay=1.0, mode="leading")
+            await trio.sleep(0.5)
+            die(a_backend, a_scope)
+        await trio.sleep(1.5)  # R is due; A's lease is still live
+        r = await b.debounce("wf", "k", "b", delay=1.0, mode="leading")
+        assert r.outcome is Outcome.FIRE_IMMEDIATE
+        await trio.sleep(2 * FAILOVER)
+        assert b.statistics().refires == 0
+        assert b_backend.skipped_refires == 1
+    assert [(p, f.payload, f.attempt) for p, f in fires.log] == [("A", "a", 1), ("B", "b", 1)]
+    assert not [k for k in store._data if k.startswith("f.")]  # taken back

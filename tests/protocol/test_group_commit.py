@@ -113,7 +113,8 @@ async def test_a_leading_opening_ping_is_written_alone(
     outcomes = [(results[i][0].outcome, results[i][0].payload) for i in range(5)]
     assert outcomes[0] == (Registered.OPENED, 0)
     assert {o for o, _ in outcomes[1:]} == {Registered.EXTENDED}
-    assert store.requests["put"] == 3  # the lease, ping 0 alone, pings 1..4
+    # the lease, the leading fire's record (at-least-once), ping 0 alone, pings 1..4
+    assert store.requests["put"] == 4
     assert stored(store).count == 5
 
 

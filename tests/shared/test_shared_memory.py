@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from tests.harness.fires import Fires
@@ -768,7 +769,8 @@ async def test_leading_edge_fires_when_the_opening_write_was_overwritten_before_
         processes(store, fires, "B") as (b,),
         open_coordinator(handlers={"wf": fires.handler("A")}, backend=a_backend) as a,
     ):
-        a_backend.faults.apply_then_fail_next(ops=("put",))
+        a_backend.faults.delay_next(0.0, ops=("put",))  # the leading fire's record
+        a_backend.faults.apply_then_fail_next(ops=("put",))  # the opening write
 
         async def slow_backoff(attempt: int) -> None:
             await trio.sleep(0.3)  # A's retry comes after B's ping
@@ -1066,3 +1068,25 @@ async def test_a_peers_fire_is_never_taken_for_a_delete(
     assert [(p, f.payload) for p, f in fires.log] == [("B", "b")]
     assert a.statistics().deleted_externally == 0
     assert a.statistics().cancelled == 0
+
+
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+async def test_requests_of_a_leading_opening(
+    autojump_clock: trio.testing.MockClock, delivery: Any
+) -> None:
+    # The request table: under at-least-once a leading opening adds 1 put (its fire
+    # record, before the opening write) and 1 purge (once the handler has returned).
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "A", delivery=delivery) as (a,):
+        await trio.sleep(0.1)  # past the start-up's requests
+        before = dict(store.requests)
+        r = await a.debounce("wf", "k", "x", delay=1.0, mode="leading")
+        assert r.outcome is Outcome.FIRE_IMMEDIATE
+        await a.wait_idle()
+        await trio.lowlevel.checkpoint()
+        spent = {op: n - before.get(op, 0) for op, n in store.requests.items()}
+        spent = {op: n for op, n in spent.items() if n}
+    # the document's read and the opening write, in both modes
+    want = {"get": 1, "put": 2, "purge": 1} if delivery == "at-least-once" else {"get": 1, "put": 1}
+    assert spent == want
+    assert [(p, f.edge) for p, f in fires.log] == [("A", Edge.LEADING)]

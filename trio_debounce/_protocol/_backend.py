@@ -108,7 +108,7 @@ class KvDebounceBackend(DebounceBackend):
             view, leases, turns, records, me, op_timeout=op_timeout, wall=wall_time
         )
         self._registrar = Registrar(
-            view, leases, turns, finalizer, me, op_timeout=op_timeout, wall=wall_time
+            view, leases, turns, finalizer, records, me, op_timeout=op_timeout, wall=wall_time
         )
         self._housekeeping = Housekeeping(
             view,
@@ -175,6 +175,12 @@ class KvDebounceBackend(DebounceBackend):
     def adopted_fires(self) -> int:
         """Fire records of dead processes adopted."""
         return self._housekeeping.adopted_fires
+
+    @property
+    def skipped_refires(self) -> int:
+        """Leading fires of dead processes not run again because a later fire of their
+        key had committed (at-least-once)."""
+        return self._housekeeping.skipped_refires
 
     # ------------------------------------------------------------ coordinator
 

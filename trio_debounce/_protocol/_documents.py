@@ -413,6 +413,10 @@ class FireRecord:
     #: The write id of the commit this record belongs to (its tombstone names it);
     #: None in records of older versions.
     write: str | None = None
+    #: True for a leading fire's record: written before the window's opening write,
+    #: whose write id it names (the window's ``opened_by``). Older versions ignore the
+    #: field, and never run such a record again (they find its commit not proven).
+    leading: bool = False
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -429,6 +433,7 @@ class FireRecord:
                 "at": self.at,
                 "attempt": self.attempt,
                 **({} if self.write is None else {"write": self.write}),
+                **({"edge": "leading"} if self.leading else {}),
             },
             separators=(",", ":"),
         ).encode("utf-8")
@@ -450,4 +455,5 @@ class FireRecord:
             at=_num(obj, "at"),
             attempt=int(obj["attempt"]),
             write=_codec.opt_string(obj, "write"),
+            leading=_codec.opt_string(obj, "edge") == "leading",
         )

@@ -81,6 +81,9 @@ class Housekeeping:
         # Counters, see KvDebounceBackend.
         self.takeovers = 0
         self.adopted_fires = 0
+        #: Leading fire records of dead processes not run again: a later fire of their
+        #: key had committed (see _rules.leading_refire).
+        self.skipped_refires = 0
 
     async def cancel(self, workflow: str, key: str) -> bool:
         kv_key = window_key(workflow, key)
@@ -322,7 +325,22 @@ class Housekeeping:
                 # lapsed, as any process's, so a live twin's fire never runs twice.
                 continue
             window = self._view.parse(await self._view.get(window_key(record.workflow, record.key)))
-            if (
+            if record.leading and record.write is not None:
+                refire = _rules.leading_refire(window, record.run_id, record.write)
+                if refire is None:
+                    self.skipped_refires += 1
+                    logger.info(
+                        "leading fire %s (run %s) of dead process %s is not run again: a "
+                        "later fire of its key has committed",
+                        entry.key,
+                        record.run_id,
+                        record.owner,
+                    )
+                if not refire:
+                    with contextlib.suppress(RevisionConflict):
+                        await self._records.remove(entry.key, entry.revision)
+                    continue
+            elif (
                 window is not None
                 and not window.fired
                 and window.run_id == record.run_id
@@ -334,7 +352,7 @@ class Housekeeping:
                 with contextlib.suppress(RevisionConflict):
                     await self._records.remove(entry.key, entry.revision)
                 continue
-            if (
+            elif (
                 record.write is not None
                 and _rules.commit_landed(window, record.run_id, record.write) is False
             ):

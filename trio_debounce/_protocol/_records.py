@@ -12,6 +12,7 @@ import trio
 from .._backend import OrphanFire
 from .._errors import BackendUnavailableError, RevisionConflict
 from .._kv import KvEntry
+from .._types import Edge
 from . import _rules
 from ._documents import FireRecord, WindowDoc
 from ._rules import Identity
@@ -59,6 +60,27 @@ class FireRecords:
             record.at,
             attempt,
             self._view.token(revision),
+            Edge.LEADING if record.leading else Edge.TRAILING,
+        )
+
+    def new_leading(
+        self, workflow: str, key: str, doc: WindowDoc, payload: str | None
+    ) -> FireRecord:
+        """The record of the leading fire of ``doc``, the window its opening write
+        ``doc.opened_by`` is about to create, carrying ``payload`` (serialized)."""
+        return FireRecord(
+            self._me.process_id,
+            self._me.epoch,
+            workflow,
+            key,
+            doc.run_id,
+            payload,
+            1,
+            doc.first,
+            doc.first,
+            1,
+            doc.opened_by,
+            leading=True,
         )
 
     def new(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -18,9 +19,10 @@ from .._options import InitialFactory, Reducer
 from .._payload import JsonSerializer
 from .._types import Mode
 from . import _rules
-from ._documents import WindowDoc
+from ._documents import FIRE_PREFIX, WindowDoc
 from ._finalize import Finalizer
 from ._leases import ProcessLease
+from ._records import FireRecords
 from ._rules import Identity
 from ._turns import Call, KeyTurns, answer, park
 from ._view import KNOWN_LIMIT, StoreView
@@ -29,6 +31,15 @@ logger = logging.getLogger("trio_debounce.backend")
 
 #: Payload types that JSON gives back as they are (exact types: not subclasses).
 _JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+@dataclass(slots=True)
+class _LeadingRecord:
+    """The record of the leading fire a batch's opening write is for, once written."""
+
+    fire_id: str | None = None
+    #: The batch's answer carries it (the window it was for was opened).
+    used: bool = False
 
 
 class Registrar:
@@ -41,6 +52,7 @@ class Registrar:
       leases: this process's lease.
       turns: the keys' turns to write.
       finalizer: commits the fire of a due window that a ping takes.
+      records: the fire records (an opening leading fire's, under at-least-once).
       me: this process in this opening.
       op_timeout: seconds a register may take, retries included.
       wall: the wall clock.
@@ -52,6 +64,7 @@ class Registrar:
         leases: ProcessLease,
         turns: KeyTurns,
         finalizer: Finalizer,
+        records: FireRecords,
         me: Identity,
         *,
         op_timeout: float,
@@ -61,6 +74,7 @@ class Registrar:
         self._leases = leases
         self._turns = turns
         self._finalizer = finalizer
+        self._records = records
         self._me = me
         self._op_timeout = op_timeout
         self._wall = wall
@@ -212,7 +226,41 @@ class Registrar:
     async def _write_batch(
         self, workflow: str, key: str, kv_key: str, batch: list[Call]
     ) -> list[Call]:
-        """Write the pings of ``batch`` (one key, arrival order) by one compare-and-swap.
+        leading = _LeadingRecord()
+        try:
+            return await self._write_batch_recorded(workflow, key, kv_key, batch, leading)
+        finally:
+            if leading.fire_id is not None and not leading.used:
+                # Written, but the batch did not open the window it was for: take it
+                # back (shielded and bounded: an unneeded record must not linger).
+                with trio.CancelScope(shield=True), trio.move_on_after(self._op_timeout):
+                    await self._records.drop(leading.fire_id)
+
+    async def _leading_record(
+        self, workflow: str, key: str, new: WindowDoc, pings: list[tuple[Call, Registered]]
+    ) -> str | None:
+        """Under at-least-once, before a write that opens a leading or both-edges
+        window: its leading fire's record (expecting no entry), so that a survivor runs
+        the fire again if this process dies in its handler. Its id, or None."""
+        if self._delivery != "at-least-once" or new.mode is Mode.TRAILING:
+            return None
+        opener = next((call for call, outcome in pings if outcome is Registered.OPENED), None)
+        if opener is None:
+            return None
+        if new.payload_policy in ("last", "first"):
+            payload = new.payload  # what the leading fire carries, as stored
+        else:
+            payload = self._me.serializer.dumps(opener.own)
+        record = self._records.new_leading(workflow, key, new, payload)
+        fire_id = FIRE_PREFIX + new.opened_by
+        self._records.hold(fire_id, await self._view.put(fire_id, record.encode(), last=0))
+        return fire_id
+
+    async def _write_batch_recorded(
+        self, workflow: str, key: str, kv_key: str, batch: list[Call], leading: _LeadingRecord
+    ) -> list[Call]:
+        """Write the pings of ``batch`` (one key, arrival order) by one compare-and-swap
+        (see _write_batch; ``leading`` gets the id of a leading fire's record written).
 
         Answers each ping it writes or refuses (its ``result``: a Registration or the
         exception its call raises) and returns the pings left for the next write. The
@@ -257,7 +305,7 @@ class Registrar:
                                     # pings are in that fire; or its revision). Writing
                                     # again would open a second window of the run.
                                     self._answer_batch(
-                                        kv_key, sent[0], doc, sent[1], revision, sent[2]
+                                        kv_key, sent[0], doc, sent[1], revision, sent[2], leading
                                     )
                                     return rest
                                 if resolving and revision == base:
@@ -313,6 +361,8 @@ class Registrar:
                         if blocked is not None and new.queue and new.at <= now:
                             waits = blocked  # the owner looks again then
                         sent, base = (pings, take_at, waits), revision
+                        if leading.fire_id is None:
+                            leading.fire_id = await self._leading_record(workflow, key, new, pings)
                         in_flight = True
                         new_revision = await self._view.put(kv_key, new.encode(), last=revision)
                         in_flight = False
@@ -343,7 +393,9 @@ class Registrar:
                         return rest
                     else:
                         self._view.remember(kv_key, new_revision, new)
-                        self._answer_batch(kv_key, pings, new, take_at, new_revision, waits)
+                        self._answer_batch(
+                            kv_key, pings, new, take_at, new_revision, waits, leading
+                        )
                         return rest
                     await self._view.backoff(attempt)
                     attempt += 1
@@ -471,8 +523,11 @@ class Registrar:
         take_at: float | None,
         revision: int,
         waits: float | None = None,
+        leading: _LeadingRecord | None = None,
     ) -> None:
         """Answer the pings of a write that landed; tracks what this process owns.
+        ``leading``: the record of a leading fire, given to the ping that opened the
+        window when this write opened it.
 
         Every ping of the write reports the window as that write left it (count, due
         time, payload), whatever order their tasks wake in; each its own outcome. A
@@ -491,6 +546,13 @@ class Registrar:
         else:
             self._view.disown(kv_key, doc.run_id)
         token = self._view.token(revision)
+        fire_id = None
+        if (
+            leading is not None
+            and leading.fire_id is not None
+            and doc.opened_by == (leading.fire_id[len(FIRE_PREFIX) :])
+        ):
+            fire_id, leading.used = leading.fire_id, True
         # The pings of one outcome share one (immutable) result: the coordinator
         # recognises a merged ping's by it and skips repeating its local bookkeeping.
         results: dict[Registered, Registration] = {}
@@ -511,6 +573,7 @@ class Registrar:
                     payload,
                     token,
                     waiting=waits is not None,
+                    fire_id=fire_id if outcome is Registered.OPENED else None,
                 )
             if ping.taken:
                 # Its own result: the fires it took are the caller's to run.

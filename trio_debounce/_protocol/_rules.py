@@ -159,6 +159,26 @@ def commit_landed(doc: WindowDoc | None, run_id: str, write: str) -> bool | None
     return len(doc.after) >= AFTER_KEEP
 
 
+def leading_refire(doc: WindowDoc | None, run_id: str, write: str) -> bool | None:
+    """May a survivor run again the leading fire of run ``run_id``, whose record names
+    the window's opening write ``write``, judged by its key's document ``doc`` as read
+    now? True: its opening landed and no later fire of the key has committed. False:
+    the opening never landed (the record is taken back). None: it landed, but a later
+    fire committed (the run's trailing edge) or a later window opened over it: the
+    re-run is skipped, so that a key's fencing tokens keep the order its payloads were
+    stored in. See docs/protocol.rst, "Fire records and their proof"."""
+    if doc is None:
+        return False
+    if doc.run_id == run_id:
+        if doc.opened_by != write:
+            return False
+        trailing = doc.mode is Mode.TRAILING or (doc.mode is Mode.BOTH and doc.count >= 2)
+        return None if doc.fired and trailing else True
+    if any(proof_run == run_id for proof_run, _ in doc.after) or len(doc.after) >= AFTER_KEEP:
+        return None
+    return False
+
+
 def due_at(doc: WindowDoc | None, now: float, blocked: float | None) -> bool:
     """Is ``doc`` an open window that is due at ``now`` (its ``at`` has come: its
     deadline, its cap, or the time of the ping that reached its ``max_count``), so that
