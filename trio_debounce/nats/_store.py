@@ -500,15 +500,37 @@ class NatsKvStore(KvStore):
             inactive_threshold=max(5.0, 2 * self._config.op_timeout),
         )
         try:
-            found: list[KvEntry] = []
-            async for update in watcher:
-                if update is None:  # nats-py's end of the initial values
-                    break
+            found: dict[str, KvEntry] = {}
+
+            def add(update: Any) -> None:
                 assert update.revision is not None
                 marker = update.operation in (KV_DEL, KV_PURGE)
                 value = None if marker else (update.value or b"")
-                found.append(KvEntry(key=update.key, value=value, revision=update.revision))
-            return found
+                known = found.get(update.key)
+                if known is None or known.revision < update.revision:
+                    found[update.key] = KvEntry(update.key, value, update.revision)
+
+            async for update in watcher:
+                if update is None:  # nats-py's end of the initial values
+                    break
+                add(update)
+            if not found:
+                # nats-py marks the end before any value when the consumer's info shows
+                # nothing pending and nothing received, which is also the case while
+                # the initial values are in flight to this client (a loaded machine):
+                # read as many values as the server says it has delivered.
+                subscription = watcher._sub
+                assert subscription is not None  # set by watch()
+                info = await subscription.consumer_info()
+                values = 0
+                while values < info.delivered.consumer_seq:
+                    update = await watcher.updates(  # type: ignore[no-untyped-call]
+                        timeout=self._config.op_timeout
+                    )
+                    if update is not None:
+                        values += 1
+                        add(update)
+            return list(found.values())
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
 
