@@ -9,7 +9,10 @@ from the ``ping``, ``start`` and ``end`` events of :mod:`tests.chaos.driver`:
 * **lost**: a window that needs a trailing fire and has none that ran to its end
   (under at-least-once), or none that started (under at-most-once); also a window
   whose latest stored ping began after the start of its last trailing fire (a
-  stored ping left without a fire at or after its arrival);
+  stored ping left without a fire at or after its arrival); and, under at-least-once,
+  a window whose leading fire started in no attempt that ran to its end, unless a
+  later fire of its key (a higher fencing token) had started: a survivor runs an
+  interrupted leading fire again, except once a later one committed;
 * **fired twice**: a window with more than one start of the same edge; among them,
   **two owners**: two first attempts of the same edge that both carry a fencing
   token (confirmed fires: never allowed, in either mode; a re-run after a kill has a
@@ -207,4 +210,30 @@ def check(
             if fired is None or later:
                 report.wrong_payload.append(run)
                 break
+    if delivery == "at-least-once":
+        _check_leading(runs, starts, ends, report)
     return report
+
+
+def _check_leading(
+    runs: set[str],
+    starts: dict[str, list[dict[str, Any]]],
+    ends: set[tuple[str, str, int, str]],
+    report: Report,
+) -> None:
+    """At-least-once: every confirmed leading fire ran to its end in some attempt,
+    unless a later fire of its key started (its re-run is then skipped by design)."""
+    tokens: dict[str, list[int]] = defaultdict(list)
+    for run in runs:
+        for fire in starts[run]:
+            tokens[fire["key"]].append(fire["token"])
+    for run in sorted(runs):
+        leading = [fire for fire in starts[run] if fire["edge"] == "leading"]
+        if not leading or any(
+            (fire["proc"], run, fire["attempt"], "leading") in ends for fire in leading
+        ):
+            continue
+        top = max(fire["token"] for fire in leading)
+        later = any(token > top for token in tokens[leading[0]["key"]])
+        if top > 0 and not later and run not in report.lost:
+            report.lost.append(run)
