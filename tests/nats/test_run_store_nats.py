@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from tests.harness.nats_server import OP_TIMEOUT, NatsServer, store_config
+from tests.runs.draining import check_peers_run_a_draining_process_runs
 from trio_debounce import BackendUnavailableError, DocumentTooLargeError
 from trio_debounce._keys import run_key
 from trio_debounce._runs._kv_store import DOCUMENT_ALLOWANCE, encode_run
@@ -302,3 +303,12 @@ async def test_no_server_is_unavailable() -> None:
     with trio.fail_after(5), pytest.raises(BackendUnavailableError):
         async with open_nats_run_store(config):
             pytest.fail("connected to nothing")  # pragma: no cover
+
+
+@pytest.mark.realtime
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+async def test_peers_run_a_draining_processs_runs_on_time(
+    nats_server: NatsServer, delivery: Any
+) -> None:
+    config = store_config(nats_server, bucket="drain" + delivery.replace("-", ""))
+    await check_peers_run_a_draining_process_runs(lambda: open_nats_run_store(config), delivery)

@@ -15,12 +15,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
 from tests.harness.env import ROOT
+from tests.runs.draining import check_peers_run_a_draining_process_runs
 from trio_debounce import (
     BackendConfigError,
     BackendError,
@@ -253,8 +255,31 @@ async def test_a_version_1_database_is_migrated_in_order(tmp_path: Path) -> None
         new = await store.create_run(_run("new"))
         assert new is not None
         assert new.revision == 8
-    assert _scalar(path, "PRAGMA user_version") == SCHEMA_VERSION == 2
+    assert _scalar(path, "PRAGMA user_version") == SCHEMA_VERSION == 3
     assert _indexes(path) == INDEXES
+
+
+async def test_a_version_2_database_gets_the_draining_column(tmp_path: Path) -> None:
+    # A lease written before the draining mark existed reads as not draining, and
+    # can be marked draining once migrated.
+    path = tmp_path / "runs.db"
+    conn = _raw(path)
+    for step in _MIGRATIONS[:2]:
+        for statement in step:
+            conn.execute(statement)
+    conn.execute("INSERT INTO leases VALUES ('p', 3, 100.0, 0, 4)")
+    conn.execute("UPDATE revision_sequence SET last = 4")
+    conn.execute("PRAGMA user_version = 2")
+    conn.close()
+    async with open_sqlite_run_store(path) as store:
+        old = await store.get_lease("p")
+        assert old == Lease("p", 3, 100.0, revision=4)
+        assert not old.draining
+        marked = await store.put_lease(old.replace(draining=True))
+        assert marked is not None
+        assert marked.draining
+        assert await store.get_lease("p") == marked
+    assert _scalar(path, "PRAGMA user_version") == 3
 
 
 async def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
@@ -358,7 +383,7 @@ async def test_unreadable_rows_are_skipped_with_a_warning(
                 "NULL, NULL, ?)",
                 (run_id, wf, payload, at, state, revision),
             )
-        conn.execute("INSERT INTO leases VALUES ('zombie', 1, 5.0, 7, 99)")
+        conn.execute("INSERT INTO leases VALUES ('zombie', 1, 5.0, 7, 99, 0)")
         conn.close()
 
         with caplog.at_level(logging.WARNING, logger="trio_debounce.runs"):
@@ -474,3 +499,10 @@ async def test_a_call_under_a_deadline_waits_for_a_lock_until_the_deadline_only(
         blocker.close()
         assert await store.update_run(run.replace(owner="p")) is not None
     assert _scalar(path, "PRAGMA integrity_check") == "ok"
+
+
+@pytest.mark.realtime
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+async def test_peers_run_a_draining_processs_runs_on_time(tmp_path: Path, delivery: Any) -> None:
+    path = tmp_path / "runs.db"
+    await check_peers_run_a_draining_process_runs(lambda: open_sqlite_run_store(path), delivery)

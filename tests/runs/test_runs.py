@@ -1191,3 +1191,37 @@ async def test_names_that_cannot_leave_the_process_are_refused(
 
     with pytest.raises(ValueError, match="lone surrogate"):
         SqliteRunStore("\ud800.db")
+
+
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+async def test_a_clean_exit_that_waits_for_a_handler_lets_peers_run_its_runs_on_time(
+    autojump_clock: trio.testing.MockClock, delivery: str
+) -> None:
+    # A leaves its block while a run handler of its own takes 20 s; its persisted run
+    # "later" comes due during that wait. The exit marks A's lease draining at once,
+    # so B claims "later" at its next sweep and runs it on time; A's started run stays
+    # A's (never run twice).
+    log = Log()
+    shared = MemoryStore()
+    async with trio.open_nursery() as nursery:
+        a = Process(shared, log, "a", handler=log.handler("a", hold=20.0), delivery=delivery)
+        c = await start(nursery, a)
+        await start(nursery, Process(shared, log, "b", delivery=delivery))
+        await c.schedule("wf", "busy", after=1.0, persist=True)
+        await c.schedule("wf", "later", after=6.0, persist=True)
+        await trio.sleep(2.0)
+        assert [who for who, _, _ in log.of("busy")] == ["a"]
+        exited = trio.current_time()
+        nursery.start_soon(a.exit)
+        await trio.sleep(1.0)
+        lease = await MemoryRunStore(shared).get_lease("a")
+        assert lease is not None
+        assert lease.draining  # marked at the exit's start, and kept by the heartbeat
+        await trio.sleep(8.0)
+        assert [(who, t) for who, t, _ in log.of("later")] == [("b", 6.0)]
+        assert not a.exited.is_set()  # A still waits for its handler
+        await a.exited.wait()
+        assert trio.current_time() == pytest.approx(exited + 19.0)
+        await trio.sleep(10.0)
+        assert [who for who, _, _ in log.of("busy")] == ["a"]
+        nursery.cancel_scope.cancel()

@@ -92,6 +92,8 @@ class ClaimSweep:
         lease = leases.get(run.owner)
         if lease is None or lease.released or lease.epoch > run.epoch:
             return True
+        if lease.draining and lease.epoch == run.epoch and run.state == RunState.PENDING:
+            return True  # its owner is leaving and starts no run: never a started one
         return lease.expires_at + self._options.max_clock_skew < wall
 
     async def _sweep(self) -> float:

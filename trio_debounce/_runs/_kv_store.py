@@ -124,6 +124,8 @@ def encode_lease(lease: Lease) -> bytes:
     }
     if lease.heartbeat_interval is not None:
         doc["beat"] = lease.heartbeat_interval  # optional: older readers ignore it
+    if lease.draining:
+        doc["draining"] = True  # optional: older readers ignore it (they wait)
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -141,6 +143,9 @@ def decode_lease(value: bytes, revision: int, key: str | None = None) -> Lease:
     if not isinstance(released, bool):
         raise ValueError(f"field 'released' is not a bool: {released!r}")
     beat = doc.get("beat")
+    draining = doc.get("draining", False)
+    if not isinstance(draining, bool):
+        raise ValueError(f"field 'draining' is not a bool: {draining!r}")
     return Lease(
         process_id=string(doc, "pid"),
         epoch=int(number(doc, "epoch")),
@@ -150,6 +155,7 @@ def decode_lease(value: bytes, revision: int, key: str | None = None) -> Lease:
         # Only advisory (how long a newcomer watches the lease): a value no interval
         # has is ignored, not an unreadable lease.
         heartbeat_interval=_validate.advisory_seconds(beat),
+        draining=draining,
     )
 
 

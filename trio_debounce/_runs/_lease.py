@@ -163,6 +163,36 @@ class RunLease:
                 )
                 return current
 
+    async def mark_draining(self) -> None:
+        """At the start of a normal exit: mark the lease *draining* (one write, within
+        ``op_timeout``), so peers claim this process's pending runs at their next sweep
+        while it waits for its running handlers; the heartbeat keeps renewing it,
+        draining, until :meth:`release`. A failure is logged: peers then wait for the
+        release, as before the mark existed."""
+        lease = self.lease
+        if lease is None or self.fenced or lease.draining:
+            return
+        try:
+            with trio.move_on_after(self._options.op_timeout):
+                written = await self._store.put_lease(lease.replace(draining=True))
+                if written is not None:
+                    self.lease = written
+                    logger.debug("process %r is draining", self.process_id)
+                    return
+        except BackendError as exc:
+            logger.warning(
+                "could not mark the lease of %r draining (%s): peers take its pending runs "
+                "over once it is released",
+                self.process_id,
+                exc,
+            )
+            return
+        logger.info(
+            "the draining mark of %r did not land (the heartbeat's write came first, or "
+            "the store was slow): peers take its pending runs over once it is released",
+            self.process_id,
+        )
+
     async def release(self) -> None:
         """Mark the lease released, within ``op_timeout``; a failure is logged (peers
         then take the runs over when the lease lapses). Nothing to do if the lease was

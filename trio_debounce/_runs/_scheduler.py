@@ -130,6 +130,10 @@ class RunScheduler:
         if self._sweep is not None:
             self._sweep.scope.cancel()
         self._local.scope.cancel()
+        if self._lease is not None:
+            # No run starts here any more: peers may claim the pending ones now, and
+            # run them on time, while the running handlers finish.
+            await self._lease.mark_draining()
         # The heartbeat keeps running while handlers finish, so their claims hold.
         await self._armed_runs.close()
         self._local.drop_waiting()

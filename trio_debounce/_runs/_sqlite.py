@@ -580,19 +580,26 @@ class SqliteRunStore(RunStore):
                     conn.execute("DELETE FROM leases WHERE process_id = ?", (lease.process_id,))
                 revision = _Connection.next_revision(conn)
                 conn.execute(
-                    f"INSERT INTO leases ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
-                    (*values, revision),
+                    f"INSERT INTO leases ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                    (*values, revision, int(lease.draining)),
                 )
             else:
                 revision = _Connection.next_revision(conn)
                 cursor = conn.execute(
-                    "UPDATE leases SET epoch = ?, expires_at = ?, released = ?, revision = ? "
-                    "WHERE process_id = ? AND revision = ?",
-                    (*values[1:], revision, lease.process_id, lease.revision),
+                    "UPDATE leases SET epoch = ?, expires_at = ?, released = ?, revision = ?, "
+                    "draining = ? WHERE process_id = ? AND revision = ?",
+                    (*values[1:], revision, int(lease.draining), lease.process_id, lease.revision),
                 )
                 if cursor.rowcount != 1:
                     return None
-            return Lease(lease.process_id, lease.epoch, lease.expires_at, lease.released, revision)
+            return Lease(
+                lease.process_id,
+                lease.epoch,
+                lease.expires_at,
+                lease.released,
+                revision,
+                draining=lease.draining,
+            )
 
         return await self._connection.write(_NORMAL, put)
 

@@ -60,6 +60,9 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX runs_by_finished ON runs (finished_at) WHERE finished_at IS NOT NULL",
         "CREATE INDEX runs_by_workflow ON runs (workflow, scheduled_at, run_id)",
     ),
+    # 3: the draining mark of a lease (a coordinator leaving: peers claim its pending
+    # runs while it waits for its running handlers).
+    ("ALTER TABLE leases ADD COLUMN draining INTEGER NOT NULL DEFAULT 0",),
 )
 
 #: The schema version this code writes (``PRAGMA user_version``).
@@ -69,7 +72,7 @@ _RUN_COLUMNS = (
     "run_id, workflow, payload, scheduled_at, expires_at, state, owner, epoch, version, "
     "attempt, token, created_at, started_at, finished_at, outcome, revision"
 )
-_LEASE_COLUMNS = "process_id, epoch, expires_at, released, revision"
+_LEASE_COLUMNS = "process_id, epoch, expires_at, released, revision, draining"
 
 _INSERT_RUN = (
     f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -174,6 +177,8 @@ def _lease_values(lease: Lease) -> tuple[Any, ...]:
     _check_real(lease.expires_at, f"{what} expires_at")
     if not isinstance(lease.released, bool):
         raise TypeError(f"{what} released must be a bool, not {lease.released!r}")
+    if not isinstance(lease.draining, bool):
+        raise TypeError(f"{what} draining must be a bool, not {lease.draining!r}")
     return (lease.process_id, lease.epoch, lease.expires_at, int(lease.released))
 
 
@@ -242,15 +247,18 @@ def _decode_lease(row: Sequence[Any]) -> Lease:
     Raises:
       ValueError: a column holds a value no lease has.
     """
-    released = row[3]
+    released, draining = row[3], row[5]
     if released not in (0, 1) or isinstance(released, float):
         raise ValueError(f"column 'released' is not 0 or 1: {released!r:.80}")
+    if draining not in (0, 1) or isinstance(draining, float):
+        raise ValueError(f"column 'draining' is not 0 or 1: {draining!r:.80}")
     return Lease(
         process_id=_text(row[0], "process_id"),
         epoch=_integer(row[1], "epoch"),
         expires_at=_real(row[2], "expires_at"),
         released=bool(released),
         revision=_revision(row[4]),
+        draining=bool(draining),
     )
 
 

@@ -119,6 +119,10 @@ class Lease:
         a renewal (a live twin) before it takes the id over. None when unknown (a
         lease written before it was recorded, or a store that does not keep it, such
         as :class:`~trio_debounce.SqliteRunStore`): the newcomer uses its own.
+      draining (bool): the coordinator is leaving (a normal exit waiting for its
+        running handlers): it renews the lease but starts no more runs, so peers claim
+        its pending runs at their next sweep, never its started ones. A store that
+        predates the field reads False, and its peers wait for the release as before.
     """
 
     process_id: str
@@ -127,6 +131,7 @@ class Lease:
     released: bool = False
     revision: int = 0
     heartbeat_interval: float | None = None
+    draining: bool = False
 
     def replace(self, **changes: object) -> Lease:
         """A copy with ``changes`` applied (:func:`dataclasses.replace`)."""

@@ -174,6 +174,12 @@ async def _leases(store: RunStore, peer: RunStore, tag: str) -> None:
         "renewing against a stale revision must return None",
     )
     _check(await store.get_lease(pid) == renewed, "get_lease returns the stored lease")
+    draining = await store.put_lease(Lease(pid, 1, 510.0, revision=renewed.revision, draining=True))
+    _check(draining is not None and draining.draining, "the draining flag is stored")
+    assert draining is not None
+    read = await peer.get_lease(pid)
+    _check(read is not None and read.draining, f"get_lease returns the draining flag: {read}")
+    renewed = draining
     released = await store.put_lease(Lease(pid, 1, 510.0, released=True, revision=renewed.revision))
     _check(released is not None and released.released, "the released flag is stored")
     # A listing may lag the writes a little (a NATS KV listing reads the bucket's
