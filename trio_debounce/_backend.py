@@ -604,6 +604,17 @@ class DebounceBackend(abc.ABC):
         Windows of dead owners are kept (survivors adopt them).
         """
 
+    async def mark_draining(self) -> None:
+        """The start of a hand-off exit: mark this process's lease *draining* (it still
+        renews it), so that live peers take its windows over at their next heartbeat
+        while it waits for its running handlers; its fire records stay its own until
+        :meth:`handoff`. The default does nothing (peers then wait for the hand-off).
+
+        Raises:
+          BackendError: the store failed (the caller logs it and goes on).
+        """
+        await trio.lowlevel.checkpoint()
+
     @abc.abstractmethod
     async def handoff(self) -> None:
         """Leave: mark this process's lease released (its process counts as dead at

@@ -779,9 +779,13 @@ class Coordinator(metaclass=NoPublicConstructor):
         # Deferred runs are not waited for (they may be days away): persisted ones stay
         # in the store for a peer, non-persisted ones are dropped; running run handlers
         # finish first.
-        await self._runs.close()
         ledger = self._ledger
         shared = self._shared
+        if shared is not None and self._hands_off(on_exit, aborted=False):
+            # A hand-off: give the windows up now, not once the handlers return.
+            shared.hand_off_all()
+            await self._mark_draining()
+        await self._runs.close()
         ledger.wake_exit_on_pending = on_exit != "wait"
         while True:
             if on_exit == "flush":
@@ -806,6 +810,24 @@ class Coordinator(metaclass=NoPublicConstructor):
         if shared is not None:
             shared.release_owned()
         self._nursery.cancel_scope.cancel()
+
+    async def _mark_draining(self) -> None:
+        """Mark the backend's lease draining (bounded by a heartbeat interval; a
+        failure is logged: peers then take the windows at the hand-off)."""
+        backend = self._backend
+        assert backend is not None
+        try:
+            with trio.move_on_after(backend.heartbeat_interval) as scope:
+                await backend.mark_draining()
+            if scope.cancelled_caught:
+                logger.warning(
+                    "the draining mark did not land in time; peers wait for the hand-off"
+                )
+        except BackendError as exc:
+            self._ledger.backend_errors += 1
+            logger.warning(
+                "could not mark the lease draining (%s); peers wait for the hand-off", exc
+            )
 
     @enable_ki_protection
     def _abort(self) -> None:

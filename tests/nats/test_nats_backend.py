@@ -670,3 +670,49 @@ async def test_a_window_deleted_with_a_kv_delete_counts_as_a_cancel(
             stats = a.statistics()
     assert fires.log == []
     assert (stats.cancelled, stats.deleted_externally) == (1, 1)
+
+
+@pytest.mark.realtime
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+async def test_a_handoff_exit_that_waits_for_a_handler_lets_a_peer_fire_on_time(
+    nats_server: NatsServer, delivery: Any
+) -> None:
+    # A leaves by a hand-off while a handler of its own takes 4 s: its lease is marked
+    # draining at once, so B adopts A's open window at its next heartbeat and fires it
+    # on time, while A still waits.
+    fires = Fires()
+    cfg = config(nats_server)
+    when: dict[str, float] = {}
+
+    async def a_handler(fire: Any) -> None:
+        fires.log.append(("A", fire))
+        if fire.key == "j":
+            await trio.sleep(4.0)
+
+    async def watch(t0: float) -> None:
+        await fires.wait_for(2)
+        when["k"] = trio.current_time() - t0
+
+    with trio.fail_after(20):
+        async with processes(cfg, fires, "B", delivery=delivery), trio.open_nursery() as nursery:
+            t0 = trio.current_time()
+            nursery.start_soon(watch, t0)
+            async with (
+                open_nats_backend(cfg, process_id="A") as backend_a,
+                open_coordinator(
+                    handlers={"wf": a_handler},
+                    backend=backend_a,
+                    on_exit="handoff",
+                    delivery=delivery,
+                ) as a,
+            ):
+                await a.debounce("wf", "j", "busy", delay=0.2)
+                await a.debounce("wf", "k", "a", delay=1.5)
+                await trio.sleep(0.8)
+            when["a_left"] = trio.current_time() - t0
+    assert [(p, f.key) for p, f in fires.log] == [("A", "j"), ("B", "k")]
+    assert when["a_left"] >= 4.0  # A waited for its handler
+    assert fires.log[1][1].attempt == 1
+    # B fired it at about its due time (1.5 s after the ping), while A still waited:
+    # within a heartbeat interval (lease / 3) and scheduling margin
+    assert when["k"] < 1.5 + LEASE / 3 + 0.5, when

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from tests.harness.fires import Fires
-from tests.harness.memory import BEAT, LEASE, SKEW, backend, die, process
+from tests.harness.memory import BEAT, LEASE, SKEW, backend, die, process, processes
 from trio_debounce import (
     BackendUnavailableError,
     Edge,
@@ -1001,3 +1001,39 @@ async def test_a_leading_rerun_is_skipped_once_a_later_fire_of_its_key_committed
         assert b_backend.skipped_refires == 1
     assert [(p, f.payload, f.attempt) for p, f in fires.log] == [("A", "a", 1), ("B", "b", 1)]
     assert not [k for k in store._data if k.startswith("f.")]  # taken back
+
+
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+async def test_a_handoff_exit_that_waits_for_a_handler_lets_a_peer_fire_on_time(
+    autojump_clock: trio.testing.MockClock, delivery: Any
+) -> None:
+    # A leaves by a hand-off while a handler of its own takes 20 s. Its lease is marked
+    # draining at once, so B adopts A's open window at its next heartbeat and fires it
+    # on time, not once A's handler has returned; A's running fire stays A's.
+    store, fires = MemoryStore(), Fires()
+
+    async def a_handler(fire: Any) -> None:
+        fires.log.append(("A", fire))
+        if fire.key == "j":
+            await trio.sleep(20.0)
+
+    async with processes(store, fires, "B", delivery=delivery) as (b,):
+        t0 = trio.current_time()
+        async with open_coordinator(
+            handlers={"wf": a_handler},
+            backend=backend(store, "A"),
+            on_exit="handoff",
+            delivery=delivery,
+        ) as a:
+            await a.debounce("wf", "j", "busy", delay=0.5)
+            await a.debounce("wf", "k", "a", delay=5.0)
+            await trio.sleep(1.0)  # j's handler runs
+        assert trio.current_time() == pytest.approx(t0 + 20.5, abs=0.05)  # A waited
+        await b.wait_idle()
+    assert [(p, f.key, f.payload) for p, f in fires.log] == [
+        ("A", "j", "busy"),
+        ("B", "k", "a"),
+    ]
+    k = fires.log[1][1]
+    assert k.fired_at == pytest.approx(t0 + 5.0, abs=0.05)  # on time
+    assert k.attempt == 1

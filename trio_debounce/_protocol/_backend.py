@@ -296,6 +296,9 @@ class KvDebounceBackend(DebounceBackend):
     async def adopt_orphans(self, workflows: Collection[str]) -> Orphans:
         return await self._housekeeping.adopt_orphans(workflows)
 
+    async def mark_draining(self) -> None:
+        await self._housekeeping.mark_draining()
+
     async def handoff(self) -> None:
         await self._housekeeping.handoff()
 

@@ -363,6 +363,10 @@ class Lease:
     #: process id watches this lease for a renewal. None in leases written before
     #: it was recorded (or holding no usable value): the reader uses its own.
     heartbeat: float | None = None
+    #: Draining: the process is leaving (a hand-off exit waiting for its running
+    #: handlers): it renews the lease, but its windows are for peers to take now
+    #: (never its fire records, nor its queue-latest runs). Older readers ignore it.
+    draining: bool = False
 
     def live(self, now: float, skew: float) -> bool:
         return not self.released and now <= self.expires + skew
@@ -379,6 +383,7 @@ def decode_lease(raw: bytes) -> Lease:
         _num(obj, "expires"),
         obj.get("released", False) is True,
         heartbeat,
+        obj.get("draining", False) is True,
     )
 
 
@@ -392,6 +397,8 @@ def encode_lease(lease: Lease) -> bytes:
     }
     if lease.heartbeat is not None:
         doc["beat"] = lease.heartbeat  # optional: older readers ignore it
+    if lease.draining:
+        doc["draining"] = True  # optional: older readers ignore it (they wait)
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 

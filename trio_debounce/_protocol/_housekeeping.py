@@ -410,6 +410,9 @@ class Housekeeping:
             self._view.token(entry.revision),
         )
 
+    async def mark_draining(self) -> None:
+        await self._leases.write_draining(self._finalizer.apply_queued)
+
     async def handoff(self) -> None:
         if self._released:
             return

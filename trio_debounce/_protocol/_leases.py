@@ -62,6 +62,10 @@ class ProcessLease:
         #: (process, epoch) of the leases that were live at the last reload.
         self._live_at_last_look: set[tuple[str, str]] = set()
         self._seen_released: set[tuple[str, str]] = set()
+        self._seen_draining: set[tuple[str, str]] = set()
+        #: This process is leaving by a hand-off and waits for its running handlers:
+        #: every lease write says so (see write_draining).
+        self.draining = False
         #: The lease of the coordinator that took our process id (we are fenced).
         self.taken_by: Lease | None = None
         #: The lease of another epoch of our process id that our first write replaced:
@@ -108,8 +112,15 @@ class ProcessLease:
         return self._skew
 
     async def owner_live(self, doc: WindowDoc, now: float) -> bool:
-        """Is the document's owner process live? Known live owners cost no request."""
-        return await self.live(doc.owner, doc.epoch, now)
+        """Is the document's owner process live, and keeping its windows (not draining:
+        a process leaving by a hand-off gives them up at once)? Known live owners cost
+        no request."""
+        if not await self.live(doc.owner, doc.epoch, now):
+            return False
+        if doc.owner == self._me.process_id and doc.epoch == self._me.epoch:
+            return not self.draining
+        lease = self.table.get(doc.owner)
+        return lease is None or not lease.draining
 
     async def live(self, owner: str, epoch: str, now: float) -> bool:
         """Is process ``owner`` in its opening ``epoch`` live, by its lease?"""
@@ -276,6 +287,7 @@ class ProcessLease:
             self._me.epoch,
             now + self._seconds,
             heartbeat=self.heartbeat_interval,
+            draining=self.draining,
         )
         value = encode_lease(lease)
         for attempt in range(5):
@@ -344,14 +356,19 @@ class ProcessLease:
             (lease.process, lease.epoch) for lease in table.values() if lease.live(now, self._skew)
         }
         released = {(lease.process, lease.epoch) for lease in table.values() if lease.released}
+        draining = {(lease.process, lease.epoch) for lease in table.values() if lease.draining}
         # Dead since the last look: lapsed or gone, or handed off (a process may have
-        # come and gone between two looks: its released lease still says so).
+        # come and gone between two looks: its released lease still says so), or
+        # draining (its windows are for peers now).
         dead = {
             process
-            for process, _ in (self._live_at_last_look - live) | (released - self._seen_released)
+            for process, _ in (self._live_at_last_look - live)
+            | (released - self._seen_released)
+            | (draining - self._seen_draining)
         }
         self._live_at_last_look = live
         self._seen_released = released
+        self._seen_draining = draining
         self.table = table
         return dead
 
@@ -375,6 +392,15 @@ class ProcessLease:
         # A live runner renews its lease every heartbeat: look no sooner than that.
         look = max(expires + self._skew, now + self.heartbeat_interval)
         return look if marker.until is None else min(marker.until, look)
+
+    async def write_draining(self, apply_queued: Callable[[], Awaitable[None]]) -> None:
+        """Mark our lease *draining* (a renewal that says so; every later renewal says
+        so too): peers take this process's windows over at their next heartbeat, while
+        it waits for its running handlers; its fire records and queue-latest runs stay
+        its own."""
+        self.draining = True
+        async with self._lock:
+            self._dead_unreported |= await self._write(apply_queued)
 
     async def write_released(self) -> None:
         """Mark our lease released (not deleted), so that peers see the hand-off at
