@@ -5,6 +5,7 @@ processes (see :doc:`/protocol`, "Fire records and their proof")."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 
 import trio
@@ -68,20 +69,8 @@ class FireRecords:
     ) -> FireRecord:
         """The record of the leading fire of ``doc``, the window its opening write
         ``doc.opened_by`` is about to create, carrying ``payload`` (serialized)."""
-        return FireRecord(
-            self._me.process_id,
-            self._me.epoch,
-            workflow,
-            key,
-            doc.run_id,
-            payload,
-            1,
-            doc.first,
-            doc.first,
-            1,
-            doc.opened_by,
-            leading=True,
-        )
+        record = self.new(workflow, key, doc, doc.first, 1, doc.opened_by)
+        return dataclasses.replace(record, payload=payload, count=1, leading=True)
 
     def new(
         self, workflow: str, key: str, doc: WindowDoc, fired_at: float, attempt: int, write: str
