@@ -776,15 +776,15 @@ class Coordinator(metaclass=NoPublicConstructor):
     @enable_ki_protection
     async def _drain(self, on_exit: OnExit) -> None:
         """The normal exit of the async with block, per ``on_exit``."""
-        # Deferred runs are not waited for (they may be days away): persisted ones stay
-        # in the store for a peer, non-persisted ones are dropped; running run handlers
-        # finish first.
         ledger = self._ledger
         shared = self._shared
         if shared is not None and self._hands_off(on_exit, aborted=False):
             # A hand-off: give the windows up now, not once the handlers return.
             shared.hand_off_all()
             await self._mark_draining()
+        # Deferred runs are not waited for (they may be days away): persisted ones stay
+        # in the store for a peer (claimed at once: the run lease is marked draining),
+        # non-persisted ones are dropped; running run handlers finish first.
         await self._runs.close()
         ledger.wake_exit_on_pending = on_exit != "wait"
         while True:
