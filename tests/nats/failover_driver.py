@@ -9,8 +9,8 @@ It opens the NATS backend and a coordinator with a handler for workflow ``"wf"``
 reads commands from stdin, one a line:
 
 ``ping <key> <payload>``
-  ``await coordinator.debounce("wf", key, payload, delay=D, mode="trailing")`` (each
-  ping runs in its own task, so a slow one does not hold up the next).
+  ``await coordinator.debounce("wf", key, payload, delay=D, mode=key_mode(key))``
+  (each ping runs in its own task, so a slow one does not hold up the next).
 
 and writes one JSON object a line to stdout, flushed at once (``t`` is
 :func:`time.time`, so lines of different processes on one host compare):
@@ -47,10 +47,22 @@ from typing import Any
 
 import trio
 
-from trio_debounce import Coordinator, Fire, open_coordinator
+from trio_debounce import Coordinator, Fire, ModeName, open_coordinator
 from trio_debounce.nats import NatsConfig, open_nats_backend
 
 WORKFLOW = "wf"
+#: The modes of a failover round's keys, by the key's index (see key_mode).
+MODES: tuple[ModeName, ...] = ("trailing", "leading", "both")
+
+
+def key_mode(key: str) -> ModeName:
+    """The mode every process pings ``key`` with: a failover round's keys
+    (``r<round>k<i>``) cycle through trailing, leading and both edges by ``i``; every
+    other key is trailing."""
+    head, sep, index = key.rpartition("k")
+    if head.startswith("r") and head[1:].isdigit() and sep and index.isdigit():
+        return MODES[int(index) % len(MODES)]
+    return "trailing"
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -112,7 +124,7 @@ async def ping(coordinator: Coordinator, key: str, payload: str, delay: float) -
     _arrivals += 1
     seq = _arrivals
     try:
-        result = await coordinator.debounce(WORKFLOW, key, payload, delay=delay, mode="trailing")
+        result = await coordinator.debounce(WORKFLOW, key, payload, delay=delay, mode=key_mode(key))
     except Exception as exc:
         emit({"ev": "error", "key": key, "payload": payload, "error": repr(exc), "t": time.time()})
         return

@@ -2,15 +2,20 @@
 
 Each process is ``tests/nats/failover_driver.py`` (one coordinator, workflow ``"wf"``),
 driven over stdin and reporting JSON lines on stdout. The tests ping windows through
-random live processes, ``SIGKILL`` the process that owns the most open windows (before
-their fire, or while its handler runs), start a replacement under a new process id,
-and then check, from the reports alone, per window (run id):
+random live processes (a round's keys are trailing, leading and both-edges windows in
+turn: ``failover_driver.key_mode``), ``SIGKILL`` the process that owns the most open
+windows (before their fire, or while its handler runs), start a replacement under a
+new process id, and then check, from the reports alone, per window (run id) and edge
+(the leading edge of a window opened by a ``fire-immediate`` ping; the trailing edge
+of a trailing window, and of a both-edges window with two pings or more):
 
-* lost: a stored ping's window never started a fire (under at-least-once, also a fire
-  whose every start was interrupted and that never completed);
-* ran twice: more than one ``start`` for the run, across processes;
+* lost: an edge the window needs never started (under at-least-once, also one whose
+  every start was interrupted and that never completed; a leading edge is excused
+  once a later fire of its key started, since its re-run is then skipped by design);
+* ran twice: more than one ``start`` of one edge of the run, across processes;
 * interrupted: a ``start`` without its ``done`` in a killed process;
-* every fire carries the payload (and count) of the window's latest stored ping;
+* every trailing fire carries the payload (and count) of the window's latest stored
+  ping, every leading fire its opening ping's (count 1);
 * every fire starts within lease + skew + heartbeat + delay + 1.5 s of the kill or of
   the window's last ping, whichever is later.
 
@@ -42,6 +47,7 @@ import pytest
 
 from tests.harness.env import LONG, ROOT
 from tests.harness.nats_server import NatsServer
+from tests.nats.failover_driver import key_mode
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
 
@@ -356,35 +362,73 @@ class Cluster:
         owned = [a for a in self.acks[run] if a["owner"]]
         return max(owned, key=lambda a: a["count"])["proc"] if owned else None
 
+    def needs(self, run: str) -> set[str]:
+        """The edges window ``run`` must fire: leading if a ping opened it with a
+        leading fire; trailing for a trailing window, and for a both-edges window that
+        holds two pings or more."""
+        stored = [a for a in self.acks[run] if a["stored"]]
+        if not stored:
+            return set()
+        mode = key_mode(stored[0]["key"])
+        edges = set()
+        if any(a["outcome"] == "fire-immediate" for a in stored):
+            edges.add("leading")
+        if mode == "trailing" or (mode == "both" and max(a["count"] for a in stored) >= 2):
+            edges.add("trailing")
+        return edges
+
+    def starts_of(self, run: str, edge: str) -> list[Event]:
+        return [s for s in self.starts.get(run, []) if s["edge"] == edge]
+
+    def dones_of(self, run: str, edge: str) -> list[Event]:
+        return [d for d in self.dones.get(run, []) if d["edge"] == edge]
+
+    def later_fire_started(self, run: str, key: str, token: int) -> bool:
+        """Did a fire of ``key`` with a fencing token above ``token`` start (so that a
+        leading fire's re-run is skipped by design)?"""
+        return any(
+            s["token"] > token for runs in self.starts.values() for s in runs if s["key"] == key
+        )
+
+    def edge_settled(self, run: str, edge: str) -> bool:
+        """Has the edge been run to its end (at-least-once), or started and ended or
+        died with its process (at-most-once)?"""
+        starts = self.starts_of(run, edge)
+        done_in = {(d["proc"], d["attempt"]) for d in self.dones_of(run, edge)}
+        if self.delivery == "at-least-once":
+            if done_in:
+                return True
+            top = max((s["token"] for s in starts), default=None)
+            return (
+                edge == "leading"
+                and top is not None
+                and self.later_fire_started(run, starts[0]["key"], top)
+            )
+        return bool(starts) and not any(
+            (s["proc"], s["attempt"]) not in done_in and self.drivers[s["proc"]].live
+            for s in starts
+        )
+
     def open_windows(self, driver: Driver, keys: set[str]) -> set[str]:
         """Runs of ``keys`` whose fire ``driver`` still has to run or finish: owned
-        and not started anywhere, or started in it and not done there."""
+        with an edge not started anywhere, or with a start in it not done there."""
         runs = set()
         for run in self.stored_runs(keys):
-            starts = self.starts.get(run, [])
-            if not starts:
-                if self.owner(run) == driver.name:
+            for edge in self.needs(run):
+                starts = self.starts_of(run, edge)
+                done_here = {
+                    d["attempt"] for d in self.dones_of(run, edge) if d["proc"] == driver.name
+                }
+                if (not starts and self.owner(run) == driver.name) or any(
+                    s["proc"] == driver.name and s["attempt"] not in done_here for s in starts
+                ):
                     runs.add(run)
-            elif any(s["proc"] == driver.name for s in starts) and not any(
-                d["proc"] == driver.name for d in self.dones.get(run, [])
-            ):
-                runs.add(run)
         return runs
 
     def settled(self, runs: set[str]) -> bool:
-        """Has every run's fire been run to its end (or, under at-most-once, died
-        with its process)?"""
-        for run in runs:
-            starts = self.starts.get(run, [])
-            if not starts:
-                return False
-            done_in = {d["proc"] for d in self.dones.get(run, [])}
-            if self.delivery == "at-least-once":
-                if not done_in:
-                    return False
-            elif any(s["proc"] not in done_in and self.drivers[s["proc"]].live for s in starts):
-                return False
-        return True
+        """Has every edge of every run been run to its end (or, under at-most-once,
+        died with its process)?"""
+        return all(self.edge_settled(run, edge) for run in runs for edge in self.needs(run))
 
 
 @dataclass
@@ -408,7 +452,8 @@ class Tally:
 
 
 def tally(cluster: Cluster, kills: list[Kill]) -> tuple[Tally, list[str]]:
-    """Count lost, ran twice and interrupted windows; list every violated promise."""
+    """Count lost, ran twice and interrupted windows (per edge); list every violated
+    promise."""
     t = Tally(kills=len(kills), owner_kill_events=sum(len(k.affected) for k in kills))
     problems: list[str] = []
     killed = {d.name for d in cluster.drivers.values() if d.killed_at is not None}
@@ -419,55 +464,13 @@ def tally(cluster: Cluster, kills: list[Kill]) -> tuple[Tally, list[str]]:
         # Pings merged into one write (group commit) report its count; the write's
         # stored payload is its last ping's, the last to enter debounce in that process.
         latest = max(stored, key=lambda a: (a["count"], a["seq"]))
+        # A leading fire carries its opening ping's payload (written alone).
+        opener = next((a for a in stored if a["outcome"] == "fire-immediate"), None)
         last_ack = max(a["t"] for a in acks)
-        starts = sorted(cluster.starts.get(run, []), key=lambda s: s["t"])
-        dones = cluster.dones.get(run, [])
-        done_in = {(d["proc"], d["attempt"]) for d in dones}
         t.runs += 1
-        t.fires += len(starts)
-        interrupted = [
-            s for s in starts if s["proc"] in killed and (s["proc"], s["attempt"]) not in done_in
-        ]
-        t.interrupted += len(interrupted)
-        if not starts or (cluster.delivery == "at-least-once" and not dones):
-            t.lost += 1
-            kill = kill_of_key.get(latest["key"])
-            due = max(a["at"] for a in acks)
-            # Under at-most-once a fire is lost when its owner dies between the commit
-            # of the fire (at its due time) and the handler's end: allowed. A window
-            # whose owner died before it was due must be adopted and fired.
-            allowed = (
-                cluster.delivery == "at-most-once"
-                and kill is not None
-                and kill.name == cluster.owner(run)
-                and kill.at >= due - 0.01
-            )
-            if allowed:
-                t.lost_at_fire += 1
-            else:
-                problems.append(
-                    f"lost: run {run} key {latest['key']} (acks {len(acks)}, starts "
-                    f"{len(starts)}, owner {cluster.owner(run)}, killed "
-                    f"{'-' if kill is None else f'{kill.name} {kill.at - due:+.3f} s after due'})"
-                )
-        if len(starts) > 1:
-            t.ran_twice += 1
-            t.rerun += len(starts) - 1
-            if cluster.delivery == "at-most-once":
-                problems.append(f"ran twice under at-most-once: run {run}: {starts}")
-            elif len(starts) - 1 > len(interrupted):
-                t.uncommitted_reruns += len(starts) - 1 - len(interrupted)
-                problems.append(f"re-run without an interrupted attempt: run {run}: {starts}")
-        for start in starts:
-            if start["payload"] != latest["payload"] or start["count"] != latest["count"]:
-                t.stale_payloads += 1
-                problems.append(
-                    f"run {run} fired with payload {start['payload']!r} (count "
-                    f"{start['count']}), its latest stored ping was {latest['payload']!r} "
-                    f"(count {latest['count']})"
-                )
-            if start["attempt"] > 1 and cluster.delivery == "at-most-once":
-                problems.append(f"attempt {start['attempt']} under at-most-once: {start}")
+        for edge in sorted(cluster.needs(run)):
+            _tally_edge(cluster, t, problems, run, edge, latest, opener, last_ack, killed)
+        for start in cluster.starts.get(run, []):
             kill = kill_of_key.get(start["key"])
             if kill is None or start["t"] < kill.at:
                 continue
@@ -480,10 +483,69 @@ def tally(cluster: Cluster, kills: list[Kill]) -> tuple[Tally, list[str]]:
                 )
             if run in kill.affected:
                 t.max_failover_latency = max(t.max_failover_latency, latency)
-                t.max_late = max(t.max_late, start["t"] - max(kill.at, latest["at"]))
+                due = latest["at"] if start["edge"] == "trailing" else None
+                t.max_late = max(t.max_late, start["t"] - max(kill.at, due or kill.at))
     for error in cluster.errors:
         problems.append(f"a ping raised: {error}")
     return t, problems
+
+
+def _tally_edge(
+    cluster: Cluster,
+    t: Tally,
+    problems: list[str],
+    run: str,
+    edge: str,
+    latest: Event,
+    opener: Event | None,
+    last_ack: float,
+    killed: set[str],
+) -> None:
+    """Count one edge of window ``run``: lost, ran twice, interrupted, its payloads."""
+    starts = sorted(cluster.starts_of(run, edge), key=lambda s: s["t"])
+    dones = cluster.dones_of(run, edge)
+    done_in = {(d["proc"], d["attempt"]) for d in dones}
+    t.fires += len(starts)
+    interrupted = [
+        s for s in starts if s["proc"] in killed and (s["proc"], s["attempt"]) not in done_in
+    ]
+    t.interrupted += len(interrupted)
+    if not cluster.edge_settled(run, edge) or not starts:
+        t.lost += 1
+        # Under at-most-once a fire is lost when its process dies between the commit of
+        # the fire and the handler's end: allowed (an interrupted start). A window whose
+        # owner died before it was due must be adopted and fired.
+        allowed = cluster.delivery == "at-most-once" and bool(interrupted)
+        if allowed:
+            t.lost_at_fire += 1
+        else:
+            problems.append(
+                f"lost: {edge} edge of run {run} key {latest['key']} (acks "
+                f"{len(cluster.acks[run])}, starts {len(starts)}, owner {cluster.owner(run)})"
+            )
+    if len(starts) > 1:
+        t.ran_twice += 1
+        t.rerun += len(starts) - 1
+        # A re-run needs an earlier attempt whose process was killed after it started:
+        # inside the handler, or after it returned but before its record was purged.
+        cut = [s for s in starts if s["proc"] in killed]
+        if cluster.delivery == "at-most-once":
+            problems.append(f"ran twice under at-most-once: {edge} edge of run {run}: {starts}")
+        elif len(starts) - 1 > len(cut):
+            t.uncommitted_reruns += len(starts) - 1 - len(cut)
+            problems.append(f"re-run without a killed attempt: run {run}: {starts}")
+    want = latest if edge == "trailing" else opener
+    for start in starts:
+        count = latest["count"] if edge == "trailing" else 1
+        if want is None or start["payload"] != want["payload"] or start["count"] != count:
+            t.stale_payloads += 1
+            problems.append(
+                f"{edge} fire of run {run} with payload {start['payload']!r} (count "
+                f"{start['count']}); want {None if want is None else want['payload']!r} "
+                f"(count {count})"
+            )
+        if start["attempt"] > 1 and cluster.delivery == "at-most-once":
+            problems.append(f"attempt {start['attempt']} under at-most-once: {start}")
 
 
 def run_round(cluster: Cluster, round_no: int, kills: list[Kill]) -> None:
