@@ -367,7 +367,8 @@ class Coordinator(metaclass=NoPublicConstructor):
           TypeError: an argument has the wrong type (the message names it).
           ValueError: a bad duration, mode, option or empty name, ``max_delay <
             delay``, options that do not go together, or a mode or option that differs
-            from the open window's.
+            from the open window's; with a backend, a ``delay`` or ``max_delay`` above
+            1e9 s (about 31.7 years: shared times are wall-clock epoch seconds).
           LookupError: neither this ping, nor the window's earlier pings, give an
             ``on_fire`` and no handler is registered for ``workflow``.
         """

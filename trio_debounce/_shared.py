@@ -229,9 +229,11 @@ class SharedWindows:
         ``options``: the ping's window options as given)."""
         if self._ledger.closed:
             raise closed_error()
-        delay = _validate.duration("delay", delay)
+        delay = _validate.shared_duration("delay", _validate.duration("delay", delay))
         if max_delay is not None:
-            max_delay = _validate.duration("max_delay", max_delay)
+            max_delay = _validate.shared_duration(
+                "max_delay", _validate.duration("max_delay", max_delay)
+            )
             if max_delay < delay:
                 raise _validate.max_delay_below_delay(max_delay, delay)
         _validate.run_id(run_id)

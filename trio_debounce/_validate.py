@@ -57,6 +57,26 @@ def duration(name: str, value: object) -> float:
     return seconds
 
 
+#: The longest ``delay`` or ``max_delay`` of a shared window, seconds (about 31.7
+#: years): its times are wall-clock epoch seconds, and far beyond that a float no
+#: longer tells a heartbeat's interval from nothing (the clock would stand still).
+MAX_SHARED_SECONDS = 1e9
+
+
+def shared_duration(name: str, seconds: float) -> float:
+    """Return ``seconds`` (a valid duration) if a shared window can keep it, or raise.
+
+    Raises:
+      ValueError: ``seconds`` is above :data:`MAX_SHARED_SECONDS`.
+    """
+    if seconds > MAX_SHARED_SECONDS:
+        raise ValueError(
+            f"{name} of a shared window must be at most {MAX_SHARED_SECONDS:g} s (its "
+            f"times are wall-clock epoch seconds), got {seconds!r}"
+        )
+    return seconds
+
+
 def positive_duration(name: str, value: object) -> float:
     """Return ``value`` as a float number of seconds > 0, or raise (as :func:`duration`,
     and :exc:`ValueError` for 0)."""

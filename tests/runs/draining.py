@@ -21,8 +21,8 @@ BEAT = 0.5
 async def check_peers_run_a_draining_process_runs(
     open_store: Callable[[], AbstractAsyncContextManager[RunStore]], delivery: Any
 ) -> None:
-    """Process A leaves its block while a run handler of its own takes 4 s; its
-    persisted run "later" comes due 1.2 s into that wait. Peer B must run it within
+    """Process A leaves its block while a run handler of its own takes 3 s; its
+    persisted run "later" comes due 0.8 s into that wait. Peer B must run it within
     its sweep (a heartbeat interval) of its due time, and A's started run only once."""
     starts: list[tuple[str, str, float]] = []
 
@@ -52,19 +52,19 @@ async def check_peers_run_a_draining_process_runs(
             due = None
             async with open_store() as store_a:
                 async with open_coordinator(
-                    run_handlers={"wf": handler("a", 4.0)},
+                    run_handlers={"wf": handler("a", 3.0)},
                     run_store=store_a,
                     run_options=options("a"),
                     delivery=delivery,
                 ) as a:
                     t0 = trio.current_time()
                     await a.schedule("wf", "busy", after=0.2, persist=True)
-                    await a.schedule("wf", "later", after=2.0, persist=True)
+                    await a.schedule("wf", "later", after=1.6, persist=True)
                     await trio.sleep(0.8)
                     assert [(w, r) for w, r, _ in starts] == [("a", "busy")]
-                    due = t0 + 2.0
+                    due = t0 + 1.6
                 # A's block has closed: its handler ran to its end meanwhile.
-                assert trio.current_time() >= t0 + 4.0
+                assert trio.current_time() >= t0 + 3.0
             later = [(w, t) for w, r, t in starts if r == "later"]
             assert [w for w, _ in later] == ["b"], starts
             assert due is not None

@@ -1090,3 +1090,20 @@ async def test_requests_of_a_leading_opening(
     want = {"get": 1, "put": 2, "purge": 1} if delivery == "at-least-once" else {"get": 1, "put": 1}
     assert spent == want
     assert [(p, f.edge) for p, f in fires.log] == [("A", Edge.LEADING)]
+
+
+async def test_a_shared_window_refuses_a_delay_no_clock_can_keep(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 1e308 s was accepted and, once the exit jumped the clock there, a heartbeat's
+    # interval no longer moved it: the coordinator spun for ever.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "A") as (a,):
+        with pytest.raises(ValueError, match=r"delay of a shared window .* got 1e\+308"):
+            await a.debounce("wf", "k", delay=1e308)
+        with pytest.raises(ValueError, match=r"max_delay of a shared window .* got 2000000000.0"):
+            await a.debounce("wf", "k", delay=1.0, max_delay=2e9, mode="both")
+        r = await a.debounce("wf", "k", delay=1e9)  # the longest it keeps
+        assert r.outcome is Outcome.SCHEDULE_TRAILING
+        assert await a.cancel("wf", "k")
+    assert fires.log == []

@@ -24,6 +24,8 @@ logger = logging.getLogger("trio_debounce.backend")
 #: The proof re-reads: seconds before the first, and the most between two (doubling).
 _FIRST_WAIT = 0.1
 _MAX_WAIT = 5.0
+#: The shortest wait between two proof reads, seconds.
+_MIN_WAIT = 0.001
 
 
 @dataclass(slots=True, frozen=True)
@@ -138,9 +140,12 @@ class SentCommits:
         wait = _FIRST_WAIT
         error: BaseException | None = None
         while self._leases.held() and self._wall() < until and self.pending(kv_key, run_id):
-            # Never past the proof's end: the lease's, or a lease after the first send.
+            # Never past the proof's end (the lease's, or a lease after the first send)
+            # by more than a millisecond: a shorter sleep may not move a wall clock of
+            # epoch seconds at all (a float's step there is about 0.2 us), and would spin.
             held_until = self._leases.expires - self._leases.skew
-            await trio.sleep(max(min(wait, until - self._wall(), held_until - self._wall()), 0.0))
+            end = min(until, held_until) - self._wall()
+            await trio.sleep(max(min(wait, end), _MIN_WAIT))
             wait = min(2 * wait, _MAX_WAIT)
             entry: KvEntry | None = None
             try:
