@@ -45,6 +45,14 @@ class _Sent:
 Proof = tuple[WindowDoc, float, int]
 
 
+def _names(doc: WindowDoc, run_id: str, write: str) -> bool:
+    """Does ``doc`` name write ``write`` as the commit of ``run_id`` (its own
+    tombstone, or an ``after`` entry of a newer window)?"""
+    if doc.run_id == run_id:
+        return doc.fired and doc.write == write
+    return (run_id, write) in doc.after
+
+
 class SentCommits:
     """The at-most-once commits sent and not yet proven, by (KV key, run id) and
     write id. A write whose answer was lost may land after a re-read saw the old
@@ -102,6 +110,10 @@ class SentCommits:
         revision = 0 if entry is None else entry.revision
         for write, one in list(sent.items()):
             landed = _rules.commit_landed(doc, run_id, write)
+            if landed and doc is not None and not _names(doc, run_id, write):
+                # commit_landed's "in doubt" answer (a full ``after``): at-least-once
+                # runs such a record again; at-most-once never fires on a guess.
+                landed = None
             if landed and doc is not None:
                 del self._sent[kv_key, run_id]
                 # The commit's revision: this read's if it is the tombstone; if a newer
