@@ -97,8 +97,9 @@ class Housekeeping:
                 self._view.forget(kv_key)
                 # Ours to delete: a read racing this write must not take it for a
                 # foreign delete of a window this process owns.
-                self._view.owned.pop(kv_key, None)
-                self._view.owned_last.pop(kv_key, None)
+                owned_run = self._view.owned.get(kv_key)
+                if owned_run is not None:
+                    self._view.disown(kv_key, owned_run)
                 try:
                     tombstone = None if doc is None else doc.closed()
                     await self._view.close_window(kv_key, tombstone, entry.revision)
@@ -451,14 +452,15 @@ class Housekeeping:
                         and self._me.owns(doc)
                     ):
                         assert entry is not None
-                        if only_own and doc.count > self._view.own_count(kv_key, run_id):
+                        peers_pings = doc.count - self._view.own_count(kv_key, run_id)
+                        if only_own and peers_pings > 0:
                             # Peers' pings are in it: deleting it would lose them.
                             logger.info(
                                 "release leaves %s (run %s) for a peer: %d of its %d "
                                 "pings came from other processes",
                                 kv_key,
                                 run_id,
-                                doc.count - self._view.own_count(kv_key, run_id),
+                                peers_pings,
                                 doc.count,
                             )
                             continue
