@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -389,3 +391,35 @@ def test_logged_connection_errors_are_deduplicated(caplog: pytest.LogCaptureFixt
     assert records[0].levelno == logging.WARNING
     assert records[0].exc_info is None
     assert "s3cret" not in records[0].getMessage()
+
+
+async def test_reconnect_attempts_to_a_stopped_server_leave_no_socket_open(
+    nats_server: NatsServer,
+) -> None:
+    # A stopped (SIGSTOP) server's kernel still accepts connections, so each reconnect
+    # attempt connects and then times out waiting for the server's INFO. nats-py keeps
+    # one TcpTransport across attempts and left each such attempt's stream open when
+    # the next one replaced it: a socket per attempt, reported as a ResourceWarning
+    # when collected (once in CI, inside a later test on the same worker).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with trio.fail_after(20):
+            async with store_on(nats_server, ping_interval=0.3, connect_timeout=0.3) as store:
+                await store.put("w.a", b"one", last=0)
+                await trio.to_thread.run_sync(nats_server.pause)
+                try:
+                    # Stale after two unanswered pings; then an attempt every ~1.3 s.
+                    await trio.sleep(4.5)
+                finally:
+                    await trio.to_thread.run_sync(nats_server.resume)
+                while True:
+                    try:
+                        entry = await store.get("w.a")
+                        break
+                    except BackendUnavailableError:
+                        await trio.sleep(0.1)
+                assert entry is not None
+                assert entry.value == b"one"
+        gc.collect()
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert leaks == []

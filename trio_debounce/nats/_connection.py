@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
-from nats.aio.client import Client
+from nats.aio.client import Client, Srv
+from nats.aio.transport import TcpTransport
 
 from .._errors import BackendAuthError, BackendConfigError, BackendUnavailableError
 from ._bridge import Host, callback, cross
@@ -31,6 +32,26 @@ class Interruptible(Protocol):
     (``_store.NatsKvWatch``)."""
 
     def _interrupt(self) -> None: ...
+
+
+class NatsClient(Client):
+    """nats-py's client, closing the socket of a failed reconnect attempt.
+
+    nats-py (2.15 and 2.16 at least) keeps one ``TcpTransport`` across reconnect
+    attempts and opens each attempt's stream into it. An attempt whose TCP connect
+    succeeds but whose handshake fails (a server that accepts connections and does
+    not answer: stopped by ``SIGSTOP``, or overloaded) leaves its stream open when the
+    next attempt replaces it: a socket leaked per attempt for as long as the server
+    is unresponsive, each reported as a :exc:`ResourceWarning` when it is collected.
+    Here the transport is closed before each connect attempt (idempotent: on every
+    other path nats-py has closed it already).
+    """
+
+    async def _connect_to_server(self, s: Srv) -> None:
+        transport = self._transport
+        if isinstance(transport, TcpTransport):
+            transport.close()  # type: ignore[no-untyped-call]
+        await super()._connect_to_server(s)
 
 
 #: Seconds between two log lines with the same connection error message.

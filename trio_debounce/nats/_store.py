@@ -41,7 +41,7 @@ from .._kv import KvEntry, KvStore
 from ._bridge import Host, cross, log_asyncio_error, shutdown, stop_watcher
 from ._bucket import api_prefix, open_bucket
 from ._config import NatsConfig
-from ._connection import State, connect, secrets_of
+from ._connection import NatsClient, State, connect, secrets_of
 from ._errors import (
     NO_MESSAGE,
     NO_STREAM,
@@ -570,7 +570,7 @@ async def open_nats_store(config: NatsConfig) -> AsyncIterator[NatsKvStore]:
     # group of Cancelled).
     error: BaseException | None = None
     async with open_host(config.asyncio_host, state.secrets) as host:
-        nc = Client()
+        nc = NatsClient()
         try:
             await connect(config, state, host, nc)
             kv, info = await open_bucket(config, nc, state, host)
