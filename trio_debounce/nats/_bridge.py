@@ -257,6 +257,28 @@ async def _aio_shutdown(nc: Client, seconds: float) -> None:
                     transport.wait_closed(),  # type: ignore[no-untyped-call]
                     min(seconds, _CLOSE_WAIT),
                 )
+        await _close_leftover_transports()
+
+
+async def _close_leftover_transports() -> None:
+    """Close every socket transport still open on this loop; loop side.
+
+    Each store has a loop of its own, so whatever is left on it is a connection
+    nats-py lost track of (a reconnect attempt replaced, or cut short by the
+    shutdown, as :func:`asyncio.wait_for` on Python 3.11 can leave a connection it
+    cancelled); closed here it cannot outlive the store (a socket collected after
+    its loop closed, and a :exc:`ResourceWarning` then). Selector loops (both hosts'
+    loops) list their transports in ``_transports``.
+    """
+    transports = getattr(asyncio.get_running_loop(), "_transports", None)
+    if transports is None:
+        return
+    left = [t for t in list(transports.values()) if not t.is_closing()]
+    for transport in left:
+        transport.close()
+    if left:
+        logger.debug("closed %d NATS socket(s) nats-py had left open", len(left))
+        await asyncio.sleep(0)  # the transports' connection_lost runs: the sockets close
 
 
 def closed_loop_error() -> BackendUnavailableError:
