@@ -127,7 +127,7 @@ def connected_node(load: Load, cluster: NatsCluster, proc: str) -> str:
     return next(n.name for n in cluster.nodes if n.port == url.port)
 
 
-@register("cluster-one-node", short_seconds=25, full_seconds=180)
+@register("cluster-one-node", short_seconds=25, full_seconds=120)
 def cluster_one_node(ctx: Context) -> list[Row]:
     with running_cluster(ctx.tmp / "cluster") as cluster:
         cfg = cluster_config(cluster)
@@ -171,7 +171,7 @@ def cluster_one_node(ctx: Context) -> list[Row]:
     return [row(ctx, "cluster-one-node", load, report, CLUSTER_OP_TIMEOUT, crashes)]
 
 
-@register("cluster-no-quorum", short_seconds=10, full_seconds=60)
+@register("cluster-no-quorum", short_seconds=10, full_seconds=40)
 def cluster_no_quorum(ctx: Context) -> list[Row]:
     with running_cluster(ctx.tmp / "cluster") as cluster:
         cfg = cluster_config(cluster)
@@ -214,7 +214,7 @@ def cluster_no_quorum(ctx: Context) -> list[Row]:
     return [out]
 
 
-@register("cluster-runs", short_seconds=5, full_seconds=60)
+@register("cluster-runs", short_seconds=5, full_seconds=40)
 def cluster_runs(ctx: Context) -> list[Row]:
     with running_cluster(ctx.tmp / "cluster") as cluster:
         cfg = cluster_config(cluster)
@@ -287,7 +287,7 @@ def cluster_runs(ctx: Context) -> list[Row]:
     return [out]
 
 
-@register("stalls", short_seconds=10, full_seconds=120)
+@register("stalls", short_seconds=10, full_seconds=90)
 def stalls(ctx: Context) -> list[Row]:
     server = NatsServer(ctx.tmp / "js")
     server.start()

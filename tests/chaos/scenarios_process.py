@@ -275,7 +275,7 @@ def soak_rows(ctx: Context, run: FleetRun, label: str, keys: int) -> Row:
     return out
 
 
-@register("soak", short_seconds=25, full_seconds=120)
+@register("soak", short_seconds=25, full_seconds=80)
 def soak(ctx: Context) -> list[Row]:
     """4 processes x 1,000 keys (one key space shared by all four), all modes, random
     delays and caps, about 10 pings a second each, against one bucket."""
@@ -297,7 +297,7 @@ def soak(ctx: Context) -> list[Row]:
 # ------------------------------------------------------------------ process death
 
 
-@register("death", short_seconds=20, full_seconds=30)
+@register("death", short_seconds=20, full_seconds=25)
 def death(ctx: Context) -> list[Row]:
     """kill -9 of owners and claim holders at random points: debounce windows (3
     processes on 60 keys, a kill every 1.5-4 s, handlers of 0.05-0.3 s so that kills
@@ -446,7 +446,7 @@ def blocked_loop(ctx: Context) -> list[Row]:
 # ------------------------------------------------------------------------ clocks
 
 
-@register("clocks", short_seconds=20, full_seconds=30)
+@register("clocks", short_seconds=20, full_seconds=25)
 def clocks(ctx: Context) -> list[Row]:
     """Three coordinators whose wall clocks (the backend's ``wall_time`` seam) differ
     by up to the documented maximum skew (offsets -skew/2, 0, +skew/2), and one whose
