@@ -45,6 +45,16 @@ async def store_on(server: NatsServer, **kwargs: object) -> AsyncIterator[NatsKv
         yield store
 
 
+async def _get_once_reconnected(store: NatsKvStore, key: str) -> KvEntry | None:
+    """``store.get(key)``, retried every 0.1 s while the store is unavailable (the
+    client reconnects on its own, every second at most)."""
+    while True:
+        try:
+            return await store.get(key)
+        except BackendUnavailableError:
+            await trio.sleep(0.1)
+
+
 async def test_round_trip_with_revisions(nats_server: NatsServer) -> None:
     with trio.fail_after(5):
         async with store_on(nats_server) as store:
@@ -272,12 +282,7 @@ async def test_stopped_server_fails_fast_and_recovers(nats_server: NatsServer) -
             assert trio.current_time() - start < 3 * OP_TIMEOUT
 
             nats_server.restart()
-            while True:  # the client reconnects on its own (every second at most)
-                try:
-                    entry = await store.get("w.r")
-                    break
-                except BackendUnavailableError:
-                    await trio.sleep(0.1)
+            entry = await _get_once_reconnected(store, "w.r")
             assert entry is not None
             assert (entry.value, entry.revision) == (b"before", r1)
             await trio.sleep(0.3)
@@ -421,12 +426,7 @@ async def test_each_reconnect_attempt_to_a_stopped_server_closes_the_last_ones_s
                 await trio.sleep(4.5)
             finally:
                 await trio.to_thread.run_sync(nats_server.resume)
-            while True:
-                try:
-                    entry = await store.get("w.a")
-                    break
-                except BackendUnavailableError:
-                    await trio.sleep(0.1)
+            entry = await _get_once_reconnected(store, "w.a")
             assert entry is not None
             assert entry.value == b"one"
     assert len(found) >= 3, found  # the first connect and at least two attempts
