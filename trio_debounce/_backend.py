@@ -325,12 +325,14 @@ class DebounceBackend(abc.ABC):
     #: :attr:`Registration.taken`).
     _ping_delivery: Delivery = "at-least-once"
     _taken_hook: Callable[[str, str, Finalization], None] | None = None
+    _unproven_take_hook: Callable[[str, str, str], None] | None = None
 
     def attach(
         self,
         *,
         delivery: Delivery,
         on_taken: Callable[[str, str, Finalization], None] | None = None,
+        on_unproven_take: Callable[[str, str, str], None] | None = None,
     ) -> None:
         """Mark this backend as used by one coordinator (``open_coordinator`` calls it
         before its first request, :meth:`detach` when its block has closed).
@@ -342,6 +344,11 @@ class DebounceBackend(abc.ABC):
             soon as :meth:`register` has committed a taken fire (see
             :attr:`Registration.taken`), so that the coordinator runs it even if the
             ping then fails; None leaves taken fires in the registration.
+          on_unproven_take: ``on_unproven_take(workflow, key, run_id)``, called
+            synchronously when :meth:`register` sent the at-most-once commit of a
+            taken fire and its answer did not come within ``op_timeout``: the
+            coordinator proves it (:meth:`finalize` with ``take=True`` re-reads for up
+            to a lease) and runs it if it landed; None drops such a fire.
 
         Raises:
           RuntimeError: another coordinator uses this backend (each needs its own:
@@ -355,12 +362,14 @@ class DebounceBackend(abc.ABC):
         self._in_use = True
         self._ping_delivery = delivery
         self._taken_hook = on_taken
+        self._unproven_take_hook = on_unproven_take
 
     def detach(self) -> None:
         """The coordinator that :meth:`attach` marked is done with this backend."""
         self._in_use = False
         self._ping_delivery = "at-least-once"
         self._taken_hook = None
+        self._unproven_take_hook = None
 
     @property
     @abc.abstractmethod

@@ -1020,8 +1020,12 @@ async def open_coordinator(
         for shared in opened:
             shared.ping_took(workflow, key, result)
 
+    def on_unproven_take(workflow: str, key: str, run_id: str) -> None:
+        for shared in opened:
+            shared.prove_taken(workflow, key, run_id)
+
     if backend is not None:
-        backend.attach(delivery=delivery, on_taken=on_taken)
+        backend.attach(delivery=delivery, on_taken=on_taken, on_unproven_take=on_unproven_take)
     try:
         await _wait_process_ids_free(backend, scheduler, on_backend_error)
     except BaseException:

@@ -354,6 +354,12 @@ class SharedWindows:
         once, even if the ping itself fails afterwards."""
         self._fires.run_taken((workflow, key), result.run_id, result)
 
+    def prove_taken(self, workflow: str, key: str, run_id: str) -> None:
+        """The backend's ``on_unproven_take`` (see ``DebounceBackend.attach``): a ping
+        of this process took the fire of run ``run_id`` at-most-once and the commit's
+        answer did not come in time; prove it (and run it) as a task."""
+        self._fires.prove_taken((workflow, key), run_id)
+
     async def _fire_early(
         self,
         ident: tuple[str, str],

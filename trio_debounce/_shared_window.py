@@ -462,6 +462,40 @@ class SharedFires:
             return
         self.run_taken(ident, run_id, result)
 
+    def prove_taken(self, ident: tuple[str, str], run_id: str) -> None:
+        """Prove, as a task, an at-most-once take of run ``run_id`` whose commit's
+        answer was lost (see ``DebounceBackend.attach``), and run its fire if it
+        landed. The exit waits for it (it counts as a pending fire): at most a lease."""
+        self._ledger.pending_added()
+        self._nursery.start_soon(self._prove_taken, ident, run_id)
+
+    async def _prove_taken(self, ident: tuple[str, str], run_id: str) -> None:
+        workflow, key = ident
+        try:
+            # A finalize of the take: its re-reads recognise every write sent for the
+            # run (a write that lands late included), for up to a lease.
+            result = await self._backend.finalize(
+                workflow, key, run_id, take=True, delivery=self._delivery
+            )
+        except BackendError as exc:
+            self._ledger.backend_errors += 1
+            self._ledger.dropped += 1
+            logger.warning(
+                "the fire of %r/%r (run %s) that a ping took could not be proven (%s); "
+                "at-most-once: the fire is dropped",
+                workflow,
+                key,
+                run_id,
+                exc,
+            )
+        else:
+            if result.outcome is Finalized.FIRE:
+                self.run_taken(ident, run_id, result)
+            # Otherwise none of its writes landed: the window is as the store has it,
+            # for its owner, a later ping or an adopter to fire.
+        finally:
+            self._ledger.pending_dropped()
+
     def run_taken(self, ident: tuple[str, str], run_id: str, result: Finalization) -> None:
         """Run the fire of the shared window ``run_id`` that this process took (a
         ``fire`` finalization it committed as a taker): close its local window, if

@@ -273,6 +273,97 @@ async def test_a_ping_into_a_dead_owners_due_window_takes_its_fire_and_opens_the
     ]
 
 
+@pytest.mark.parametrize("slow", [3.0, 30.0])
+async def test_at_most_once_a_taken_fire_whose_answer_is_slow_is_proven_and_fires_once(
+    autojump_clock: trio.testing.MockClock, slow: float
+) -> None:
+    # As the previous test, at-most-once, but the tombstone of B's take lands at once
+    # and its answer comes after op_timeout (2 s): 3 s, or 30 s (half B's lease). B's
+    # ping goes on (it re-reads and opens the next window); B proves the take by
+    # re-reading, and runs D's fire once, at the window's own time, attempt 1.
+    store, fires = MemoryStore(epoch=0.0), Fires()
+    d = backend(store, "D")
+    await d.refresh_lease()
+    await d.register(
+        "wf", "k", mode=Mode.TRAILING, delay=DELAY, max_delay=None, run_id="d", payload="d"
+    )
+    async with processes(
+        store, fires, "B", backend_options={"process_lease": 60.0}, delivery="at-most-once"
+    ) as (b,):
+        backend_b = b._backend
+        assert isinstance(backend_b, MemoryBackend)
+        await trio.sleep_until(10.0 - 0.001)
+        backend_b.faults.delay_next(slow, ops=("put",))  # the take's tombstone
+        r = await _ping_at(b, 10.0, "b", delay=DELAY)
+        assert (r.active_run_id, r.ping_count, r.owner) == ("b", 1, True)
+        await trio.sleep(DELAY + slow)
+        assert b.statistics().dropped_fires == 0
+    assert [(p, f.attempt) for p, f in fires.log] == [("B", 1)] * 2
+    assert fired(fires) == [
+        (DELAY, "d", "trailing", "d", 1, 0.0),
+        (10.0 + DELAY, "b", "trailing", "b", 1, 10.0),
+    ]
+
+
+@pytest.mark.parametrize("second", [0.5, 2.0])
+async def test_at_most_once_a_taken_fire_whose_first_write_lands_late_is_recognised(
+    autojump_clock: trio.testing.MockClock, second: float
+) -> None:
+    # B's take sends a tombstone that fails at once (0.2 s) and reaches the store 1 s
+    # after it was sent (a leader election); B's re-read, stalled 0.5 s, sees the
+    # window still open, so the take decides again with a new write id, which
+    # conflicts. The proof knows the first write: in the key's turn (the second write
+    # answers in 0.5 s) or after it, by re-reads (it answers after op_timeout, 2 s).
+    store, fires = MemoryStore(epoch=0.0), Fires()
+    d = backend(store, "D")
+    await d.refresh_lease()
+    await d.register(
+        "wf", "k", mode=Mode.TRAILING, delay=DELAY, max_delay=None, run_id="d", payload="d"
+    )
+    async with processes(
+        store, fires, "B", backend_options={"process_lease": 60.0}, delivery="at-most-once"
+    ) as (b,):
+        backend_b = b._backend
+        assert isinstance(backend_b, MemoryBackend)
+        await trio.sleep_until(10.0 - 0.001)
+        backend_b.faults.stall_next(1.0, ops=("put",), fail_after=0.2)
+        backend_b.faults.stall_next(0.5, ops=("get",))
+        backend_b.faults.stall_next(second, ops=("put",))
+        await _ping_at(b, 10.0, "b", delay=DELAY)
+        await trio.sleep(DELAY + 10.0)
+        assert b.statistics().dropped_fires == 0
+    assert fired(fires) == [
+        (DELAY, "d", "trailing", "d", 1, 0.0),
+        (10.0 + DELAY, "b", "trailing", "b", 1, 10.0),
+    ]
+
+
+async def test_an_exit_waits_for_the_proof_of_a_taken_fire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # As above with a 30 s answer, but B's block ends right after its ping: the exit
+    # waits for the proof (at most a lease), and the taken fire runs, once.
+    store, fires = MemoryStore(epoch=0.0), Fires()
+    d = backend(store, "D")
+    await d.refresh_lease()
+    await d.register(
+        "wf", "k", mode=Mode.TRAILING, delay=DELAY, max_delay=None, run_id="d", payload="d"
+    )
+    async with processes(
+        store, fires, "B", backend_options={"process_lease": 60.0}, delivery="at-most-once"
+    ) as (b,):
+        backend_b = b._backend
+        assert isinstance(backend_b, MemoryBackend)
+        await trio.sleep_until(10.0 - 0.001)
+        backend_b.faults.delay_next(30.0, ops=("put",))
+        await _ping_at(b, 10.0, "b", delay=DELAY)
+    assert trio.current_time() < 10.0 + 60.0
+    assert b.statistics().dropped_fires == 0
+    assert [f.run_id for _, f in fires.log] == ["d", "b"]
+    assert fires.log[0][1].attempt == 1
+    assert fires.log[0][1].fired_at == DELAY
+
+
 @pytest.mark.parametrize("slow", ["owner", "pinger"])
 async def test_a_ping_meeting_a_window_whose_finalize_is_in_flight_opens_the_next_one(
     autojump_clock: trio.testing.MockClock, slow: str

@@ -189,13 +189,16 @@ class KvDebounceBackend(DebounceBackend):
         *,
         delivery: Delivery,
         on_taken: Callable[[str, str, Finalization], None] | None = None,
+        on_unproven_take: Callable[[str, str, str], None] | None = None,
     ) -> None:
-        super().attach(delivery=delivery, on_taken=on_taken)
-        self._registrar.hand_taken_fires(delivery, on_taken)
+        super().attach(delivery=delivery, on_taken=on_taken, on_unproven_take=on_unproven_take)
+        self._registrar.hand_taken_fires(delivery, on_taken, on_unproven_take)
 
     def detach(self) -> None:
         super().detach()
-        self._registrar.hand_taken_fires(self._ping_delivery, self._taken_hook)
+        self._registrar.hand_taken_fires(
+            self._ping_delivery, self._taken_hook, self._unproven_take_hook
+        )
 
     # ------------------------------------------------------------------ leases
 

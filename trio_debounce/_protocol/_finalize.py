@@ -108,6 +108,14 @@ class Finalizer:
         #: The at-most-once commits sent and not yet proven, and their proof.
         self._sent = SentCommits(view, leases, op_timeout=op_timeout, wall=wall)
 
+    def sent_pending(self, kv_key: str, run_id: str) -> bool:
+        """Is an at-most-once commit of ``run_id`` sent and not yet proven?"""
+        return self._sent.pending(kv_key, run_id)
+
+    def forget_sent(self, kv_key: str, run_id: str) -> None:
+        """Nobody will prove the at-most-once commits sent for ``run_id``."""
+        self._sent.forget(kv_key, run_id)
+
     async def finalize(
         self,
         workflow: str,

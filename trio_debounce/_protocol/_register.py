@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from .._backend import Delivery, Finalization, Finalized, Registered, Registration
+from .._backend import Delivery, Finalization, Registered, Registration
 from .._errors import BackendError, BackendUnavailableError, DocumentTooLargeError, RevisionConflict
 from .._keys import window_key
 from .._options import InitialFactory, Reducer
@@ -24,6 +24,7 @@ from ._finalize import Finalizer
 from ._leases import ProcessLease
 from ._records import FireRecords
 from ._rules import Identity
+from ._take import DueFires
 from ._turns import Call, KeyTurns, answer, park
 from ._view import KNOWN_LIMIT, StoreView
 
@@ -84,22 +85,25 @@ class Registrar:
         self._window_keys: dict[tuple[str, str], str] = {}
         #: The default serializer: a scalar payload is what it reads back.
         self._json = type(me.serializer) is JsonSerializer
-        #: What a fire taken by a ping is committed under, and who runs it at once.
-        self._delivery: Delivery = "at-least-once"
-        self._on_taken: Callable[[str, str, Finalization], None] | None = None
+        #: Takes the fires of due windows that pings find (see DueFires).
+        self._due = DueFires(view, finalizer)
         # Counters, see KvDebounceBackend.
         self.unstored_coalesces = 0
         self.takeovers = 0
-        #: Fires of due windows taken by pings (see _take_due_fire).
-        self.taken_fires = 0
+
+    @property
+    def taken_fires(self) -> int:
+        """Fires of due windows taken by pings (see DueFires)."""
+        return self._due.taken_fires
 
     def hand_taken_fires(
-        self, delivery: Delivery, on_taken: Callable[[str, str, Finalization], None] | None
+        self,
+        delivery: Delivery,
+        on_taken: Callable[[str, str, Finalization], None] | None,
+        on_unproven_take: Callable[[str, str, str], None] | None = None,
     ) -> None:
-        """Commit the fires that pings take under ``delivery``, and hand each to
-        ``on_taken`` (None: into the ping's Registration)."""
-        self._delivery = delivery
-        self._on_taken = on_taken
+        """See :meth:`DueFires.hand`."""
+        self._due.hand(delivery, on_taken, on_unproven_take)
 
     async def register(
         self,
@@ -242,7 +246,7 @@ class Registrar:
         """Under at-least-once, before a write that opens a leading or both-edges
         window: its leading fire's record (expecting no entry), so that a survivor runs
         the fire again if this process dies in its handler. Its id, or None."""
-        if self._delivery != "at-least-once" or new.mode is Mode.TRAILING:
+        if self._due.delivery != "at-least-once" or new.mode is Mode.TRAILING:
             return None
         opener = next((call for call, outcome in pings if outcome is Registered.OPENED), None)
         if opener is None:
@@ -281,6 +285,8 @@ class Registrar:
         sent: tuple[list[tuple[Call, Registered]], float | None, float | None] | None = None
         base = -1  # the revision that write expected
         in_flight = ambiguous = resolving = False
+        #: The batch's deadline was moved once, after a take left unproven.
+        extended = restart = False
         while True:
             with trio.move_on_at(deadline):
                 attempt = 0
@@ -350,9 +356,17 @@ class Registrar:
                             # window (or, if the take lost, meet what a peer wrote).
                             assert new is not None
                             taker, rest = rest[0], []
-                            await self._take_due_fire(
+                            unproven = await self._due.take(
                                 workflow, key, kv_key, new, revision, taker, deadline
                             )
+                            if unproven and not extended:
+                                # The take spent the batch's time; its proof goes on
+                                # outside the key's turn, and the pings get one more
+                                # op_timeout to be written (in a new scope: this one's
+                                # deadline may have expired during the shielded take).
+                                extended = restart = True
+                                deadline = trio.current_time() + self._op_timeout
+                                break
                             continue
                         if not pings:
                             return rest  # every ping was refused, dropped or overflowed
@@ -399,6 +413,9 @@ class Registrar:
                         return rest
                     await self._view.backoff(attempt)
                     attempt += 1
+            if restart:
+                restart = False
+                continue  # after a take left unproven, see above
             if in_flight:  # the deadline cut the write short: it may have landed
                 in_flight = False
                 ambiguous = True
@@ -456,64 +473,6 @@ class Registrar:
                 ),
             )
         return rest
-
-    async def _take_due_fire(
-        self,
-        workflow: str,
-        key: str,
-        kv_key: str,
-        doc: WindowDoc,
-        revision: int,
-        ping: Call,
-        deadline: float,
-    ) -> bool:
-        """Take the fire of ``doc``, a window that ``ping`` found due at its time (see
-        :doc:`/protocol`, "A ping at or after the due time"), while this call holds
-        the key's turn: the finalize of a taker (fire record first under
-        at-least-once, then the tombstone, each a compare-and-swap), bounded by the
-        batch's ``deadline``. A fire it commits goes to the coordinator's hook at once
-        (else into ``ping.taken``). Returns True if it fired; False if the window was
-        gone or changed (the caller re-reads and applies the pings again).
-
-        Raises:
-          BackendUnavailableError: the store did not answer in time (a commit whose
-            answer was lost is proven or taken back later, see ``Finalizer``).
-          BackendError: any other failure of the store.
-        """
-        # Shielded from the batch's deadline scope: the finalize keeps its own (the
-        # same deadline), so that a commit cut short is recorded as unproven.
-        try:
-            with trio.CancelScope(shield=True):
-                result = await self._finalizer.finalize_in_turn(
-                    workflow,
-                    key,
-                    kv_key,
-                    doc.run_id,
-                    True,
-                    False,
-                    self._delivery,
-                    False,
-                    deadline=deadline,
-                    read=(revision, doc),
-                )
-        except DocumentTooLargeError as exc:
-            # Its fire record cannot be stored (a window written by something else, or
-            # a payload near the store's limit): no one can commit this fire, so the
-            # ping joins the window (as its owner or a takeover) instead of failing.
-            logger.warning("register %s: cannot take the due fire (%s); joining it", kv_key, exc)
-            ping.joins_due = True
-            self._view.forget(kv_key)
-            return False
-        if result.outcome is not Finalized.FIRE:
-            self._view.forget(kv_key)
-            return False
-        self.taken_fires += 1
-        hook = self._on_taken
-        if hook is not None:
-            hook(workflow, key, result)
-        else:
-            ping.taken.append(result)
-        return True
 
     def _answer_batch(
         self,
