@@ -296,6 +296,7 @@ async def test_at_most_once_a_taken_fire_whose_answer_is_slow_is_proven_and_fire
         backend_b.faults.delay_next(slow, ops=("put",))  # the take's tombstone
         r = await _ping_at(b, 10.0, "b", delay=DELAY)
         assert (r.active_run_id, r.ping_count, r.owner) == ("b", 1, True)
+        assert trio.current_time() <= 10.0 + 2 * 2.0  # within 2 * op_timeout
         await trio.sleep(DELAY + slow)
         assert b.statistics().dropped_fires == 0
     assert [(p, f.attempt) for p, f in fires.log] == [("B", 1)] * 2

@@ -359,7 +359,7 @@ class Registrar:
                             unproven = await self._due.take(
                                 workflow, key, kv_key, new, revision, taker, deadline
                             )
-                            if unproven and not extended:
+                            if unproven and not extended and not resolving:
                                 # The take spent the batch's time; its proof goes on
                                 # outside the key's turn, and the pings get one more
                                 # op_timeout to be written (in a new scope: this one's
@@ -420,8 +420,10 @@ class Registrar:
                 in_flight = False
                 ambiguous = True
                 self._view.forget(kv_key)
-            if ambiguous and not resolving:
-                # Never fail open beside a write that may have landed: re-read first.
+            if ambiguous and not resolving and not extended:
+                # Never fail open beside a write that may have landed: re-read first
+                # (within one more op_timeout; a batch given one after a take left
+                # unproven has had it: a ping is answered within 2 * op_timeout).
                 resolving = True
                 deadline = trio.current_time() + self._op_timeout
                 continue
