@@ -14,7 +14,8 @@ times convert exactly and the tests compare times with ``==``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -242,6 +243,32 @@ async def test_a_ping_at_the_max_count_instant_opens_the_next_window_with_a_lead
         ], n
 
 
+async def _dead_owners_due_window() -> MemoryStore:
+    """A store holding the window of D, a process that opened it (due at DELAY, run
+    "d", payload "d") and died."""
+    store = MemoryStore(epoch=0.0)
+    d = backend(store, "D")
+    await d.refresh_lease()
+    await d.register(
+        "wf", "k", mode=Mode.TRAILING, delay=DELAY, max_delay=None, run_id="d", payload="d"
+    )
+    return store
+
+
+@contextlib.asynccontextmanager
+async def _dead_owner_and_b(fires: Fires) -> AsyncIterator[tuple[Coordinator, MemoryBackend]]:
+    """D's due window, and B, an at-most-once process with a 60 s lease, at 10 s less
+    a millisecond (the test arms B's store faults, then pings at 10 s)."""
+    store = await _dead_owners_due_window()
+    async with processes(
+        store, fires, "B", backend_options={"process_lease": 60.0}, delivery="at-most-once"
+    ) as (b,):
+        backend_b = b._backend
+        assert isinstance(backend_b, MemoryBackend)
+        await trio.sleep_until(10.0 - 0.001)
+        yield b, backend_b
+
+
 async def test_a_ping_into_a_dead_owners_due_window_takes_its_fire_and_opens_the_next(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -249,12 +276,7 @@ async def test_a_ping_into_a_dead_owners_due_window_takes_its_fire_and_opens_the
     # 7). B's ping at 10, before any heartbeat of B noticed the death, takes the fire
     # (B runs its handler: D's payload and count, fired at the window's own time) and
     # opens the next window, owned by B, instead of taking the due window over.
-    store, fires = MemoryStore(epoch=0.0), Fires()
-    d = backend(store, "D")
-    await d.refresh_lease()
-    await d.register(
-        "wf", "k", mode=Mode.TRAILING, delay=DELAY, max_delay=None, run_id="d", payload="d"
-    )
+    store, fires = await _dead_owners_due_window(), Fires()
     # A lease of 60 s: B heartbeats every 20 s.
     async with processes(store, fires, "B", backend_options={"process_lease": 60.0}) as (b,):
         r = await _ping_at(b, 10.0, "b", delay=DELAY)
@@ -281,18 +303,8 @@ async def test_at_most_once_a_taken_fire_whose_answer_is_slow_is_proven_and_fire
     # and its answer comes after op_timeout (2 s): 3 s, or 30 s (half B's lease). B's
     # ping goes on (it re-reads and opens the next window); B proves the take by
     # re-reading, and runs D's fire once, at the window's own time, attempt 1.
-    store, fires = MemoryStore(epoch=0.0), Fires()
-    d = backend(store, "D")
-    await d.refresh_lease()
-    await d.register(
-        "wf", "k", mode=Mode.TRAILING, delay=DELAY, max_delay=None, run_id="d", payload="d"
-    )
-    async with processes(
-        store, fires, "B", backend_options={"process_lease": 60.0}, delivery="at-most-once"
-    ) as (b,):
-        backend_b = b._backend
-        assert isinstance(backend_b, MemoryBackend)
-        await trio.sleep_until(10.0 - 0.001)
+    fires = Fires()
+    async with _dead_owner_and_b(fires) as (b, backend_b):
         backend_b.faults.delay_next(slow, ops=("put",))  # the take's tombstone
         r = await _ping_at(b, 10.0, "b", delay=DELAY)
         assert (r.active_run_id, r.ping_count, r.owner) == ("b", 1, True)
@@ -315,18 +327,8 @@ async def test_at_most_once_a_taken_fire_whose_first_write_lands_late_is_recogni
     # window still open, so the take decides again with a new write id, which
     # conflicts. The proof knows the first write: in the key's turn (the second write
     # answers in 0.5 s) or after it, by re-reads (it answers after op_timeout, 2 s).
-    store, fires = MemoryStore(epoch=0.0), Fires()
-    d = backend(store, "D")
-    await d.refresh_lease()
-    await d.register(
-        "wf", "k", mode=Mode.TRAILING, delay=DELAY, max_delay=None, run_id="d", payload="d"
-    )
-    async with processes(
-        store, fires, "B", backend_options={"process_lease": 60.0}, delivery="at-most-once"
-    ) as (b,):
-        backend_b = b._backend
-        assert isinstance(backend_b, MemoryBackend)
-        await trio.sleep_until(10.0 - 0.001)
+    fires = Fires()
+    async with _dead_owner_and_b(fires) as (b, backend_b):
         backend_b.faults.stall_next(1.0, ops=("put",), fail_after=0.2)
         backend_b.faults.stall_next(0.5, ops=("get",))
         backend_b.faults.stall_next(second, ops=("put",))
@@ -344,18 +346,8 @@ async def test_an_exit_waits_for_the_proof_of_a_taken_fire(
 ) -> None:
     # As above with a 30 s answer, but B's block ends right after its ping: the exit
     # waits for the proof (at most a lease), and the taken fire runs, once.
-    store, fires = MemoryStore(epoch=0.0), Fires()
-    d = backend(store, "D")
-    await d.refresh_lease()
-    await d.register(
-        "wf", "k", mode=Mode.TRAILING, delay=DELAY, max_delay=None, run_id="d", payload="d"
-    )
-    async with processes(
-        store, fires, "B", backend_options={"process_lease": 60.0}, delivery="at-most-once"
-    ) as (b,):
-        backend_b = b._backend
-        assert isinstance(backend_b, MemoryBackend)
-        await trio.sleep_until(10.0 - 0.001)
+    fires = Fires()
+    async with _dead_owner_and_b(fires) as (b, backend_b):
         backend_b.faults.delay_next(30.0, ops=("put",))
         await _ping_at(b, 10.0, "b", delay=DELAY)
     assert trio.current_time() < 10.0 + 60.0
