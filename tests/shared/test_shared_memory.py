@@ -1107,3 +1107,47 @@ async def test_a_shared_window_refuses_a_delay_no_clock_can_keep(
         assert r.outcome is Outcome.SCHEDULE_TRAILING
         assert await a.cancel("wf", "k")
     assert fires.log == []
+
+
+@pytest.mark.parametrize("on_backend_error", ["raise", "fail-open"])
+async def test_a_ping_waiting_behind_its_keys_writes_answers_within_two_op_timeouts(
+    autojump_clock: trio.testing.MockClock, on_backend_error: Any
+) -> None:
+    # The store stalls (every call reaches it 10 s late). L's write of the key is cut
+    # by op_timeout (2 s) and re-read for one more; P, 0.1 s behind L, waits for it;
+    # then the window's due finalize takes the key's turn before P (2 s more). P is
+    # answered 2 * op_timeout after it arrived, as a timeout (it raises, or fails
+    # open), not after everything ahead of it (5.9 s).
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, ["A"], on_backend_error=on_backend_error) as (a,):
+        await a.debounce("wf", "k", "0", delay=1.0)
+        a_backend = a._backend
+        assert isinstance(a_backend, MemoryBackend)
+        await trio.sleep(0.5)
+        a_backend.faults.stall_next(10.0, n=50)
+        took: dict[str, tuple[float, Any]] = {}
+
+        async def ping(name: str) -> None:
+            t0 = trio.current_time()
+            try:
+                result: Any = await a.debounce("wf", "k", name, delay=1.0)
+            except BackendUnavailableError as exc:
+                result = exc
+            took[name] = (trio.current_time() - t0, result)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ping, "L")
+            await trio.sleep(0.1)
+            nursery.start_soon(ping, "P")
+        a_backend.faults.clear()
+        await trio.sleep(30.0)
+    for name in ("L", "P"):
+        seconds, result = took[name]
+        assert seconds <= 2 * 2.0 + 0.01, (name, seconds)
+        if on_backend_error == "raise":
+            assert isinstance(result, BackendUnavailableError), (name, result)
+    if on_backend_error == "fail-open":
+        # L opened a local window, and P joined it: it fires P's payload.
+        assert took["L"][1].outcome is Outcome.SCHEDULE_TRAILING
+        assert took["P"][1].outcome is Outcome.COALESCE
+        assert "P" in [f.payload for _, f in fires.log]

@@ -25,7 +25,7 @@ from ._leases import ProcessLease
 from ._records import FireRecords
 from ._rules import Identity
 from ._take import DueFires
-from ._turns import Call, KeyTurns, answer, park
+from ._turns import Call, KeyTurns, answer, park_until
 from ._view import KNOWN_LIMIT, StoreView
 
 logger = logging.getLogger("trio_debounce.backend")
@@ -182,10 +182,21 @@ class Registrar:
         queue = self._turns.queue(kv_key)
         queue.waiting.append(ping)
         # Merged, the ping cannot be withdrawn: its write may be in flight. Its waits
-        # refuse cancellation (_park), and a write goes out under a shield.
+        # refuse cancellation (park_until), and a write goes out under a shield.
         while ping.result is None:
             if queue.writing:
-                await park(ping)
+                # Not merged by 2 * op_timeout after its arrival (the writes and
+                # finalizes of its key ahead of it took that long): answered as a
+                # timeout, as if its own write had been cut short.
+                if not await park_until(ping, queue, ping.deadline + self._op_timeout):
+                    answer(
+                        ping,
+                        BackendUnavailableError(
+                            f"register of {workflow!r}/{key!r} did not complete within "
+                            f"{2 * self._op_timeout} s: the writes of its key ahead of it "
+                            "did not finish"
+                        ),
+                    )
                 continue
             queue.writing = True
             batch: list[Call] = []

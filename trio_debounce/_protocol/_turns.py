@@ -21,26 +21,34 @@ class Call(Ping):
     #: Trio time by which the call must be answered (its arrival + op_timeout).
     deadline: float = 0.0
     result: Registration | BaseException | None = None
-    #: The call's task while it waits (parked by :func:`park`), else None.
+    #: The call's task while it waits (parked by :func:`park_until`), else None.
     task: trio.lowlevel.Task | None = None
     #: The fires of due windows this ping took before it was applied (returned in
     #: its Registration when no coordinator's hook took them at once).
     taken: list[Finalization] = field(default_factory=list)
 
 
-def _refuse_abort(raise_cancel: Any) -> trio.lowlevel.Abort:
-    return trio.lowlevel.Abort.FAILED
-
-
-async def park(call: Call) -> None:
-    """Wait until :func:`wake` (``call``'s result, or its turn to lead a write).
-
-    The wait refuses cancellation, like a shielded one (a merged ping cannot be
-    withdrawn), without a cancel scope per ping; a cancellation of the call is
-    delivered at its next checkpoint after it returns.
-    """
+async def park_until(call: Call, queue: KeyQueue, give_up_at: float) -> bool:
+    """Wait until :func:`wake` (``call``'s result, or its turn to lead a write), True
+    then; or until ``give_up_at`` (Trio time) if ``call`` is still waiting in ``queue``,
+    not merged into a write: it is taken out of the queue, and False is returned (the
+    caller answers it). A merged call cannot be withdrawn (its write may be in
+    flight): it waits on. Any other cancellation is refused (the scope is shielded),
+    as by a shielded wait, and delivered at the call's next checkpoint after it
+    returns; so a ping that waits behind its key's writes and finalizes is answered
+    in bounded time, and never half-cancelled."""
     call.task = trio.lowlevel.current_task()
-    await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
+
+    def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
+        if any(waiting is call for waiting in queue.waiting):
+            queue.waiting.remove(call)
+            call.task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+        return trio.lowlevel.Abort.FAILED
+
+    with trio.CancelScope(deadline=give_up_at, shield=True) as scope:
+        await trio.lowlevel.wait_task_rescheduled(abort)
+    return not scope.cancelled_caught
 
 
 def wake(call: Call) -> None:
