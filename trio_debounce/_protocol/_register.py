@@ -25,7 +25,7 @@ from ._leases import ProcessLease
 from ._records import FireRecords
 from ._rules import Identity
 from ._take import DueFires
-from ._turns import Call, KeyTurns, answer, park_until
+from ._turns import Call, KeyTurns, answer, park, park_until
 from ._view import KNOWN_LIMIT, StoreView
 
 logger = logging.getLogger("trio_debounce.backend")
@@ -185,6 +185,9 @@ class Registrar:
         # refuse cancellation (park_until), and a write goes out under a shield.
         while ping.result is None:
             if queue.writing:
+                if not queue.waiting or queue.waiting[0] is not ping:
+                    await park(ping)  # the first waiting call keeps the time
+                    continue
                 # Not merged by 2 * op_timeout after its arrival (the writes and
                 # finalizes of its key ahead of it took that long): answered as a
                 # timeout, as if its own write had been cut short.

@@ -28,21 +28,39 @@ class Call(Ping):
     taken: list[Finalization] = field(default_factory=list)
 
 
+def _refuse_abort(raise_cancel: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
+
+
+async def park(call: Call) -> None:
+    """Wait until :func:`wake` (``call``'s result, or its turn to lead a write).
+
+    The wait refuses cancellation, like a shielded one (a merged ping cannot be
+    withdrawn), without a cancel scope per ping; a cancellation of the call is
+    delivered at its next checkpoint after it returns.
+    """
+    call.task = trio.lowlevel.current_task()
+    await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
+
+
 async def park_until(call: Call, queue: KeyQueue, give_up_at: float) -> bool:
-    """Wait until :func:`wake` (``call``'s result, or its turn to lead a write), True
-    then; or until ``give_up_at`` (Trio time) if ``call`` is still waiting in ``queue``,
-    not merged into a write: it is taken out of the queue, and False is returned (the
-    caller answers it). A merged call cannot be withdrawn (its write may be in
+    """:func:`park` for the first call waiting in ``queue``, the one with the
+    earliest deadline (arrival order), so that one timer serves every call waiting
+    for the key's turn. True once woken; False if ``give_up_at`` (Trio time) came
+    while ``call`` was still waiting, not merged into a write: it is then taken out
+    of the queue (the caller answers it), and the next call waiting is woken to park
+    with its own give-up time. A merged call cannot be withdrawn (its write may be in
     flight): it waits on. Any other cancellation is refused (the scope is shielded),
-    as by a shielded wait, and delivered at the call's next checkpoint after it
-    returns; so a ping that waits behind its key's writes and finalizes is answered
-    in bounded time, and never half-cancelled."""
+    as by :func:`park`; so a ping that waits behind its key's writes and finalizes is
+    answered in bounded time, and never half-cancelled."""
     call.task = trio.lowlevel.current_task()
 
     def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
         if any(waiting is call for waiting in queue.waiting):
             queue.waiting.remove(call)
             call.task = None
+            if queue.waiting:
+                wake(queue.waiting[0])  # it parks again, timed
             return trio.lowlevel.Abort.SUCCEEDED
         return trio.lowlevel.Abort.FAILED
 
