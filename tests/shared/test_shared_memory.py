@@ -1117,7 +1117,7 @@ async def test_a_ping_waiting_behind_its_keys_writes_answers_within_two_op_timeo
     # by op_timeout (2 s) and re-read for one more; P, 0.1 s behind L, waits for it;
     # then the window's due finalize takes the key's turn before P (2 s more). P is
     # answered 2 * op_timeout after it arrived, as a timeout (it raises, or fails
-    # open), not after everything ahead of it (5.9 s).
+    # open), not after everything ahead of it (5.9 s); so is Q, 0.1 s behind P.
     store, fires = MemoryStore(), Fires()
     async with processes(store, fires, ["A"], on_backend_error=on_backend_error) as (a,):
         await a.debounce("wf", "k", "0", delay=1.0)
@@ -1139,15 +1139,18 @@ async def test_a_ping_waiting_behind_its_keys_writes_answers_within_two_op_timeo
             nursery.start_soon(ping, "L")
             await trio.sleep(0.1)
             nursery.start_soon(ping, "P")
+            await trio.sleep(0.1)
+            nursery.start_soon(ping, "Q")  # waits behind P: timed once P gives up
         a_backend.faults.clear()
         await trio.sleep(30.0)
-    for name in ("L", "P"):
+    for name in ("L", "P", "Q"):
         seconds, result = took[name]
         assert seconds <= 2 * 2.0 + 0.01, (name, seconds)
         if on_backend_error == "raise":
             assert isinstance(result, BackendUnavailableError), (name, result)
     if on_backend_error == "fail-open":
-        # L opened a local window, and P joined it: it fires P's payload.
+        # L opened a local window, and P and Q joined it: it fires Q's payload.
         assert took["L"][1].outcome is Outcome.SCHEDULE_TRAILING
         assert took["P"][1].outcome is Outcome.COALESCE
-        assert "P" in [f.payload for _, f in fires.log]
+        assert took["Q"][1].outcome is Outcome.COALESCE
+        assert "Q" in [f.payload for _, f in fires.log]
