@@ -100,7 +100,7 @@ class Registrar:
         self,
         delivery: Delivery,
         on_taken: Callable[[str, str, Finalization], None] | None,
-        on_unproven_take: Callable[[str, str, str], None] | None = None,
+        on_unproven_take: Callable[[str, str, str], None] | None,
     ) -> None:
         """See :meth:`DueFires.hand`."""
         self._due.hand(delivery, on_taken, on_unproven_take)
@@ -182,7 +182,7 @@ class Registrar:
         queue = self._turns.queue(kv_key)
         queue.waiting.append(ping)
         # Merged, the ping cannot be withdrawn: its write may be in flight. Its waits
-        # refuse cancellation (park_until), and a write goes out under a shield.
+        # refuse cancellation (park, park_until), and a write goes out under a shield.
         while ping.result is None:
             if queue.writing:
                 if not queue.waiting or queue.waiting[0] is not ping:

@@ -21,7 +21,8 @@ class Call(Ping):
     #: Trio time by which the call must be answered (its arrival + op_timeout).
     deadline: float = 0.0
     result: Registration | BaseException | None = None
-    #: The call's task while it waits (parked by :func:`park_until`), else None.
+    #: The call's task while it waits (parked by :func:`park` or :func:`park_until`),
+    #: else None.
     task: trio.lowlevel.Task | None = None
     #: The fires of due windows this ping took before it was applied (returned in
     #: its Registration when no coordinator's hook took them at once).
@@ -56,7 +57,7 @@ async def park_until(call: Call, queue: KeyQueue, give_up_at: float) -> bool:
     call.task = trio.lowlevel.current_task()
 
     def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
-        if any(waiting is call for waiting in queue.waiting):
+        if call in queue.waiting:  # Call compares by identity (eq=False)
             queue.waiting.remove(call)
             call.task = None
             if queue.waiting:
