@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -271,6 +272,46 @@ async def test_the_thread_is_joined_when_the_store_closes(nats_server: NatsServe
         assert loop_threads() == before
         with pytest.raises(BackendUnavailableError, match="closed"):
             await store.get("w.t")
+
+
+@pytest.mark.parametrize("how", ["in its cancellation", "in a task it starts"])
+async def test_a_connection_opened_while_the_thread_host_stops_is_closed_with_it(
+    how: str,
+) -> None:
+    # A task cancelled by the host's stop connects again, itself or through a task it
+    # starts then (as nats-py's reconnect path can): that connection is closed before
+    # the loop closes. Left open, it was collected after the loop had closed: an
+    # unclosed socket, and "Event loop is closed" from its close (CI's ResourceWarning).
+    writers: list[asyncio.StreamWriter] = []
+    started = trio.Event()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        async def connect() -> None:
+            writers.append((await asyncio.open_connection("127.0.0.1", port))[1])
+            await asyncio.sleep(3600)
+
+        async def stubborn(host: _host_thread.ThreadHost) -> None:
+            host.to_trio(started.set)
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                if how == "in its cancellation":
+                    await connect()
+                else:
+                    tasks.append(asyncio.get_running_loop().create_task(connect()))
+
+        tasks: list[asyncio.Task[None]] = []
+        with trio.fail_after(10):
+            async with _host_thread.open_thread_host(()) as host:
+                host.to_loop(lambda: tasks.append(host.loop.create_task(stubborn(host))))
+                await started.wait()
+        listener.settimeout(5)
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(5)
+            assert conn.recv(1) == b""  # the host closed its end, not left it open
+    assert writers == [] or writers[0].transport.is_closing()
 
 
 async def test_the_thread_is_joined_when_the_open_fails() -> None:

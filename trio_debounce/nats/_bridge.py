@@ -44,7 +44,7 @@ T = TypeVar("T")
 CANCEL_GRACE = 1.0
 
 #: Seconds between two cancellations of a task that swallowed one.
-_RECANCEL = 0.05
+RECANCEL = 0.05
 
 #: Seconds :func:`shutdown` waits for a socket it closed to report it closed.
 _CLOSE_WAIT = 0.25
@@ -154,7 +154,7 @@ async def cross(host: Host, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
             host.to_trio(abandon)
             return
         task.cancel()
-        host.loop.call_later(_RECANCEL, cancel, give_up)
+        host.loop.call_later(RECANCEL, cancel, give_up)
 
     def abort(raise_cancel_arg: Callable[[], NoReturn]) -> trio.lowlevel.Abort:  # Trio side
         nonlocal raise_cancel
@@ -257,10 +257,10 @@ async def _aio_shutdown(nc: Client, seconds: float) -> None:
                     transport.wait_closed(),  # type: ignore[no-untyped-call]
                     min(seconds, _CLOSE_WAIT),
                 )
-        await _close_leftover_transports()
+        await close_leftover_transports()
 
 
-async def _close_leftover_transports() -> None:
+async def close_leftover_transports() -> None:
     """Close every socket transport still open on this loop; loop side.
 
     Each store has a loop of its own, so whatever is left on it is a connection

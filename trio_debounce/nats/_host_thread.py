@@ -22,7 +22,14 @@ from typing import Any
 
 import trio
 
-from ._bridge import CANCEL_GRACE, Host, closed_loop_error, log_asyncio_error
+from ._bridge import (
+    CANCEL_GRACE,
+    RECANCEL,
+    Host,
+    close_leftover_transports,
+    closed_loop_error,
+    log_asyncio_error,
+)
 
 logger = logging.getLogger("trio_debounce.nats")
 
@@ -61,14 +68,7 @@ class ThreadHost(Host):
         try:
             loop.call_soon(self.to_trio, self._started.set)
             loop.run_forever()
-            # Whatever is left (a watcher's task, a call abandoned past its grace) is
-            # cancelled and given the grace to finish.
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                loop.run_until_complete(asyncio.wait(tasks, timeout=CANCEL_GRACE))
-            loop.run_until_complete(loop.shutdown_asyncgens())
+            _finish(loop)
         except BaseException as exc:  # never lost: logged, the Trio side still told
             logger.error("the NATS asyncio thread failed: %r", exc)
         finally:
@@ -89,6 +89,26 @@ class ThreadHost(Host):
             await self._stopped.wait()
         self.thread.join()  # returns at once: the thread's last act set _stopped
         self.release_pending()
+
+
+def _finish(loop: asyncio.AbstractEventLoop) -> None:
+    """Finish what is left on the stopped ``loop`` before it closes (loop's thread).
+
+    Whatever is left (a watcher's task, a call abandoned past its grace) is cancelled,
+    and again every 0.05 s, as :func:`~._bridge.cross` does, for a task that swallowed
+    the cancellation or was started meanwhile (nats-py starts a reconnect attempt from
+    a connection's error path), within :data:`CANCEL_GRACE` seconds in all;
+    then every socket still open on the loop is closed while the loop can still run
+    its close callbacks. A task left pending after that is abandoned with its socket
+    closed: collected after the loop has closed, it finds nothing left to close.
+    """
+    give_up = loop.time() + CANCEL_GRACE
+    while (tasks := asyncio.all_tasks(loop)) and (left := give_up - loop.time()) > 0:
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.wait(tasks, timeout=min(left, RECANCEL)))
+    loop.run_until_complete(close_leftover_transports())
+    loop.run_until_complete(loop.shutdown_asyncgens())
 
 
 @asynccontextmanager
