@@ -32,6 +32,19 @@ LONG_ENV = "TRIO_DEBOUNCE_LONG_TESTS"
 LONG = os.environ.get(LONG_ENV) == "1"
 
 
+def deliveries(in_the_suite: str) -> list[object]:
+    """The ``delivery`` parameters of a SIGKILL scenario: ``in_the_suite`` in every
+    run, the other delivery mode only in the long run (``nox -s chaos``), where each
+    such test runs both. The suite's time budget (README, "Python versions and CI")
+    has room for one of each; each mode stays in the suite through another
+    scenario's choice."""
+    other = "at-most-once" if in_the_suite == "at-least-once" else "at-least-once"
+    long_only = pytest.mark.skipif(
+        not LONG, reason=f"runs in nox -s chaos ({LONG_ENV}=1): the suite's time budget"
+    )
+    return [in_the_suite, pytest.param(other, marks=long_only)]
+
+
 def shared_file(path: Path) -> Path:
     """Return ``path`` if it exists; else skip, or fail when CI requires ../shared."""
     if not path.exists():

@@ -45,7 +45,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.env import LONG, ROOT
+from tests.harness.env import LONG, ROOT, deliveries
 from tests.harness.nats_server import NatsServer
 from tests.nats.failover_driver import key_mode
 
@@ -604,7 +604,7 @@ def run_round(cluster: Cluster, round_no: int, kills: list[Kill]) -> None:
 
 @pytest.mark.solo  # nothing beside it: its kills, leases and latencies are timed
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+@pytest.mark.parametrize("delivery", deliveries("at-least-once"))
 def test_sigkill_failover(nats_server: NatsServer, tmp_path: Path, delivery: str) -> None:
     seed = random.randrange(2**32)
     rng = random.Random(seed)

@@ -53,7 +53,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.env import LONG, ROOT
+from tests.harness.env import LONG, ROOT, deliveries
 from tests.harness.nats_server import NatsServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.realtime]
@@ -747,7 +747,7 @@ DUE_WINDOW = (0.5, 4.0) if LONG else (0.5, 3.0)
 
 @pytest.mark.solo  # nothing beside it: its kills, leases and latencies are timed
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+@pytest.mark.parametrize("delivery", deliveries("at-least-once"))
 def test_sqlite_sigkill(tmp_path: Path, db_dir: Path, delivery: str) -> None:
     seed = random.randrange(2**32)
     print(f"\nseed {seed}")  # noqa: T201
@@ -770,7 +770,7 @@ def test_sqlite_sigkill(tmp_path: Path, db_dir: Path, delivery: str) -> None:
 
 @pytest.mark.solo  # nothing beside it: its kills, leases and latencies are timed
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+@pytest.mark.parametrize("delivery", deliveries("at-most-once"))
 def test_nats_sigkill(nats_server: NatsServer, tmp_path: Path, delivery: str) -> None:
     seed = random.randrange(2**32)
     print(f"\nseed {seed}")  # noqa: T201
