@@ -256,14 +256,22 @@ def _keyed(loops: int) -> tuple[list[str], int]:
     return [f"k{i}" for i in range(KEYED_WINDOWS)], loops // KEYED_WINDOWS
 
 
-def ping_keyed(loops: int) -> float:
+def ping_keyed(loops: int, hooked: bool = False) -> float:
     """``debounce_nowait`` into 1,000 open trailing windows (``max_delay`` set), pinged
-    in turn, each ping a different key than the last: ``loops`` pings."""
+    in turn, each ping a different key than the last: ``loops`` pings; ``hooked``: with
+    an ``on_event`` hook that counts the events."""
     keys, passes = _keyed(loops)
+    seen = [0]
+
+    def count(event: trio_debounce.CoordinatorEvent) -> None:
+        seen[0] += 1
+
+    # Passed only when hooked: bench/compare.py runs this against trees without it.
+    hook: dict[str, Any] = {"on_event": count} if hooked else {}
 
     async def main() -> float:
         async with trio_debounce.open_coordinator(
-            handlers={WF: _noop}, on_exit="cancel"
+            handlers={WF: _noop}, on_exit="cancel", **hook
         ) as coordinator:
             ping = coordinator.debounce_nowait
             for key in keys:
@@ -275,6 +283,12 @@ def ping_keyed(loops: int) -> float:
             return time.perf_counter() - t0
 
     return trio.run(main)
+
+
+def ping_keyed_hooked(loops: int) -> float:
+    """:func:`ping_keyed` with an ``on_event`` hook (every ping then reports a
+    :class:`~trio_debounce.PingAnswered` and skips the inlined hot path)."""
+    return ping_keyed(loops, hooked=True)
 
 
 def asyncio_call_later_keyed(loops: int) -> float:
@@ -542,11 +556,12 @@ BENCHES: dict[str, Callable[[int], float]] = {
     "open-window": open_window,
     "spawn-sleeper": spawn_sleeper,
     "ping-keyed": ping_keyed,
+    "ping-keyed-hooked": ping_keyed_hooked,
     "asyncio-call-later-keyed": asyncio_call_later_keyed,
     "floor-keyed": floor_keyed,
 }
 #: The keyed ping and its baselines.
-KEYED = ("ping-keyed", "asyncio-call-later-keyed", "floor-keyed")
+KEYED = ("ping-keyed", "ping-keyed-hooked", "asyncio-call-later-keyed", "floor-keyed")
 
 
 def ping_rows(values: dict[str, list[float]]) -> list[dict[str, Any]]:
@@ -633,6 +648,16 @@ def keyed_rows(values: dict[str, list[float]]) -> list[dict[str, Any]]:
             scale=1e9,
             unit="ns",
             label="cost ratio (ours / floor)",
+        ),
+        cost_row(
+            "the same pings with an on_event hook (a counter: every ping reports a "
+            "PingAnswered and skips the inlined path) vs without a hook",
+            values["ping-keyed-hooked"],
+            ours,
+            "no hook",
+            scale=1e9,
+            unit="ns",
+            label="cost ratio (hooked / no hook)",
         ),
     ]
 

@@ -26,6 +26,14 @@ from ._errors import DocumentTooLargeError as DocumentTooLargeError
 from ._errors import LeaseLapsedError as LeaseLapsedError
 from ._errors import ProcessIdTakenError as ProcessIdTakenError
 from ._errors import RevisionConflict as RevisionConflict
+from ._events import CoordinatorEvent as CoordinatorEvent
+from ._events import EventHook as EventHook
+from ._events import FireFinished as FireFinished
+from ._events import FireStarted as FireStarted
+from ._events import PingAnswered as PingAnswered
+from ._events import PingFailedOpen as PingFailedOpen
+from ._events import PingRejected as PingRejected
+from ._events import WindowTakenOver as WindowTakenOver
 from ._payload import JsonSerializer as JsonSerializer
 from ._payload import PayloadSerializer as PayloadSerializer
 from ._runs import DropReason as DropReason
@@ -64,6 +72,12 @@ def _fixup_module_metadata() -> None:
         DocumentTooLargeError,
         LeaseLapsedError,
         ProcessIdTakenError,
+        FireFinished,
+        FireStarted,
+        PingAnswered,
+        PingFailedOpen,
+        PingRejected,
+        WindowTakenOver,
         Finalization,
         Finalized,
         OwnedWindow,

@@ -24,9 +24,10 @@ from ._errors import (
     BackendError,
     BackendUnavailableError,
 )
+from ._events import EventHook, PingAnswered, PingRejected
 from ._firing import Handlers, Ledger
 from ._firing import closed_error as _closed_error
-from ._local import LocalWindows
+from ._local import LocalWindows, ping_any
 from ._options import InitialFactory, Reducer
 from ._runs import RunScheduler
 from ._runs._store import ANY, RunState, RunStateName, RunStore, _Any
@@ -91,6 +92,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         on_backend_error: OnBackendError,
         delivery: Delivery,
         runs: RunScheduler,
+        on_event: EventHook | None = None,
     ) -> None:
         self._nursery = nursery
         #: The deferred runs (see _runs.py); its task runs in the same nursery.
@@ -101,7 +103,9 @@ class Coordinator(metaclass=NoPublicConstructor):
         # thread-local on every call, which would double the cost of a ping.
         self._now = trio.lowlevel.current_clock().current_time
         #: The counters, the idle lot and the lifecycle flags, shared by the parts.
-        self._ledger = ledger = Ledger()
+        self._ledger = ledger = Ledger(on_event)
+        # debounce_nowait's inlined hot path is only for a local window and no hook.
+        self._not_plain = backend is not None or on_event is not None
         #: The handlers, the reducers and the error policy.
         self._fire_handlers = Handlers(handlers, on_error, ledger)
         #: The local windows; without a backend, all of them.
@@ -248,6 +252,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         await trio.lowlevel.checkpoint_if_cancelled()
         shared = self._shared
         if shared is not None:
+            at = self._now()
             # Shielded: the ping is taken or refused as a whole, within the backend's
             # operation deadline, never half-applied by a cancellation. A backend whose
             # register cannot be cancelled needs no cancel scope (one per ping costs
@@ -255,14 +260,25 @@ class Coordinator(metaclass=NoPublicConstructor):
             call = shared.ping(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options or None
             )
-            if shared.register_uncancellable:
-                return await call
-            with trio.CancelScope(shield=True):
-                return await call
+            try:
+                if shared.register_uncancellable:
+                    result = await call
+                else:
+                    with trio.CancelScope(shield=True):
+                        result = await call
+            except Exception as exc:
+                if self._ledger.hook is not None:
+                    self._ledger.emit(PingRejected(workflow, key, exc, at))
+                raise
+            if self._ledger.hook is not None:
+                self._ledger.emit(PingAnswered(workflow, key, result, at))
+            return result
         if options:
-            result = self._local.ping_with_options(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
-            )
+            args = (workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options)
+            if self._ledger.hook is not None:
+                result = self._observed_nowait(*args)
+            else:
+                result = ping_any(self._local, *args)
             await trio.lowlevel.cancel_shielded_checkpoint()
             return result
         # debounce_nowait's inlined hot path serves the common coalescing ping.
@@ -372,14 +388,27 @@ class Coordinator(metaclass=NoPublicConstructor):
           LookupError: neither this ping, nor the window's earlier pings, give an
             ``on_fire`` and no handler is registered for ``workflow``.
         """
-        if options or self._backend is not None:
+        if options or self._not_plain:
             if self._backend is not None:
                 raise RuntimeError(
                     "debounce_nowait() cannot reach the backend (it does no I/O); with "
                     "open_coordinator(backend=...) use await coordinator.debounce()"
                 )
-            return self._local.ping_with_options(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
+            if self._ledger.hook is not None:
+                return self._observed_nowait(
+                    workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
+                )
+            return ping_any(
+                self._local,
+                workflow,
+                key,
+                payload,
+                delay,
+                max_delay,
+                mode,
+                run_id,
+                on_fire,
+                options,
             )
         # The hot path, inlined (no second frame): a ping with a float delay and no
         # on_fire into an open pending default window of the same mode (its run_id is
@@ -421,6 +450,17 @@ class Coordinator(metaclass=NoPublicConstructor):
                     DebounceResult, (_COALESCE, window.run_id, deadline, count, True, True)
                 )
         return self._local.ping(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)
+
+    def _observed_nowait(self, workflow: str, key: str, *args: Any) -> DebounceResult:
+        """A ping past :meth:`debounce_nowait`'s hot path, reported to the hook."""
+        at = self._now()
+        try:
+            result = ping_any(self._local, workflow, key, *args)
+        except Exception as exc:
+            self._ledger.emit(PingRejected(workflow, key, exc, at))
+            raise
+        self._ledger.emit(PingAnswered(workflow, key, result, at))
+        return result
 
     # ------------------------------------------------------------ cancel / flush
 
@@ -577,6 +617,7 @@ class Coordinator(metaclass=NoPublicConstructor):
             runs=self._runs.statistics(),
             stale_pings=ledger.stale,
             deleted_externally=ledger.deleted_externally,
+            hook_errors=ledger.hook_errors,
         )
 
     async def wait_idle(self) -> None:
@@ -867,6 +908,7 @@ async def open_coordinator(
     run_store: RunStore | None = None,
     run_options: RunOptions | None = None,
     on_expired: ExpiredCallback | None = None,
+    on_event: EventHook | None = None,
 ) -> AsyncIterator[Coordinator]:
     """Open a :class:`Coordinator` that lives as long as the ``async with``.
 
@@ -944,6 +986,13 @@ async def open_coordinator(
       on_expired: ``def on_expired(run: RunFire, reason: DropReason) -> object``, called (sync)
         when a run is dropped unrun because it came due after its ``expires_at``
         (``reason="expired"``) or later than ``misfire_grace`` (``"misfired"``).
+      on_event: ``def on_event(event: CoordinatorEvent) -> object``, called (sync,
+        inline: a slow hook slows pings) with each :data:`CoordinatorEvent` as it
+        happens: pings taken, rejected or failed open, fires started and finished
+        (with their lateness), shared windows taken over; see :doc:`/observability`.
+        An exception it raises is logged the first time and counted in
+        ``statistics().hook_errors``, never passed on. None (the default) costs
+        nothing measurable.
 
     If the block raises, or is cancelled from outside, running handlers are cancelled,
     fires whose deadline had been reached (or that ``flush`` committed) still start,
@@ -965,8 +1014,8 @@ async def open_coordinator(
         process id (its lease was renewed while this start watched it, for up to the
         holder's heartbeat interval plus the clock-skew margin; see :doc:`/protocol`,
         *Process*). Nothing was written for that id.
-      TypeError: a handler or ``on_error`` is not callable, or a workflow name is not
-        a str.
+      TypeError: a handler, ``on_error`` or ``on_event`` is not callable (or is a
+        coroutine function), or a workflow name is not a str.
     """
     if on_exit not in _ON_EXIT:
         raise ValueError(
@@ -1003,6 +1052,10 @@ async def open_coordinator(
         raise TypeError(f"on_error must be callable, not {on_error!r}")
     if inspect.iscoroutinefunction(on_error):
         raise TypeError(f"on_error is called synchronously; pass a sync function, not {on_error!r}")
+    if on_event is not None and not callable(on_event):
+        raise TypeError(f"on_event must be callable, not {on_event!r}")
+    if inspect.iscoroutinefunction(on_event):
+        raise TypeError(f"on_event is called synchronously; pass a sync function, not {on_event!r}")
 
     # Makes no I/O: created before the start, so its lease watch runs with the backend's.
     scheduler = RunScheduler(
@@ -1051,7 +1104,14 @@ async def open_coordinator(
     try:
         async with trio.open_nursery() as nursery:
             coordinator: Coordinator = Coordinator._create(
-                nursery, handler_map, on_error, backend, on_backend_error, delivery, scheduler
+                nursery,
+                handler_map,
+                on_error,
+                backend,
+                on_backend_error,
+                delivery,
+                scheduler,
+                on_event,
             )
             if backend is not None:
                 assert coordinator._shared is not None

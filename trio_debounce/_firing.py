@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Literal
 
 import trio
 from trio.lowlevel import disable_ki_protection
 
+from ._events import CoordinatorEvent, EventHook, FireFinished, FireStarted
 from ._invoke import invoke
 from ._types import ErrorCallback, Fire, Handler, InitialFactory, Reducer
 
@@ -45,6 +47,8 @@ class Ledger:
         "fail_open",
         "fires",
         "handler_errors",
+        "hook",
+        "hook_errors",
         "idle_lot",
         "pending",
         "pings",
@@ -57,7 +61,10 @@ class Ledger:
         "wake_exit_on_pending",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, hook: EventHook | None = None) -> None:
+        #: The ``on_event`` hook, or None; see :meth:`emit`.
+        self.hook = hook
+        self.hook_errors = 0
         self.pending = 0
         self.running = 0
         self.pings = 0
@@ -84,6 +91,26 @@ class Ledger:
         #: Set when the block raised or was cancelled, and when (Trio's clock).
         self.aborted = False
         self.aborted_at = 0.0
+
+    def emit(self, event: CoordinatorEvent) -> None:
+        """Call the ``on_event`` hook with ``event`` (callers test :attr:`hook` first,
+        so an unset hook costs one attribute test), without the coordinator's KI
+        protection. An :exc:`Exception` from the hook is counted in ``hook_errors``
+        and, the first time, logged: a hook never breaks the coordinator."""
+        hook = self.hook
+        if hook is None:
+            return
+        try:
+            _call_hook(hook, event)
+        except Exception as exc:
+            self.hook_errors += 1
+            if self.hook_errors == 1:
+                logger.error(
+                    "the on_event hook raised on %s; logged once, every failure is "
+                    "counted in statistics().hook_errors",
+                    type(event).__name__,
+                    exc_info=exc,
+                )
 
     @property
     def idle(self) -> bool:
@@ -117,6 +144,12 @@ class Ledger:
             return
         while self.pending or self.running:
             await self.idle_lot.park()
+
+
+@disable_ki_protection
+def _call_hook(hook: EventHook, event: CoordinatorEvent) -> None:
+    """Run a user's ``on_event`` hook without the coordinator's KI protection."""
+    hook(event)
 
 
 @disable_ki_protection
@@ -171,6 +204,29 @@ class Handlers:
             :exc:`trio.Cancelled` or :exc:`KeyboardInterrupt`); the fire is then not
             finished.
         """
+        ledger = self.ledger
+        if ledger.hook is not None:
+            await self._observed_call(handler, fire)
+            return
+        await self._call(handler, fire)
+
+    async def _observed_call(self, handler: Handler | None, fire: Fire) -> None:
+        """:meth:`call`, between a :class:`FireStarted` and a :class:`FireFinished`."""
+        ledger = self.ledger
+        started = trio.current_time()
+        ledger.emit(FireStarted(fire, started, started - fire.fired_at))
+        try:
+            error = await self._call(handler, fire)
+        except BaseException as exc:
+            ended = trio.current_time()
+            ledger.emit(FireFinished(fire, ended, ended - started, "cancelled", exc))
+            raise
+        ended = trio.current_time()
+        outcome: Literal["returned", "raised"] = "returned" if error is None else "raised"
+        ledger.emit(FireFinished(fire, ended, ended - started, outcome, error))
+
+    async def _call(self, handler: Handler | None, fire: Fire) -> Exception | None:
+        """:meth:`call`; returns the :exc:`Exception` it handled, else None."""
         try:
             if handler is None:
                 raise LookupError(
@@ -197,6 +253,8 @@ class Handlers:
                         fire.run_id,
                         exc_info=callback_exc,
                     )
+            return exc
+        return None
 
 
 def closed_error() -> trio.ClosedResourceError:

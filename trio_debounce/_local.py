@@ -714,3 +714,24 @@ class KeyState:
             and not self._ledger.aborted
         ):
             self._commit_queued_fire(waiter, self._now())
+
+
+def ping_any(
+    local: LocalWindows,
+    workflow: str,
+    key: str,
+    payload: Any,
+    delay: float,
+    max_delay: float | None,
+    mode: Mode | ModeName,
+    run_id: str | None,
+    on_fire: Handler | None,
+    options: Mapping[str, Any] | None,
+) -> DebounceResult:
+    """``local``'s :meth:`~LocalWindows.ping_with_options` if there are ``options``, else
+    its :meth:`~LocalWindows.ping`: a ping past ``debounce_nowait``'s hot path."""
+    if options:
+        return local.ping_with_options(
+            workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
+        )
+    return local.ping(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)

@@ -35,6 +35,7 @@ from ._errors import (
     BackendError,
     BackendUnavailableError,
 )
+from ._events import PingFailedOpen, WindowTakenOver
 from ._firing import Handlers, Ledger, closed_error
 from ._local import LocalWindows
 from ._shared_window import SharedFires, SharedWindow, owner_pending, trailing_pending
@@ -302,6 +303,8 @@ class SharedWindows:
                     raise
                 raise BackendUnavailableError(f"the backend failed: {exc}") from exc
             self._ledger.fail_open += 1
+            if self._ledger.hook is not None:
+                self._ledger.emit(PingFailedOpen(workflow, key, exc, self._now()))
             logger.warning(
                 "backend failed to register %r/%r (%s); failing open with a local window",
                 workflow,
@@ -433,6 +436,8 @@ class SharedWindows:
             return _new_tuple(DebounceResult, (_COALESCE, run_id, pending_at, count, False, True))
         if registration.outcome is Registered.TOOK_OVER:
             ledger.takeovers += 1
+            if ledger.hook is not None:
+                ledger.emit(WindowTakenOver(ident[0], ident[1], "ping", self._now()))
         if registration.owner:
             self._fires.arm(
                 ident,
@@ -597,6 +602,10 @@ class SharedWindows:
         if orphans.deferred:
             self.reconcile_soon = True  # again at the next heartbeat, until adopted
         ledger.takeovers += len(orphans.windows)
+        if ledger.hook is not None:
+            now = self._now()
+            for adopted in orphans.windows:
+                ledger.emit(WindowTakenOver(adopted.workflow, adopted.key, "adoption", now))
         for orphan in orphans.fires:
             self._nursery.start_soon(fires.refire, orphan)
         owned_windows = orphans.owned

@@ -255,6 +255,8 @@ class CoordinatorStatistics:
         before they fired; each is also counted in ``cancelled`` if a trailing fire was
         pending, and logged once as a warning. See :doc:`/protocol`, "Deleted from
         outside".
+      hook_errors (int): calls of the ``on_event`` hook that raised an
+        :class:`Exception` (the first one is also logged); see :doc:`/observability`.
     """
 
     open_windows: int
@@ -275,6 +277,7 @@ class CoordinatorStatistics:
     runs: RunStatistics = RunStatistics()
     stale_pings: int = 0
     deleted_externally: int = 0
+    hook_errors: int = 0
 
 
 # ------------------------------------------------------------------ window options

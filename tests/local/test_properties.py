@@ -135,8 +135,14 @@ def run_model(timeline: list[Op], on_exit: str = "wait") -> tuple[list[Any], lis
     return results, model.fires
 
 
-def run_real(timeline: list[Op], on_exit: OnExit = "wait") -> tuple[list[Any], list[ModelFire]]:
+def run_real(
+    timeline: list[Op], on_exit: OnExit = "wait", hooked: bool = False
+) -> tuple[list[Any], list[ModelFire]]:
+    """The coordinator's results and fires for ``timeline``; ``hooked``: with an
+    ``on_event`` hook, whose events must account for every ping and fire (and which
+    must change nothing: every ping then skips the inlined hot path)."""
     results: list[Any] = []
+    events: list[trio_debounce.CoordinatorEvent] = []
     fires: list[Fire] = []
     late: list[float] = []
     handler_times = {f"run-{i}": op.handler_time for i, op in enumerate(timeline)}
@@ -153,7 +159,9 @@ def run_real(timeline: list[Op], on_exit: OnExit = "wait") -> tuple[list[Any], l
     async def main() -> None:
         t = 0.0
         async with trio_debounce.open_coordinator(
-            handlers={"wf": handler, "other": handler}, on_exit=on_exit
+            handlers={"wf": handler, "other": handler},
+            on_exit=on_exit,
+            on_event=events.append if hooked else None,
         ) as coordinator:
             for name, (fn, initial) in REDUCERS.items():
                 coordinator.set_reducer(name, fn, initial=initial)
@@ -205,6 +213,11 @@ def run_real(timeline: list[Op], on_exit: OnExit = "wait") -> tuple[list[Any], l
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert all(0 <= d < 1e-9 for d in late), late
+    if hooked:
+        kinds = [type(event).__name__ for event in events]
+        assert kinds.count("PingAnswered") == sum(1 for r in results if isinstance(r, tuple))
+        assert kinds.count("PingRejected") == results.count("ValueError")
+        assert kinds.count("FireStarted") == kinds.count("FireFinished") == len(fires)
     converted = [
         ModelFire(
             f.fired_at,
@@ -229,13 +242,13 @@ def _order(f: ModelFire) -> tuple[Any, ...]:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(timelines(), st.sampled_from(("wait", "wait", "flush", "cancel")))
+@given(timelines(), st.sampled_from(("wait", "wait", "flush", "cancel")), st.booleans())
 def test_coordinator_matches_model(
-    case: tuple[dict[int, ModeName], list[Op]], on_exit: OnExit
+    case: tuple[dict[int, ModeName], list[Op]], on_exit: OnExit, hooked: bool
 ) -> None:
     _, timeline = case
     expected_results, expected_fires = run_model(timeline, on_exit)
-    results, fires = run_real(timeline, on_exit)
+    results, fires = run_real(timeline, on_exit, hooked)
     assert results == expected_results
     assert sorted(fires, key=_order) == sorted(expected_fires, key=_order)
 
@@ -336,9 +349,11 @@ def option_timelines(draw: st.DrawFn) -> list[Op]:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(option_timelines(), st.sampled_from(("wait", "wait", "flush", "cancel")))
-def test_coordinator_with_options_matches_model(timeline: list[Op], on_exit: OnExit) -> None:
+@given(option_timelines(), st.sampled_from(("wait", "wait", "flush", "cancel")), st.booleans())
+def test_coordinator_with_options_matches_model(
+    timeline: list[Op], on_exit: OnExit, hooked: bool
+) -> None:
     expected_results, expected_fires = run_model(timeline, on_exit)
-    results, fires = run_real(timeline, on_exit)
+    results, fires = run_real(timeline, on_exit, hooked)
     assert results == expected_results
     assert sorted(fires, key=_order) == sorted(expected_fires, key=_order)

@@ -52,6 +52,7 @@ LAYERS: dict[str, int] = {
     "_options": VALUES,
     "_process": VALUES,
     "_codec": VALUES,
+    "_events": VALUES,
     "_engine": ENGINE,
     "_backend": CONTRACTS,
     "_kv": CONTRACTS,

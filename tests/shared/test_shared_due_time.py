@@ -243,6 +243,14 @@ async def test_a_ping_at_the_max_count_instant_opens_the_next_window_with_a_lead
         ], n
 
 
+#: What B fires after :func:`_dead_owner_and_b`'s ping at 10 s: D's window at its own
+#: time (D's payload and first ping), then B's window opened by that ping.
+D_THEN_B = [
+    (DELAY, "d", "trailing", "d", 1, 0.0),
+    (10.0 + DELAY, "b", "trailing", "b", 1, 10.0),
+]
+
+
 async def _dead_owners_due_window() -> MemoryStore:
     """A store holding the window of D, a process that opened it (due at DELAY, run
     "d", payload "d") and died."""
@@ -289,10 +297,7 @@ async def test_a_ping_into_a_dead_owners_due_window_takes_its_fire_and_opens_the
         assert b.statistics().takeovers == 0
         await trio.sleep(DELAY)
     assert [(p, f.edge) for p, f in fires.log] == [("B", Edge.TRAILING)] * 2
-    assert fired(fires) == [
-        (DELAY, "d", "trailing", "d", 1, 0.0),
-        (10.0 + DELAY, "b", "trailing", "b", 1, 10.0),
-    ]
+    assert fired(fires) == D_THEN_B
 
 
 @pytest.mark.parametrize("slow", [3.0, 30.0])
@@ -312,10 +317,7 @@ async def test_at_most_once_a_taken_fire_whose_answer_is_slow_is_proven_and_fire
         await trio.sleep(DELAY + slow)
         assert b.statistics().dropped_fires == 0
     assert [(p, f.attempt) for p, f in fires.log] == [("B", 1)] * 2
-    assert fired(fires) == [
-        (DELAY, "d", "trailing", "d", 1, 0.0),
-        (10.0 + DELAY, "b", "trailing", "b", 1, 10.0),
-    ]
+    assert fired(fires) == D_THEN_B
 
 
 @pytest.mark.parametrize("second", [0.5, 2.0])
@@ -335,10 +337,7 @@ async def test_at_most_once_a_taken_fire_whose_first_write_lands_late_is_recogni
         await _ping_at(b, 10.0, "b", delay=DELAY)
         await trio.sleep(DELAY + 10.0)
         assert b.statistics().dropped_fires == 0
-    assert fired(fires) == [
-        (DELAY, "d", "trailing", "d", 1, 0.0),
-        (10.0 + DELAY, "b", "trailing", "b", 1, 10.0),
-    ]
+    assert fired(fires) == D_THEN_B
 
 
 async def test_an_exit_waits_for_the_proof_of_a_taken_fire(
