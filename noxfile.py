@@ -61,7 +61,7 @@ def bench(session: nox.Session) -> None:
 def chaos(session: nox.Session) -> None:
     """The chaos scenarios of docs/reliability.rst on real nats-server and driver
     processes, with the cluster tests and the long variants of the suite's SIGKILL
-    tests: 18 min 50 s on two cores in all (2026-12-04; budget 20 minutes); prints the
+    tests: 19 min 55 s on two cores in all (2026-12-06; budget 20 minutes); prints the
     table and fails if a promised zero is not.
     ``nox -s chaos -- --short`` runs the short budgets, ``--only NAME`` one scenario,
     ``--scale 2`` longer load phases, ``--keep DIR`` the logs."""
