@@ -1110,6 +1110,42 @@ async def test_a_shared_window_refuses_a_delay_no_clock_can_keep(
 
 
 @pytest.mark.parametrize("on_backend_error", ["raise", "fail-open"])
+async def test_an_opening_leading_ping_cut_short_answers_within_two_op_timeouts(
+    autojump_clock: trio.testing.MockClock, on_backend_error: Any
+) -> None:
+    # At least once, a ping opening a leading window writes its leading fire's record
+    # first. The record is written; then the store stalls (every call reaches it 10 s
+    # late): the opening write and its re-read are each cut by op_timeout (2 s), and
+    # the record, now unneeded, is not taken back in time either. The ping is answered
+    # 2 * op_timeout after it arrived (it raises, or fails open), not after a third
+    # op_timeout spent on the record (6 s before); the heartbeat deletes the record
+    # once the store answers.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, ["A"], on_backend_error=on_backend_error) as (a,):
+        a_backend = a._backend
+        assert isinstance(a_backend, MemoryBackend)
+        a_backend.faults.delay_next(0.0, ops=("get",))  # the window's first read
+        a_backend.faults.delay_next(0.0, ops=("put",))  # the leading fire's record
+        a_backend.faults.stall_next(10.0, n=50, ops=("get", "put", "purge"))
+        t0 = trio.current_time()
+        try:
+            result: Any = await a.debounce("wf", "k", "a", delay=1.0, mode="leading")
+        except BackendUnavailableError as exc:
+            result = exc
+        took = trio.current_time() - t0
+        assert [e.key for e in await store.entries("f.")] != []  # the record is there
+        a_backend.faults.clear()
+        await trio.sleep(30.0)
+        assert [e.key for e in await store.entries("f.")] == []  # and taken back
+    assert took <= 2 * 2.0 + 0.01, took
+    if on_backend_error == "raise":
+        assert isinstance(result, BackendUnavailableError), result
+    else:
+        assert result.outcome is Outcome.FIRE_IMMEDIATE
+        assert [(f.payload, f.edge) for _, f in fires.log] == [("a", Edge.LEADING)]
+
+
+@pytest.mark.parametrize("on_backend_error", ["raise", "fail-open"])
 async def test_a_ping_waiting_behind_its_keys_writes_answers_within_two_op_timeouts(
     autojump_clock: trio.testing.MockClock, on_backend_error: Any
 ) -> None:

@@ -101,12 +101,19 @@ class Finalizer:
         #: KV key -> the at-least-once commits of it whose answers were lost and that
         #: no one ran (see _Unproven).
         self._unproven: dict[str, list[_Unproven]] = {}
-        #: Fire records of queued deletes that a later one for the same key replaced.
+        #: Fire records to delete at the next heartbeat (if still this process's):
+        #: those of queued deletes that a later one for the same key replaced, and
+        #: leading fire records whose window was not opened (queue_record_delete).
         self._queued_record_deletes: set[str] = set()
         #: The end records of queue-latest runs that could not reach the store, by KV key.
         self._queued_end_runs: dict[str, str] = {}
         #: The at-most-once commits sent and not yet proven, and their proof.
         self._sent = SentCommits(view, leases, op_timeout=op_timeout, wall=wall)
+
+    def queue_record_delete(self, fire_id: str) -> None:
+        """Delete fire record ``fire_id`` at the next heartbeat (:meth:`apply_queued`),
+        if it is still this process's then."""
+        self._queued_record_deletes.add(fire_id)
 
     def sent_pending(self, kv_key: str, run_id: str) -> bool:
         """Is an at-most-once commit of ``run_id`` sent and not yet proven?"""

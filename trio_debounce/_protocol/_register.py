@@ -4,6 +4,7 @@ then go out together, in arrival order, in the next single write."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable
@@ -245,14 +246,26 @@ class Registrar:
         self, workflow: str, key: str, kv_key: str, batch: list[Call]
     ) -> list[Call]:
         leading = _LeadingRecord()
+        # The batch's bound: its oldest ping is answered 2 * op_timeout after arriving.
+        give_up = batch[0].deadline + self._op_timeout
         try:
             return await self._write_batch_recorded(workflow, key, kv_key, batch, leading)
         finally:
             if leading.fire_id is not None and not leading.used:
                 # Written, but the batch did not open the window it was for: take it
-                # back (shielded and bounded: an unneeded record must not linger).
-                with trio.CancelScope(shield=True), trio.move_on_after(self._op_timeout):
+                # back (shielded), within what is left of the batch's bound (this task
+                # is a ping's, answered when it returns); what does not fit is left to
+                # the next heartbeat, which deletes the record if it is still ours.
+                dropped = False
+                with (
+                    trio.CancelScope(shield=True),
+                    trio.move_on_at(give_up),
+                    contextlib.suppress(BackendError),
+                ):
                     await self._records.drop(leading.fire_id)
+                    dropped = True
+                if not dropped:
+                    self._finalizer.queue_record_delete(leading.fire_id)
 
     async def _leading_record(
         self, workflow: str, key: str, new: WindowDoc, pings: list[tuple[Call, Registered]]
