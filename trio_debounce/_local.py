@@ -729,7 +729,8 @@ def ping_any(
     options: Mapping[str, Any] | None,
 ) -> DebounceResult:
     """``local``'s :meth:`~LocalWindows.ping_with_options` if there are ``options``, else
-    its :meth:`~LocalWindows.ping`: a ping past ``debounce_nowait``'s hot path."""
+    its :meth:`~LocalWindows.ping`: a ping past ``debounce_nowait``'s hot path, or a
+    shared ping failed open into a local window."""
     if options:
         return local.ping_with_options(
             workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options

@@ -37,7 +37,7 @@ from ._errors import (
 )
 from ._events import PingFailedOpen, WindowTakenOver
 from ._firing import Handlers, Ledger, closed_error
-from ._local import LocalWindows
+from ._local import LocalWindows, ping_any
 from ._shared_window import SharedFires, SharedWindow, owner_pending, trailing_pending
 from ._types import (
     DebounceResult,
@@ -249,8 +249,17 @@ class SharedWindows:
         local = self._local.windows.get(ident)
         if local is not None and not _engine.is_due(local, self._now()):
             # A window opened locally while the backend failed keeps its burst.
-            return self._fail_open_ping(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
+            return ping_any(
+                self._local,
+                workflow,
+                key,
+                payload,
+                delay,
+                max_delay,
+                mode,
+                run_id,
+                on_fire,
+                options,
             )
         shared = self.windows.get(ident)
         if (
@@ -313,8 +322,17 @@ class SharedWindows:
             )
             if self._ledger.closed:
                 raise closed_error() from exc
-            result = self._fail_open_ping(
-                workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
+            result = ping_any(
+                self._local,
+                workflow,
+                key,
+                payload,
+                delay,
+                max_delay,
+                mode,
+                run_id,
+                on_fire,
+                options,
             )
             # The write may still land (a timeout is ambiguous) and make us the owner
             # of a shared window with this run id: reconcile soon, and then adopt or
@@ -385,25 +403,6 @@ class SharedWindows:
         raise BackendUnavailableError(
             f"the ping of {workflow!r}/{key!r} found a full window "
             f"{_OVERFLOW_ROUNDS} times in a row; it was not stored"
-        )
-
-    def _fail_open_ping(
-        self,
-        workflow: str,
-        key: str,
-        payload: Any,
-        delay: float,
-        max_delay: float | None,
-        mode: Mode,
-        run_id: str | None,
-        on_fire: Handler | None,
-        options: Mapping[str, Any] | None,
-    ) -> DebounceResult:
-        """A ping into a local window, because the backend failed (or had failed)."""
-        if options is None:
-            return self._local.ping(workflow, key, payload, delay, max_delay, mode, run_id, on_fire)
-        return self._local.ping_with_options(
-            workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options
         )
 
     # --------------------------------------------------------- the answer
