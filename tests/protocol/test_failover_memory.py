@@ -4,6 +4,7 @@ without a ping, both delivery guarantees, stale owners, fencing and hand-off."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 import pytest
@@ -875,6 +876,173 @@ async def test_an_opening_write_that_landed_unseen_is_not_written_again_after_a_
     assert window is not None
     assert (window.run_id, window.fired) == ("r1", True)  # no second window
     assert (await a.finalize("wf", "k", "r1")).outcome is Finalized.ABANDONED
+
+
+async def _ping_r1(a: MemoryBackend, results: list[Any], **kwargs: Any) -> None:
+    """A's ping that opens run r1 of key k (trailing, ``delay`` 0.2 s by default)."""
+    kwargs.setdefault("delay", 0.2)
+    kwargs.setdefault("mode", Mode.TRAILING)
+    try:
+        results.append(
+            await a.register("wf", "k", max_delay=None, run_id="r1", payload="a", **kwargs)
+        )
+    except BackendUnavailableError as exc:
+        results.append(exc)
+
+
+async def _fire_newer_windows(
+    store: MemoryStore, b: MemoryBackend, runs: list[str], mode: Mode = Mode.TRAILING
+) -> None:
+    """B takes and fires r1 (a trailing window; a leading one has no trailing edge:
+    B's next ping closes it), then opens and fires one window per run of ``runs``."""
+    if mode is Mode.TRAILING:
+        fin = await b.finalize("wf", "k", "r1", take=True, force=True)
+        assert (fin.outcome, fin.payload) == (Finalized.FIRE, "a")
+        window = await _window(store)
+        assert window is not None
+        assert (window.run_id, window.fired) == ("r1", True)
+    for run in runs:
+        reg = await b.register(
+            "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id=run, payload=run
+        )
+        assert (reg.outcome, reg.run_id) == (Registered.OPENED, run)
+        assert (await b.finalize("wf", "k", run, force=True)).outcome is Finalized.FIRE
+
+
+@pytest.mark.parametrize("mode", [Mode.TRAILING, Mode.LEADING])
+async def test_an_opening_write_that_landed_unseen_is_recognised_under_newer_windows(
+    autojump_clock: trio.testing.MockClock, mode: Mode
+) -> None:
+    # Found by cluster-one-node ("two owners", key k36): as above, but before the
+    # re-read the peer's ping that took the fire also opened the key's next window,
+    # which fired too. The re-read found that window's tombstone (not naming the
+    # opening write), wrote the ping again, and so opened a second window of run r1,
+    # fired a second time. The newer window's after still names r1.
+    store = MemoryStore()
+    a, b = await _leased(store, "A", "B", op_timeout=1.0)
+    if mode is Mode.LEADING:
+        a.faults.delay_next(0.0, ops=("put",))  # the leading fire's record, at once
+    a.faults.delay_next(1.5, ops=("put",))  # the opening write lands; its answer is late
+    results: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(_ping_r1, a, results, mode=mode))
+        await trio.sleep(0.5)  # the write has landed; A re-reads at 1.0
+        await _fire_newer_windows(store, b, ["r2"], mode)
+        newer = await store.get(_window_key())
+    [result] = results
+    assert (result.outcome, result.run_id, result.ping_count) == (Registered.OPENED, "r1", 1)
+    assert newer is not None
+    if mode is Mode.LEADING:
+        # The leading fire the opening owes runs here (at least once: its record was
+        # written before the opening write), with the record's revision as its
+        # fencing token: older than the fires of the key committed since.
+        record = await store.get(result.fire_id)
+        assert record is not None
+        assert record.value
+        assert _FireRecord.decode(record.value).run_id == "r1"
+        assert result.fencing_token & ((1 << 40) - 1) == record.revision < newer.revision
+    window = await _window(store)
+    assert window is not None
+    assert (window.run_id, window.fired) == ("r2", True)  # no second window of r1
+    assert (await a.finalize("wf", "k", "r1")).outcome is Finalized.ABANDONED
+    assert not await a.owned_windows()
+
+
+@pytest.mark.parametrize("mode", [Mode.TRAILING, Mode.LEADING])
+async def test_a_burst_whose_window_a_peer_fired_before_its_answer_fires_once(
+    autojump_clock: trio.testing.MockClock, mode: Mode
+) -> None:
+    # The coordinators' side of the test above: A's opening write lands, its answer
+    # comes past op_timeout (2 s); meanwhile B's ping finds the window due, takes its
+    # fire and opens the next window, which fires too. Each burst fires once (a
+    # leading edge at A, whose ping opened it), and A counts nothing as deleted.
+    store, fires = MemoryStore(), Fires()
+    async with (
+        process(store, fires, "A") as (a, a_backend, _),
+        process(store, fires, "B") as (
+            b,
+            _,
+            _,
+        ),
+    ):
+        if mode is Mode.LEADING:
+            a_backend.faults.delay_next(0.0, ops=("put",))  # the leading fire's record
+        a_backend.faults.delay_next(2.5, ops=("put",))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(a.debounce, "wf", "k", "a", delay=0.2, mode=mode))
+            await trio.sleep(0.5)
+            await b.debounce("wf", "k", "b", delay=0.2, mode=mode)
+        await a.wait_idle()
+        await b.wait_idle()
+        assert a.statistics().deleted_externally == 0
+    if mode is Mode.LEADING:
+        expected = [("A", "k", "a", 1, 1), ("B", "k", "b", 1, 1)]
+    else:
+        expected = [("B", "k", "a", 1, 1), ("B", "k", "b", 1, 1)]
+    assert sorted(fires.by_attempt()) == expected
+
+
+@pytest.mark.parametrize("gone", ["pushed out of after", "swept"])
+async def test_an_opening_write_that_a_reread_cannot_place_is_not_written_again(
+    autojump_clock: trio.testing.MockClock, gone: str
+) -> None:
+    # As above, but nothing the re-read finds names run r1 any more: AFTER_KEEP newer
+    # windows have fired over it, or its tombstone was swept (the re-read comes past
+    # the lease less twice the skew margin after the ping). The ping may have fired:
+    # it fails (the coordinator fails open, and closes a window of r1 that turns up)
+    # instead of opening r1 a second time.
+    store = MemoryStore()
+    op_timeout = 1.0 if gone == "pushed out of after" else LEASE - 2 * SKEW + 1.0
+    a, b = await _leased(store, "A", "B", op_timeout=op_timeout)
+    a.faults.delay_next(op_timeout + 0.5, ops=("put",))
+    results: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_ping_r1, a, results)
+        await trio.sleep(0.5)
+        if gone == "swept":
+            await _fire_newer_windows(store, b, [])
+            entry = await store.get(_window_key())
+            assert entry is not None
+            await store.delete(_window_key(), last=entry.revision)  # as the sweeper does
+        else:
+            await _fire_newer_windows(store, b, [f"r{i}" for i in range(2, _AFTER_KEEP + 3)])
+    [result] = results
+    assert isinstance(result, BackendUnavailableError)
+    assert "could not tell whether the window its write opened (run r1) landed" in str(result)
+    window = await _window(store)
+    assert window is None or window.run_id != "r1"  # no second window of r1
+    assert not await a.owned_windows()
+
+
+async def test_an_opening_write_that_did_not_land_is_written_again_over_a_peers_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The other side of the rule: the opening write never landed, and before the
+    # re-read a peer opened and fired a window over the one it was written over (r0):
+    # that window's after names r0, not r1, so r1 never landed: the ping is written
+    # again (over the peer's tombstone) and answered.
+    store = MemoryStore()
+    a, b = await _leased(store, "A", "B", op_timeout=1.0)
+    await a.register(
+        "wf", "k", mode=Mode.TRAILING, delay=0.1, max_delay=None, run_id="r0", payload="0"
+    )
+    assert (await a.finalize("wf", "k", "r0", force=True)).outcome is Finalized.FIRE
+    a.faults.fail_next(ops=("put",))  # never applied, answered as a timeout
+    a.faults.stall_next(0.5, ops=("get",))  # the re-read reaches the store at 0.5
+    results: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_ping_r1, a, results)
+        await trio.sleep(0.1)
+        reg = await b.register(
+            "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r2", payload="b"
+        )
+        assert reg.outcome is Registered.OPENED
+        assert (await b.finalize("wf", "k", "r2", force=True)).outcome is Finalized.FIRE
+    [result] = results
+    assert (result.outcome, result.run_id) == (Registered.OPENED, "r1")
+    window = await _window(store)
+    assert window is not None
+    assert (window.run_id, window.fired, window.after[0][0]) == ("r1", False, "r2")
 
 
 async def test_at_most_once_proves_a_commit_whose_answer_comes_after_op_timeout(

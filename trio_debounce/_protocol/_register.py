@@ -35,11 +35,31 @@ logger = logging.getLogger("trio_debounce.backend")
 _JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
+@dataclass(slots=True, frozen=True)
+class _Sent:
+    """A write of a batch whose answer may be lost: what decides and answers it."""
+
+    #: Its pings and their outcomes.
+    pings: list[tuple[Call, Registered]]
+    #: The document it wrote, and the run id of the one it was written over (None:
+    #: the key held no window).
+    doc: WindowDoc
+    prior_run: str | None
+    #: The take time of its coalesced pings, and until when the window it wrote waits
+    #: for its key's queue-latest run.
+    take_at: float | None
+    waits: float | None
+
+
 @dataclass(slots=True)
 class _LeadingRecord:
     """The record of the leading fire a batch's opening write is for, once written."""
 
     fire_id: str | None = None
+    #: Its revision: the fencing token of a leading fire whose window has closed
+    #: before the opening write's answer came (later than the key's writes before
+    #: the opening, earlier than every write after it).
+    revision: int = 0
     #: The batch's answer carries it (the window it was for was opened).
     used: bool = False
 
@@ -268,24 +288,31 @@ class Registrar:
                     self._finalizer.queue_record_delete(leading.fire_id)
 
     async def _leading_record(
-        self, workflow: str, key: str, new: WindowDoc, pings: list[tuple[Call, Registered]]
-    ) -> str | None:
+        self,
+        workflow: str,
+        key: str,
+        new: WindowDoc,
+        pings: list[tuple[Call, Registered]],
+        leading: _LeadingRecord,
+    ) -> None:
         """Under at-least-once, before a write that opens a leading or both-edges
         window: its leading fire's record (expecting no entry), so that a survivor runs
-        the fire again if this process dies in its handler. Its id, or None."""
+        the fire again if this process dies in its handler; its id and revision go
+        into ``leading``."""
         if self._due.delivery != "at-least-once" or new.mode is Mode.TRAILING:
-            return None
+            return
         opener = next((call for call, outcome in pings if outcome is Registered.OPENED), None)
         if opener is None:
-            return None
+            return
         if new.payload_policy in ("last", "first"):
             payload = new.payload  # what the leading fire carries, as stored
         else:
             payload = self._me.serializer.dumps(opener.own)
         record = self._records.new_leading(workflow, key, new, payload)
         fire_id = FIRE_PREFIX + new.opened_by
-        self._records.hold(fire_id, await self._view.put(fire_id, record.encode(), last=0))
-        return fire_id
+        revision = await self._view.put(fire_id, record.encode(), last=0)
+        self._records.hold(fire_id, revision)
+        leading.fire_id, leading.revision = fire_id, revision
 
     async def _write_batch_recorded(
         self, workflow: str, key: str, kv_key: str, batch: list[Call], leading: _LeadingRecord
@@ -307,11 +334,12 @@ class Registrar:
         last_read = False
         error: BackendError | None = None
         rest: list[Call] = []
-        #: The pings of the write whose answer was lost, their outcomes, its take time,
-        #: and until when the window it wrote waits for its key's queue-latest run.
-        sent: tuple[list[tuple[Call, Registered]], float | None, float | None] | None = None
+        #: The write whose answer may be lost.
+        sent: _Sent | None = None
         base = -1  # the revision that write expected
         in_flight = ambiguous = resolving = False
+        #: A re-read could not tell whether the write that opened a window landed.
+        unresolved = False
         #: The batch's deadline was moved once, after a take left unproven.
         extended = restart = False
         while True:
@@ -330,17 +358,15 @@ class Registrar:
                             if ambiguous:
                                 ambiguous = False
                                 assert sent is not None
-                                if doc is not None and (
-                                    write == doc.opened_by or (not doc.fired and write == doc.write)
-                                ):
-                                    # The write had landed (the window it opened, even
-                                    # if peers have written since, or fired it: its
-                                    # pings are in that fire; or its revision). Writing
-                                    # again would open a second window of the run.
-                                    self._answer_batch(
-                                        kv_key, sent[0], doc, sent[1], revision, sent[2], leading
-                                    )
+                                landed = self._landed(doc, write, sent)
+                                if landed:
+                                    # The write had landed. Writing again would open a
+                                    # second window of the run, fired twice.
+                                    self._answer_landed(kv_key, sent, doc, revision, leading)
                                     return rest
+                                if landed is None and revision != base:
+                                    unresolved = True
+                                    break
                                 if resolving and revision == base:
                                     break  # it did not land, and the deadline has passed
                         else:
@@ -401,9 +427,11 @@ class Registrar:
                         waits = None
                         if blocked is not None and new.queue and new.at <= now:
                             waits = blocked  # the owner looks again then
-                        sent, base = (pings, take_at, waits), revision
+                        prior = None if doc is None else doc.run_id
+                        sent = _Sent(pings, new, prior, take_at, waits)
+                        base = revision
                         if leading.fire_id is None:
-                            leading.fire_id = await self._leading_record(workflow, key, new, pings)
+                            await self._leading_record(workflow, key, new, pings, leading)
                         in_flight = True
                         new_revision = await self._view.put(kv_key, new.encode(), last=revision)
                         in_flight = False
@@ -414,13 +442,13 @@ class Registrar:
                     except DocumentTooLargeError as exc:
                         in_flight = False
                         assert sent is not None
-                        if len(sent[0]) == 1:
-                            answer(sent[0][0][0], exc)
+                        if len(sent.pings) == 1:
+                            answer(sent.pings[0][0], exc)
                             return rest
                         # Too large merged: write its pings one at a time.
-                        for ping, _ in sent[0]:
+                        for ping, _ in sent.pings:
                             ping.alone = True
-                        return [ping for ping, _ in sent[0]] + rest
+                        return [ping for ping, _ in sent.pings] + rest
                     except BackendUnavailableError as exc:
                         self._view.forget(kv_key)
                         ambiguous = ambiguous or in_flight  # the write may have landed
@@ -456,6 +484,21 @@ class Registrar:
                 continue
             break
         waiting = [ping for ping in batch if ping.result is None and ping not in rest]
+        if unresolved:
+            # Its window may have opened, fired and been swept (or pushed out of a
+            # newer window's after): the pings fail (or fail open, whose reconcile
+            # closes a window of the run if the write turns up later).
+            for ping in waiting:
+                answer(
+                    ping,
+                    BackendUnavailableError(
+                        f"register of {workflow!r}/{key!r} did not complete within "
+                        f"{self._op_timeout} s, and a re-read could not tell whether the "
+                        f"window its write opened (run {sent.doc.run_id if sent else ''}) "
+                        "landed: it is not written again"
+                    ),
+                )
+            return rest
         if (
             error is None
             and last_read
@@ -503,6 +546,51 @@ class Registrar:
             )
         return rest
 
+    def _landed(self, doc: WindowDoc | None, write: str, sent: _Sent) -> bool | None:
+        """Did ``sent``, write ``write``, land, judged by its key's document ``doc`` as
+        re-read? True, False, or None if a re-read cannot tell (see
+        :func:`~._rules.opening_landed`)."""
+        if doc is not None and not doc.fired and write == doc.write:
+            return True  # its revision, or pings of this process's since
+        if sent.doc.opened_by != write:
+            # A write into an open window (or a takeover): if its window has fired
+            # since, writing its pings again opens a window of their own run id, never
+            # used: no run fires twice (the pings may, once in each fire).
+            return False
+        return _rules.opening_landed(
+            doc, sent.doc, sent.prior_run, self._wall(), self._leases.seconds, self._leases.skew
+        )
+
+    def _answer_landed(
+        self,
+        kv_key: str,
+        sent: _Sent,
+        doc: WindowDoc | None,
+        revision: int,
+        leading: _LeadingRecord,
+    ) -> None:
+        """Answer the pings of ``sent``, a write that landed though its answer was lost,
+        from the key's document ``doc`` (at ``revision``) as re-read."""
+        if doc is not None and not doc.fired and doc.run_id == sent.doc.run_id:
+            # Its window is open: as it is now.
+            self._answer_batch(kv_key, sent.pings, doc, sent.take_at, revision, sent.waits, leading)
+            return
+        # Its window has closed since (a peer took its fire, maybe opened newer windows
+        # over it): its pings are in that fire. Answered as the write left the window,
+        # not owned (its finalize finds it closed); a leading fire the opening owes
+        # carries its record's revision as fencing token (0 without one: a later fire
+        # of the key has committed), never a later write's.
+        self._answer_batch(
+            kv_key,
+            sent.pings,
+            sent.doc,
+            sent.take_at,
+            revision,
+            sent.waits,
+            leading,
+            closed=True,
+        )
+
     def _answer_batch(
         self,
         kv_key: str,
@@ -512,10 +600,13 @@ class Registrar:
         revision: int,
         waits: float | None = None,
         leading: _LeadingRecord | None = None,
+        *,
+        closed: bool = False,
     ) -> None:
         """Answer the pings of a write that landed; tracks what this process owns.
         ``leading``: the record of a leading fire, given to the ping that opened the
-        window when this write opened it.
+        window when this write opened it. ``closed``: the window ``doc`` has closed
+        since (see _answer_landed).
 
         Every ping of the write reports the window as that write left it (count, due
         time, payload), whatever order their tasks wake in; each its own outcome. A
@@ -527,7 +618,7 @@ class Registrar:
             payload = _rules.load_payload(self._me.serializer, doc.payload)
         else:
             payload = pings[-1][0].own  # the last ping's: the one stored
-        if self._me.owns(doc):
+        if self._me.owns(doc) and not closed:
             self._view.own(kv_key, doc)
             self._view.know_count(kv_key, doc.run_id, doc.count)
             self._view.count_own(kv_key, doc.run_id, len(pings))
@@ -541,6 +632,8 @@ class Registrar:
             and doc.opened_by == (leading.fire_id[len(FIRE_PREFIX) :])
         ):
             fire_id, leading.used = leading.fire_id, True
+        if closed:
+            token = 0 if leading is None or fire_id is None else self._view.token(leading.revision)
         # The pings of one outcome share one (immutable) result: the coordinator
         # recognises a merged ping's by it and skips repeating its local bookkeeping.
         results: dict[Registered, Registration] = {}

@@ -159,6 +159,37 @@ def commit_landed(doc: WindowDoc | None, run_id: str, write: str) -> bool | None
     return len(doc.after) >= AFTER_KEEP
 
 
+def opening_landed(
+    doc: WindowDoc | None,
+    opened: WindowDoc,
+    prior_run: str | None,
+    now: float,
+    lease: float,
+    skew: float,
+) -> bool | None:
+    """Did a write that opened window ``opened`` over a document of run ``prior_run``
+    (None: the key held no window) land, its answer lost, judged by the key's document
+    ``doc`` as read at wall time ``now``?
+
+    True: the window is the document's, or in its ``after`` (it landed; it may have
+    fired since, under newer windows). False: it did not: the document it was written
+    over is still there, or was followed directly by another window; or the ``after``
+    list goes back to an empty key and no tombstone of the window could have been
+    swept yet (the sweeper keeps one ``lease`` past its last ping, and clocks may
+    differ by ``skew`` each way). None: cannot tell (it may have landed, fired and been
+    swept, or pushed out of a full ``after``): writing the run again could fire it
+    twice. See docs/protocol.rst, "Group commit".
+    """
+    chain = () if doc is None else (doc.run_id, *(run for run, _ in doc.after))
+    if opened.run_id in chain:
+        return True
+    if prior_run is not None and prior_run in chain:
+        return False
+    if (doc is None or len(doc.after) < AFTER_KEEP) and now < opened.last + lease - 2 * skew:
+        return False
+    return None
+
+
 def leading_refire(doc: WindowDoc | None, run_id: str, write: str) -> bool | None:
     """May a survivor run again the leading fire of run ``run_id``, whose record names
     the window's opening write ``write``, judged by its key's document ``doc`` as read
