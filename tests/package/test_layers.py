@@ -64,6 +64,7 @@ LAYERS: dict[str, int] = {
     "_runs._sqlite": BACKENDS,
     "_protocol._housekeeping": BACKENDS,
     "_protocol._register": BACKENDS,
+    "_protocol._answers": BACKENDS,
     "_protocol._turns": BACKENDS,
     "_protocol._records": BACKENDS,
     "_protocol._finalize": BACKENDS,
@@ -230,6 +231,7 @@ PROTOCOL_PARTS = {
     "_protocol._records",
     "_protocol._finalize",
     "_protocol._register",
+    "_protocol._answers",
     "_protocol._housekeeping",
     "_protocol._backend",
 }

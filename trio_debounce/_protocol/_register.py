@@ -8,7 +8,6 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -20,6 +19,7 @@ from .._options import InitialFactory, Reducer
 from .._payload import JsonSerializer
 from .._types import Mode
 from . import _rules
+from ._answers import Answers, LeadingRecord, SentWrite
 from ._documents import FIRE_PREFIX, WindowDoc
 from ._finalize import Finalizer
 from ._leases import ProcessLease
@@ -33,35 +33,6 @@ logger = logging.getLogger("trio_debounce.backend")
 
 #: Payload types that JSON gives back as they are (exact types: not subclasses).
 _JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-@dataclass(slots=True, frozen=True)
-class _Sent:
-    """A write of a batch whose answer may be lost: what decides and answers it."""
-
-    #: Its pings and their outcomes.
-    pings: list[tuple[Call, Registered]]
-    #: The document it wrote, and the run id of the one it was written over (None:
-    #: the key held no window).
-    doc: WindowDoc
-    prior_run: str | None
-    #: The take time of its coalesced pings, and until when the window it wrote waits
-    #: for its key's queue-latest run.
-    take_at: float | None
-    waits: float | None
-
-
-@dataclass(slots=True)
-class _LeadingRecord:
-    """The record of the leading fire a batch's opening write is for, once written."""
-
-    fire_id: str | None = None
-    #: Its revision: the fencing token of a leading fire whose window has closed
-    #: before the opening write's answer came (later than the key's writes before
-    #: the opening, earlier than every write after it).
-    revision: int = 0
-    #: The batch's answer carries it (the window it was for was opened).
-    used: bool = False
 
 
 class Registrar:
@@ -108,9 +79,14 @@ class Registrar:
         self._json = type(me.serializer) is JsonSerializer
         #: Takes the fires of due windows that pings find (see DueFires).
         self._due = DueFires(view, finalizer)
+        self._answers = Answers(view, leases, me, wall)
         # Counters, see KvDebounceBackend.
         self.unstored_coalesces = 0
-        self.takeovers = 0
+
+    @property
+    def takeovers(self) -> int:
+        """Pings that took a dead owner's window over."""
+        return self._answers.takeovers
 
     @property
     def taken_fires(self) -> int:
@@ -265,7 +241,7 @@ class Registrar:
     async def _write_batch(
         self, workflow: str, key: str, kv_key: str, batch: list[Call]
     ) -> list[Call]:
-        leading = _LeadingRecord()
+        leading = LeadingRecord()
         # The batch's bound: its oldest ping is answered 2 * op_timeout after arriving.
         give_up = batch[0].deadline + self._op_timeout
         try:
@@ -293,7 +269,7 @@ class Registrar:
         key: str,
         new: WindowDoc,
         pings: list[tuple[Call, Registered]],
-        leading: _LeadingRecord,
+        leading: LeadingRecord,
     ) -> None:
         """Under at-least-once, before a write that opens a leading or both-edges
         window: its leading fire's record (expecting no entry), so that a survivor runs
@@ -315,7 +291,7 @@ class Registrar:
         leading.fire_id, leading.revision = fire_id, revision
 
     async def _write_batch_recorded(
-        self, workflow: str, key: str, kv_key: str, batch: list[Call], leading: _LeadingRecord
+        self, workflow: str, key: str, kv_key: str, batch: list[Call], leading: LeadingRecord
     ) -> list[Call]:
         """Write the pings of ``batch`` (one key, arrival order) by one compare-and-swap
         (see _write_batch; ``leading`` gets the id of a leading fire's record written).
@@ -335,7 +311,7 @@ class Registrar:
         error: BackendError | None = None
         rest: list[Call] = []
         #: The write whose answer may be lost.
-        sent: _Sent | None = None
+        sent: SentWrite | None = None
         base = -1  # the revision that write expected
         in_flight = ambiguous = resolving = False
         #: A re-read could not tell whether the write that opened a window landed.
@@ -358,11 +334,13 @@ class Registrar:
                             if ambiguous:
                                 ambiguous = False
                                 assert sent is not None
-                                landed = self._landed(doc, write, sent)
+                                landed = self._answers.landed(doc, write, sent)
                                 if landed:
                                     # The write had landed. Writing again would open a
                                     # second window of the run, fired twice.
-                                    self._answer_landed(kv_key, sent, doc, revision, leading)
+                                    self._answers.answer_landed(
+                                        kv_key, sent, doc, revision, leading
+                                    )
                                     return rest
                                 if landed is None and revision != base:
                                     unresolved = True
@@ -428,7 +406,7 @@ class Registrar:
                         if blocked is not None and new.queue and new.at <= now:
                             waits = blocked  # the owner looks again then
                         prior = None if doc is None else doc.run_id
-                        sent = _Sent(pings, new, prior, take_at, waits)
+                        sent = SentWrite(pings, new, prior, take_at, waits)
                         base = revision
                         if leading.fire_id is None:
                             await self._leading_record(workflow, key, new, pings, leading)
@@ -462,7 +440,7 @@ class Registrar:
                         return rest
                     else:
                         self._view.remember(kv_key, new_revision, new)
-                        self._answer_batch(
+                        self._answers.answer_batch(
                             kv_key, pings, new, take_at, new_revision, waits, leading
                         )
                         return rest
@@ -545,119 +523,3 @@ class Registrar:
                 ),
             )
         return rest
-
-    def _landed(self, doc: WindowDoc | None, write: str, sent: _Sent) -> bool | None:
-        """Did ``sent``, write ``write``, land, judged by its key's document ``doc`` as
-        re-read? True, False, or None if a re-read cannot tell (see
-        :func:`~._rules.opening_landed`)."""
-        if doc is not None and not doc.fired and write == doc.write:
-            return True  # its revision, or pings of this process's since
-        if sent.doc.opened_by != write:
-            # A write into an open window (or a takeover): if its window has fired
-            # since, writing its pings again opens a window of their own run id, never
-            # used: no run fires twice (the pings may, once in each fire).
-            return False
-        return _rules.opening_landed(
-            doc, sent.doc, sent.prior_run, self._wall(), self._leases.seconds, self._leases.skew
-        )
-
-    def _answer_landed(
-        self,
-        kv_key: str,
-        sent: _Sent,
-        doc: WindowDoc | None,
-        revision: int,
-        leading: _LeadingRecord,
-    ) -> None:
-        """Answer the pings of ``sent``, a write that landed though its answer was lost,
-        from the key's document ``doc`` (at ``revision``) as re-read."""
-        if doc is not None and not doc.fired and doc.run_id == sent.doc.run_id:
-            # Its window is open: as it is now.
-            self._answer_batch(kv_key, sent.pings, doc, sent.take_at, revision, sent.waits, leading)
-            return
-        # Its window has closed since (a peer took its fire, maybe opened newer windows
-        # over it): its pings are in that fire. Answered as the write left the window,
-        # not owned (its finalize finds it closed); a leading fire the opening owes
-        # carries its record's revision as fencing token (0 without one: a later fire
-        # of the key has committed), never a later write's.
-        self._answer_batch(
-            kv_key,
-            sent.pings,
-            sent.doc,
-            sent.take_at,
-            revision,
-            sent.waits,
-            leading,
-            closed=True,
-        )
-
-    def _answer_batch(
-        self,
-        kv_key: str,
-        pings: list[tuple[Call, Registered]],
-        doc: WindowDoc,
-        take_at: float | None,
-        revision: int,
-        waits: float | None = None,
-        leading: _LeadingRecord | None = None,
-        *,
-        closed: bool = False,
-    ) -> None:
-        """Answer the pings of a write that landed; tracks what this process owns.
-        ``leading``: the record of a leading fire, given to the ping that opened the
-        window when this write opened it. ``closed``: the window ``doc`` has closed
-        since (see _answer_landed).
-
-        Every ping of the write reports the window as that write left it (count, due
-        time, payload), whatever order their tasks wake in; each its own outcome. A
-        window that ``waits`` for its key's ``queue-latest`` run reports ``waiting``,
-        and that time as ``scheduled_at`` (when the owner looks again).
-        """
-        if doc.payload_policy != "last" or doc.ordered:
-            # The window's payload, not a ping's.
-            payload = _rules.load_payload(self._me.serializer, doc.payload)
-        else:
-            payload = pings[-1][0].own  # the last ping's: the one stored
-        if self._me.owns(doc) and not closed:
-            self._view.own(kv_key, doc)
-            self._view.know_count(kv_key, doc.run_id, doc.count)
-            self._view.count_own(kv_key, doc.run_id, len(pings))
-        else:
-            self._view.disown(kv_key, doc.run_id)
-        token = self._view.token(revision)
-        fire_id = None
-        if (
-            leading is not None
-            and leading.fire_id is not None
-            and doc.opened_by == (leading.fire_id[len(FIRE_PREFIX) :])
-        ):
-            fire_id, leading.used = leading.fire_id, True
-        if closed:
-            token = 0 if leading is None or fire_id is None else self._view.token(leading.revision)
-        # The pings of one outcome share one (immutable) result: the coordinator
-        # recognises a merged ping's by it and skips repeating its local bookkeeping.
-        results: dict[Registered, Registration] = {}
-        for ping, outcome in pings:
-            if outcome is Registered.TOOK_OVER:
-                self.takeovers += 1
-            result = results.get(outcome)
-            if result is None:
-                result = results[outcome] = Registration(
-                    outcome,
-                    doc.run_id,
-                    doc.mode,
-                    doc.at if waits is None else waits,
-                    doc.first,
-                    doc.count,
-                    True,
-                    take_at if outcome is Registered.COALESCED else None,
-                    payload,
-                    token,
-                    waiting=waits is not None,
-                    fire_id=fire_id if outcome is Registered.OPENED else None,
-                )
-            if ping.taken:
-                # Its own result: the fires it took are the caller's to run.
-                answer(ping, result._replace(taken=tuple(ping.taken)))
-                continue
-            answer(ping, result)
