@@ -26,13 +26,21 @@ from ._errors import DocumentTooLargeError as DocumentTooLargeError
 from ._errors import LeaseLapsedError as LeaseLapsedError
 from ._errors import ProcessIdTakenError as ProcessIdTakenError
 from ._errors import RevisionConflict as RevisionConflict
+from ._events import BackendEvent as BackendEvent
+from ._events import CommitProven as CommitProven
 from ._events import CoordinatorEvent as CoordinatorEvent
 from ._events import EventHook as EventHook
 from ._events import FireFinished as FireFinished
+from ._events import FireReason as FireReason
 from ._events import FireStarted as FireStarted
+from ._events import LeadingReRunSkipped as LeadingReRunSkipped
+from ._events import LeaseLapsed as LeaseLapsed
+from ._events import LeaseRenewed as LeaseRenewed
 from ._events import PingAnswered as PingAnswered
 from ._events import PingFailedOpen as PingFailedOpen
 from ._events import PingRejected as PingRejected
+from ._events import StoreCalled as StoreCalled
+from ._events import WindowDeletedExternally as WindowDeletedExternally
 from ._events import WindowTakenOver as WindowTakenOver
 from ._payload import JsonSerializer as JsonSerializer
 from ._payload import PayloadSerializer as PayloadSerializer
@@ -78,6 +86,12 @@ def _fixup_module_metadata() -> None:
         PingFailedOpen,
         PingRejected,
         WindowTakenOver,
+        WindowDeletedExternally,
+        StoreCalled,
+        LeaseRenewed,
+        LeaseLapsed,
+        CommitProven,
+        LeadingReRunSkipped,
         Finalization,
         Finalized,
         OwnedWindow,

@@ -14,6 +14,7 @@ from typing import Any, Literal, NamedTuple
 
 import trio
 
+from ._events import BackendEvent, FireReason
 from ._types import Edge, InitialFactory, Mode, Reducer
 
 #: The values of ``open_coordinator(delivery=...)``.
@@ -172,6 +173,10 @@ class Finalization(NamedTuple):
         backend that does not say; the caller named the run it finalized). Needed
         for a fire taken by :meth:`DebounceBackend.register` (see
         :attr:`Registration.taken`).
+      reason (FireReason): for ``fire``: why the window fired (``"delay"``,
+        ``"max-delay"``, ``"max-count"`` or ``"flush"``), for the coordinator's
+        :class:`~trio_debounce.FireStarted`; ``"delay"`` from a backend that does
+        not say.
     """
 
     outcome: Finalized
@@ -185,6 +190,7 @@ class Finalization(NamedTuple):
     fire_id: str | None = None
     blocks: bool = False
     run_id: str = ""
+    reason: FireReason = "delay"
 
 
 class OwnedWindow(NamedTuple):
@@ -326,6 +332,7 @@ class DebounceBackend(abc.ABC):
     _ping_delivery: Delivery = "at-least-once"
     _taken_hook: Callable[[str, str, Finalization], None] | None = None
     _unproven_take_hook: Callable[[str, str, str], None] | None = None
+    _event_hook: Callable[[BackendEvent], None] | None = None
 
     def attach(
         self,
@@ -333,6 +340,7 @@ class DebounceBackend(abc.ABC):
         delivery: Delivery,
         on_taken: Callable[[str, str, Finalization], None] | None = None,
         on_unproven_take: Callable[[str, str, str], None] | None = None,
+        on_event: Callable[[BackendEvent], None] | None = None,
     ) -> None:
         """Mark this backend as used by one coordinator (``open_coordinator`` calls it
         before its first request, :meth:`detach` when its block has closed).
@@ -349,6 +357,11 @@ class DebounceBackend(abc.ABC):
             taken fire and its answer did not come within ``op_timeout``: the
             coordinator proves it (:meth:`finalize` with ``take=True`` re-reads for up
             to a lease) and runs it if it landed; None drops such a fire.
+          on_event: ``on_event(event)``, called synchronously with each
+            :data:`~trio_debounce.BackendEvent` (store calls, lease renewals and
+            lapses, proofs, skipped re-runs) when the coordinator has an ``on_event``
+            hook; it never raises. None (the default): the backend reports nothing and
+            spends nothing on it. A backend that reports nothing may ignore it.
 
         Raises:
           RuntimeError: another coordinator uses this backend (each needs its own:
@@ -363,6 +376,7 @@ class DebounceBackend(abc.ABC):
         self._ping_delivery = delivery
         self._taken_hook = on_taken
         self._unproven_take_hook = on_unproven_take
+        self._event_hook = on_event
 
     def detach(self) -> None:
         """The coordinator that :meth:`attach` marked is done with this backend."""
@@ -370,6 +384,7 @@ class DebounceBackend(abc.ABC):
         self._ping_delivery = "at-least-once"
         self._taken_hook = None
         self._unproven_take_hook = None
+        self._event_hook = None
 
     @property
     @abc.abstractmethod

@@ -25,7 +25,7 @@ from ._errors import (
     BackendUnavailableError,
 )
 from ._events import EventHook, PingAnswered, PingRejected
-from ._firing import Handlers, Ledger
+from ._firing import BackendEvents, Handlers, Ledger
 from ._firing import closed_error as _closed_error
 from ._local import LocalWindows, ping_any
 from ._options import InitialFactory, Reducer
@@ -1077,8 +1077,13 @@ async def open_coordinator(
         for shared in opened:
             shared.prove_taken(workflow, key, run_id)
 
+    relay = BackendEvents()
     if backend is not None:
-        backend.attach(delivery=delivery, on_taken=on_taken, on_unproven_take=on_unproven_take)
+        # Only with a hook: a backend that predates on_event keeps working without one.
+        hook = {} if on_event is None else {"on_event": relay.emit}
+        backend.attach(
+            delivery=delivery, on_taken=on_taken, on_unproven_take=on_unproven_take, **hook
+        )
     try:
         await _wait_process_ids_free(backend, scheduler, on_backend_error)
     except BaseException:
@@ -1113,6 +1118,7 @@ async def open_coordinator(
                 scheduler,
                 on_event,
             )
+            relay.bind(coordinator._ledger)
             if backend is not None:
                 assert coordinator._shared is not None
                 opened.append(coordinator._shared)

@@ -29,16 +29,18 @@ import bisect
 import math
 from typing import Any, Final
 
+from ._events import FireReason
 from ._options import COLLECT, DEFAULT, FIRE_EARLY, FIRST, LAST, InitialFactory, Reducer
 from ._options import WindowOptions as WindowOptions
 from ._types import Mode
 
 INF: Final = math.inf
 
-#: Why a window is due (:func:`due_reason`).
+#: Why a window is due (:func:`due_reason`): the reasons of a trailing fire in
+#: :class:`~trio_debounce.FireStarted`.
 DUE_DELAY: Final = "delay"
-DUE_CAP: Final = "cap"
-DUE_COUNT: Final = "count"
+DUE_CAP: Final = "max-delay"
+DUE_COUNT: Final = "max-count"
 
 
 class WindowState:
@@ -153,6 +155,28 @@ def due_reason(state: WindowState, t: float) -> str | None:
     if state.deadline >= state.cap:
         return DUE_CAP
     return DUE_DELAY
+
+
+def trailing_reason(
+    fired_at: float, deadline: float, cap: float, count: int, max_count: int | None
+) -> FireReason:
+    """Why a trailing fire at ``fired_at`` of a window due at ``deadline`` fired:
+    ``"flush"`` before its due time, else as :func:`due_reason` says (``cap``:
+    :data:`INF` without a ``max_delay``)."""
+    if fired_at < deadline:
+        return "flush"
+    if max_count is not None and count >= max_count:
+        return "max-count"
+    if deadline >= cap:
+        return "max-delay"
+    return "delay"
+
+
+def reason_of(state: WindowState, fired_at: float) -> FireReason:
+    """:func:`trailing_reason` of the window's trailing fire at ``fired_at``."""
+    opts = state.opts
+    max_count = None if opts is None else opts.max_count
+    return trailing_reason(fired_at, state.deadline, state.cap, state.count, max_count)
 
 
 def scheduled_at(state: WindowState) -> float | None:

@@ -78,6 +78,16 @@ class PingFailedOpen:
     at: float
 
 
+#: Why a fire fired: ``"leading"`` (a leading edge: the window's first ping);
+#: ``"delay"`` (a trailing edge after ``delay`` seconds of silence); ``"max-delay"``
+#: (a trailing edge at the window's cap, ``max_delay`` after its first ping, before
+#: the silence came); ``"max-count"`` (a trailing edge at the ping that reached
+#: ``max_count``); ``"flush"`` (:meth:`~trio_debounce.Coordinator.flush`, an exit's
+#: ``on_exit="flush"``, or ``overflow="fire-early"``); ``"re-run"`` (a later attempt of
+#: a fire its process died in, at least once).
+FireReason: TypeAlias = Literal["leading", "delay", "max-delay", "max-count", "flush", "re-run"]
+
+
 @dataclass(frozen=True, slots=True)
 class FireStarted:
     """A fire's handler is about to run (in its own task).
@@ -88,11 +98,13 @@ class FireStarted:
       lateness (float): ``at - fire.fired_at``, seconds past the fire's logical time
         (its deadline, ping or flush time). About 0 for a fire on time; for a re-run
         (``fire.attempt`` above 1), the time since the interrupted attempt was due.
+      reason (FireReason): why it fired (see :data:`FireReason`).
     """
 
     fire: Fire
     at: float
     lateness: float
+    reason: FireReason = "delay"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +120,7 @@ class FireFinished:
         ``"cancelled"`` (a :exc:`BaseException` such as :exc:`trio.Cancelled` left
         the handler: the fire is not finished, and the error propagates).
       error (BaseException | None): what the handler raised, None if it returned.
+      reason (FireReason): why it fired, as in its :class:`FireStarted`.
     """
 
     fire: Fire
@@ -115,6 +128,7 @@ class FireFinished:
     duration: float
     outcome: Literal["returned", "raised", "cancelled"]
     error: BaseException | None
+    reason: FireReason = "delay"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +150,144 @@ class WindowTakenOver:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class WindowDeletedExternally:
+    """A shared window this coordinator owned was deleted by someone else (an
+    operator's KV delete, or a peer's :meth:`~trio_debounce.Coordinator.cancel`): its
+    pending fire is dropped, and counted as a cancel (once per window, in
+    ``cancelled`` and ``deleted_externally``).
+
+    Attributes:
+      workflow (str): the window's workflow.
+      key (str): the window's debounce key.
+      run_id (str): the window's run id.
+      at (float): when this coordinator noticed (Trio's clock, seconds).
+    """
+
+    workflow: str
+    key: str
+    run_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCalled:
+    """The backend made one request to its store (with a backend only).
+
+    A compare-and-swap that lost (``outcome="conflict"``) is a CAS conflict: the
+    backend re-reads and retries (``conflicts`` in the backend's statistics).
+
+    Attributes:
+      op (str): ``"get"``, ``"get_current"`` (a read from the stream leader),
+        ``"put"``, ``"delete"``, ``"purge"``, ``"purge_marker"`` or ``"entries"``.
+      key (str): the KV key (the prefix, for ``"entries"``), as stored (encoded).
+      duration (float): seconds from the request to its answer or failure (Trio's
+        clock).
+      outcome (str): ``"ok"`` (answered); ``"conflict"`` (a revision check failed);
+        ``"unavailable"`` (no answer in time, or given up by its caller's deadline:
+        a write may have been applied); ``"error"`` (any other
+        :exc:`~trio_debounce.BackendError`, such as a refused permission or a
+        :exc:`~trio_debounce.DocumentTooLargeError`).
+      at (float): when it ended (Trio's clock, seconds).
+    """
+
+    op: str
+    key: str
+    duration: float
+    outcome: Literal["ok", "conflict", "unavailable", "error"]
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRenewed:
+    """This process's lease was written (with a backend only): its heartbeat, or a
+    renewal forced by a finalize that found it lapsed.
+
+    Attributes:
+      at (float): when the write was answered (Trio's clock, seconds).
+      expires_in (float): seconds of lease from then (the ``process_lease``).
+      draining (bool): the lease marks the process as draining (its exit has begun).
+    """
+
+    at: float
+    expires_in: float
+    draining: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseLapsed:
+    """This process noticed that its lease expired unrenewed (with a backend only): a
+    peer may take its windows over and adopt its fire records; it fires nothing on
+    its own view until it has renewed. Once per lapse.
+
+    Attributes:
+      at (float): when it was noticed (Trio's clock, seconds).
+      overdue (float): seconds since the lease expired, by this process's wall clock.
+    """
+
+    at: float
+    overdue: float
+
+
+@dataclass(frozen=True, slots=True)
+class CommitProven:
+    """An at-most-once fire commit whose answer was lost has been decided by re-reads
+    (see :doc:`/protocol`, "Delivery guarantees"): it landed (the fire runs, attempt
+    1), or none of its writes can land any more (the window is decided again, or was
+    closed by another write), or no read could tell within the lease (the fire is
+    dropped: ``dropped_fires``).
+
+    Attributes:
+      workflow (str): the window's workflow.
+      key (str): the window's debounce key.
+      run_id (str): the window's run id.
+      landed (bool): the commit landed, and the fire runs.
+      at (float): when it was decided (Trio's clock, seconds).
+    """
+
+    workflow: str
+    key: str
+    run_id: str
+    landed: bool
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeadingReRunSkipped:
+    """At least once, a survivor found the fire record of a leading fire whose process
+    died in its handler, and did not run it again, because a later fire of its key has
+    committed (so that a key's fencing tokens keep the order its payloads were
+    stored in); logged and counted (the backend's ``skipped_refires``).
+
+    Attributes:
+      workflow (str): the window's workflow.
+      key (str): the window's debounce key.
+      run_id (str): the window's run id.
+      at (float): when (Trio's clock, seconds).
+    """
+
+    workflow: str
+    key: str
+    run_id: str
+    at: float
+
+
+#: The events a backend reports to the coordinator it is attached to (see
+#: :meth:`~trio_debounce.abc.DebounceBackend.attach`).
+BackendEvent: TypeAlias = (
+    StoreCalled | LeaseRenewed | LeaseLapsed | CommitProven | LeadingReRunSkipped
+)
+
 #: Every event :func:`~trio_debounce.open_coordinator`'s ``on_event`` hook receives.
 CoordinatorEvent: TypeAlias = (
-    PingAnswered | PingRejected | PingFailedOpen | FireStarted | FireFinished | WindowTakenOver
+    PingAnswered
+    | PingRejected
+    | PingFailedOpen
+    | FireStarted
+    | FireFinished
+    | WindowTakenOver
+    | WindowDeletedExternally
+    | BackendEvent
 )
 
 #: The type of an ``on_event`` hook: ``def hook(event: CoordinatorEvent) -> object``

@@ -19,9 +19,16 @@ from typing import Literal
 import trio
 from trio.lowlevel import disable_ki_protection
 
-from ._events import CoordinatorEvent, EventHook, FireFinished, FireStarted
+from ._events import (
+    BackendEvent,
+    CoordinatorEvent,
+    EventHook,
+    FireFinished,
+    FireReason,
+    FireStarted,
+)
 from ._invoke import invoke
-from ._types import ErrorCallback, Fire, Handler, InitialFactory, Reducer
+from ._types import Edge, ErrorCallback, Fire, Handler, InitialFactory, Reducer
 
 logger = logging.getLogger("trio_debounce")
 
@@ -158,6 +165,28 @@ def report(on_error: ErrorCallback, fire: Fire, exc: Exception) -> None:
     on_error(fire, exc)
 
 
+class BackendEvents:
+    """Relays the events of a coordinator's backend to its :class:`Ledger` (and so
+    through the hook's error policy); those reported before the ledger exists (the
+    start's lease write) are held until :meth:`bind`."""
+
+    def __init__(self) -> None:
+        self._ledger: Ledger | None = None
+        self._early: list[BackendEvent] = []
+
+    def emit(self, event: BackendEvent) -> None:
+        if self._ledger is not None:
+            self._ledger.emit(event)
+        else:
+            self._early.append(event)
+
+    def bind(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        early, self._early = self._early, []
+        for event in early:
+            ledger.emit(event)
+
+
 class Handlers:
     """The handler of each workflow, the reducers by name, and the error policy.
 
@@ -190,9 +219,13 @@ class Handlers:
         """The handler of a fire: the window's ``on_fire``, else the workflow's now."""
         return on_fire if on_fire is not None else self.by_workflow.get(workflow)
 
-    async def call(self, handler: Handler | None, fire: Fire) -> None:
+    async def call(
+        self, handler: Handler | None, fire: Fire, reason: FireReason | None = None
+    ) -> None:
         """Run ``handler(fire)`` under the error policy (the handler and ``on_error``
-        run without KI protection; see ``_invoke.invoke``).
+        run without KI protection; see ``_invoke.invoke``). ``reason``: why a trailing
+        fire fired, for the event hook (None: ``"delay"``; a leading edge and a re-run
+        say so themselves).
 
         Returns once the handler returned or raised an :exc:`Exception` (which is
         logged on the ``trio_debounce`` logger, counted in ``handler_errors`` and
@@ -206,24 +239,32 @@ class Handlers:
         """
         ledger = self.ledger
         if ledger.hook is not None:
-            await self._observed_call(handler, fire)
+            await self._observed_call(handler, fire, reason)
             return
         await self._call(handler, fire)
 
-    async def _observed_call(self, handler: Handler | None, fire: Fire) -> None:
+    async def _observed_call(
+        self, handler: Handler | None, fire: Fire, reason: FireReason | None
+    ) -> None:
         """:meth:`call`, between a :class:`FireStarted` and a :class:`FireFinished`."""
         ledger = self.ledger
+        if fire.attempt > 1:
+            reason = "re-run"
+        elif fire.edge is Edge.LEADING:
+            reason = "leading"
+        elif reason is None:
+            reason = "delay"
         started = trio.current_time()
-        ledger.emit(FireStarted(fire, started, started - fire.fired_at))
+        ledger.emit(FireStarted(fire, started, started - fire.fired_at, reason))
         try:
             error = await self._call(handler, fire)
         except BaseException as exc:
             ended = trio.current_time()
-            ledger.emit(FireFinished(fire, ended, ended - started, "cancelled", exc))
+            ledger.emit(FireFinished(fire, ended, ended - started, "cancelled", exc, reason))
             raise
         ended = trio.current_time()
         outcome: Literal["returned", "raised"] = "returned" if error is None else "raised"
-        ledger.emit(FireFinished(fire, ended, ended - started, outcome, error))
+        ledger.emit(FireFinished(fire, ended, ended - started, outcome, error, reason))
 
     async def _call(self, handler: Handler | None, fire: Fire) -> Exception | None:
         """:meth:`call`; returns the :exc:`Exception` it handled, else None."""

@@ -22,6 +22,7 @@ import trio
 from trio.lowlevel import enable_ki_protection
 
 from . import _engine, _options, _validate
+from ._events import FireReason
 from ._firing import Handlers, Ledger, closed_error
 from ._types import (
     DebounceResult,
@@ -539,12 +540,11 @@ class LocalWindows:
         if not window.trailing:
             window.state = CLOSED
             return  # leading-only: the window closes without a fire
-        handler, fire, run = self._take_trailing_fire(window, fired_at)
-        await self._call(handler, fire, run)
+        await self._call(*self._take_trailing_fire(window, fired_at))
 
     def _decide_after_abort(
         self, window: Window
-    ) -> tuple[Handler | None, Fire, KeyRun | None] | None:
+    ) -> tuple[Handler | None, Fire, KeyRun | None, FireReason | None] | None:
         """Decide, by time, what an abort does to a window's pending trailing fire.
 
         A fire that was due when the block aborted (its deadline reached) or committed
@@ -567,7 +567,7 @@ class LocalWindows:
 
     def _take_trailing_fire(
         self, window: Window, fired_at: float
-    ) -> tuple[Handler | None, Fire, KeyRun | None]:
+    ) -> tuple[Handler | None, Fire, KeyRun | None, FireReason | None]:
         """Close a window whose trailing fire is pending and turn it into a running fire.
 
         Moves the fire from pending to running in one step (so wait_idle never sees
@@ -596,15 +596,22 @@ class LocalWindows:
             1,
             self._token(),
         )
-        return handler, fire, None if window.opts is None else window.run
+        reason = None if ledger.hook is None else _engine.reason_of(window, fired_at)
+        return handler, fire, None if window.opts is None else window.run, reason
 
     @enable_ki_protection
-    async def _call(self, handler: Handler | None, fire: Fire, run: KeyRun | None = None) -> None:
+    async def _call(
+        self,
+        handler: Handler | None,
+        fire: Fire,
+        run: KeyRun | None = None,
+        reason: FireReason | None = None,
+    ) -> None:
         """Run a local fire's handler (counted as running by the caller)."""
         # KI-protected, so Ctrl-C cannot land between the counters and the try; the
         # handler and on_error run unprotected (see _invoke.invoke and _firing.report).
         try:
-            await self._handlers.call(handler, fire)
+            await self._handlers.call(handler, fire, reason)
         finally:
             if run is not None:
                 # A "queue-latest" run: the window waiting for it fires now.

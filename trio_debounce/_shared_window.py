@@ -32,6 +32,7 @@ from ._backend import (
     OwnedWindow,
 )
 from ._errors import BackendError, LeaseLapsedError
+from ._events import FireReason, WindowDeletedExternally
 from ._firing import Handlers, Ledger
 from ._types import Edge, Fire, Handler, Mode
 from ._wallclock import trio_to_wall, wall_to_trio
@@ -192,6 +193,9 @@ class SharedFires:
         if not self._backend.take_deleted(shared.run_id):
             return False
         self._ledger.deleted_externally += 1
+        if self._ledger.hook is not None:
+            workflow, key = shared.ident
+            self._ledger.emit(WindowDeletedExternally(workflow, key, shared.run_id, self._now()))
         if shared.pending_trailing:
             self._ledger.cancelled += 1
             self.set_pending(shared, False)
@@ -350,6 +354,7 @@ class SharedFires:
                         None,
                         shared.mode,
                         payload=shared.payload,
+                        reason="flush" if force else "delay",
                     )
                 finally:
                     shared.finalizing = False
@@ -420,7 +425,9 @@ class SharedFires:
         ledger.pending -= 1
         ledger.running += 1
         ledger.fires += 1
-        await self.call(handler, fire, result.fire_id, shared_run=result.blocks)
+        await self.call(
+            handler, fire, result.fire_id, shared_run=result.blocks, reason=result.reason
+        )
 
     # ---------------------------------------------------------- taken fires
 
@@ -572,17 +579,19 @@ class SharedFires:
         fire_id: str | None = None,
         *,
         shared_run: bool = False,
+        reason: FireReason | None = None,
     ) -> None:
         """Run a shared window's fire (counted as running by the caller), then its
         after-steps: ``fire_id``, an at-least-once fire record, is deleted once the
         handler has returned or raised (not if it was cancelled: a peer runs it again),
         before the handler counts as finished, so an exit cannot cut the delete short;
-        ``shared_run``: a "queue-latest" run, ended in the key's shared record."""
+        ``shared_run``: a "queue-latest" run, ended in the key's shared record;
+        ``reason``: why it fired (see ``Handlers.call``)."""
         # KI-protected, so Ctrl-C cannot land between the counters and the try; the
         # handler and on_error run unprotected (see _invoke.invoke and _firing.report).
         finished = False
         try:
-            await self._handlers.call(handler, fire)
+            await self._handlers.call(handler, fire, reason)
             finished = True
         finally:
             if finished and fire_id is not None:

@@ -191,3 +191,31 @@ async def test_a_bad_hook_is_refused_naming_it(on_event: Any, message: str) -> N
     with pytest.raises(TypeError, match=message):
         async with open_coordinator(on_event=on_event):
             pass  # pragma: no cover
+
+
+async def test_a_fire_says_why_it_fired(autojump_clock: trio.testing.MockClock) -> None:
+    events: list[CoordinatorEvent] = []
+    async with open_coordinator(handlers={WF: noop}, on_event=events.append) as c:
+        c.debounce_nowait(WF, "silence", 1, delay=1.0)
+        for _ in range(3):  # at 0, 0.9 and 1.8: the silence would come at 2.8
+            c.debounce_nowait(WF, "capped", 1, delay=1.0, max_delay=2.5)
+            await trio.sleep(0.9)
+        c.debounce_nowait(WF, "flushed", 1, delay=10.0)
+        c.debounce_nowait(WF, "counted", 1, delay=10.0, max_count=2)
+        c.debounce_nowait(WF, "counted", 2, delay=10.0, max_count=2)
+        c.debounce_nowait(WF, "led", 1, delay=1.0, mode="leading")
+        await c.flush(WF, "flushed")
+        await trio.sleep(5.0)
+    started = {e.fire.key: e.reason for e in events if isinstance(e, FireStarted)}
+    finished = {e.fire.key: e.reason for e in events if isinstance(e, FireFinished)}
+    assert (
+        started
+        == finished
+        == {
+            "silence": "delay",
+            "capped": "max-delay",
+            "flushed": "flush",
+            "counted": "max-count",
+            "led": "leading",
+        }
+    )

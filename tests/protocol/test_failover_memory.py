@@ -17,6 +17,7 @@ from trio_debounce import (
     BackendUnavailableError,
     Edge,
     Finalized,
+    LeadingReRunSkipped,
     Mode,
     Outcome,
     Registered,
@@ -1156,9 +1157,12 @@ async def test_a_leading_rerun_is_skipped_once_a_later_fire_of_its_key_committed
     # Running R's leading fire again then would put an older payload after a newer
     # one (its token would be higher): it is skipped, and counted.
     store, fires = MemoryStore(), Fires()
-    async with process(store, fires, "B") as (b, b_backend, _):
+    events: list[Any] = []
+    async with process(store, fires, "B", on_event=events.append) as (b, b_backend, _):
         async with process(store, fires, "A", hold=100.0) as (a, a_backend, a_scope):
             await a.debounce("wf", "k", "a", delay=1.0, mode="leading")
+            run = await a.window_status("wf", "k")
+            assert run is not None
             await trio.sleep(0.5)
             die(a_backend, a_scope)
         await trio.sleep(1.5)  # R is due; A's lease is still live
@@ -1167,6 +1171,8 @@ async def test_a_leading_rerun_is_skipped_once_a_later_fire_of_its_key_committed
         await trio.sleep(2 * FAILOVER)
         assert b.statistics().refires == 0
         assert b_backend.skipped_refires == 1
+    [skipped] = [e for e in events if isinstance(e, LeadingReRunSkipped)]
+    assert (skipped.workflow, skipped.key, skipped.run_id) == ("wf", "k", run.run_id)
     assert [(p, f.payload, f.attempt) for p, f in fires.log] == [("A", "a", 1), ("B", "b", 1)]
     assert not [k for k in store._data if k.startswith("f.")]  # taken back
 

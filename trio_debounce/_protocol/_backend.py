@@ -39,6 +39,7 @@ from .._backend import (
     Registration,
     WindowStatus,
 )
+from .._events import BackendEvent
 from .._keys import process_key
 from .._kv import KvStore
 from .._options import InitialFactory, Reducer
@@ -190,12 +191,20 @@ class KvDebounceBackend(DebounceBackend):
         delivery: Delivery,
         on_taken: Callable[[str, str, Finalization], None] | None = None,
         on_unproven_take: Callable[[str, str, str], None] | None = None,
+        on_event: Callable[[BackendEvent], None] | None = None,
     ) -> None:
-        super().attach(delivery=delivery, on_taken=on_taken, on_unproven_take=on_unproven_take)
+        super().attach(
+            delivery=delivery,
+            on_taken=on_taken,
+            on_unproven_take=on_unproven_take,
+            on_event=on_event,
+        )
         self._registrar.hand_taken_fires(delivery, on_taken, on_unproven_take)
+        self._view.on_event = on_event
 
     def detach(self) -> None:
         super().detach()
+        self._view.on_event = None
         self._registrar.hand_taken_fires(
             self._ping_delivery, self._taken_hook, self._unproven_take_hook
         )

@@ -13,6 +13,7 @@ import trio
 
 from .._backend import Orphans, OwnedWindow, WindowStatus
 from .._errors import BackendError, BackendUnavailableError, RevisionConflict
+from .._events import LeadingReRunSkipped
 from .._keys import parse_window_key, window_key
 from .._kv import KvEntry
 from . import _rules
@@ -330,6 +331,12 @@ class Housekeeping:
                 refire = _rules.leading_refire(window, record.run_id, record.write)
                 if refire is None:
                     self.skipped_refires += 1
+                    if self._view.on_event is not None:
+                        self._view.on_event(
+                            LeadingReRunSkipped(
+                                record.workflow, record.key, record.run_id, trio.current_time()
+                            )
+                        )
                     logger.info(
                         "leading fire %s (run %s) of dead process %s is not run again: a "
                         "later fire of its key has committed",

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from .._errors import BackendError, BackendUnavailableError, ProcessIdTakenError, RevisionConflict
+from .._events import LeaseLapsed, LeaseRenewed
 from .._keys import process_key
 from .._kv import KvEntry
 from .._process import Look, TwinWatch, taken_error
@@ -66,6 +67,8 @@ class ProcessLease:
         #: This process is leaving by a hand-off and waits for its running handlers:
         #: every lease write says so (see write_draining).
         self.draining = False
+        #: The expiry of the last lapse reported as a LeaseLapsed (once per lapse).
+        self._lapse_noted = -math.inf
         #: The lease of the coordinator that took our process id (we are fenced).
         self.taken_by: Lease | None = None
         #: The lease of another epoch of our process id that our first write replaced:
@@ -264,9 +267,29 @@ class ProcessLease:
                 # Renewed by another caller while this one waited: that is enough.
                 dead, self._dead_unreported = self._dead_unreported, set()
                 return dead
-            self._dead_unreported |= await self._write(apply_queued)
+            if self._view.on_event is not None:
+                self._note_lapse()
+                try:
+                    self._dead_unreported |= await self._write(apply_queued)
+                except BaseException:
+                    self._note_lapse()
+                    raise
+            else:
+                self._dead_unreported |= await self._write(apply_queued)
             dead, self._dead_unreported = self._dead_unreported, set()
             return dead
+
+    def _note_lapse(self) -> None:
+        """Report a lapse of our lease (once per lapse): it no longer counts as held
+        (its expiry, less the skew margin, has passed by our clock)."""
+        hook = self._view.on_event
+        held_until = self.expires - self._skew
+        if hook is None or not math.isfinite(held_until) or self._lapse_noted == self.expires:
+            return
+        overdue = self._wall() - held_until
+        if overdue >= 0:
+            self._lapse_noted = self.expires
+            hook(LeaseLapsed(trio.current_time(), overdue))
 
     async def _write(self, apply_queued: Callable[[], Awaitable[None]]) -> set[str]:
         """Write our lease (see :meth:`refresh`); holds ``_lock``."""
@@ -329,6 +352,8 @@ class ProcessLease:
             raise BackendError(f"could not renew the lease of process {self._me.process_id!r}")
         self.expires = lease.expires
         self._writes += 1
+        if self._view.on_event is not None:
+            self._view.on_event(LeaseRenewed(trio.current_time(), self._seconds, lease.draining))
         dead = await self._reload()
         self.table[self._me.process_id] = lease
         await apply_queued()

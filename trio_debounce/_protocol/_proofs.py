@@ -13,6 +13,7 @@ import trio
 
 from .._backend import Finalization, Finalized
 from .._errors import BackendUnavailableError
+from .._events import CommitProven
 from .._kv import KvEntry
 from . import _rules
 from ._documents import WindowDoc
@@ -134,6 +135,22 @@ class SentCommits:
         return None
 
     async def prove_late(
+        self, workflow: str, key: str, kv_key: str, run_id: str
+    ) -> Proof | Finalization:
+        """See :meth:`_prove_late`; reports the outcome as a :class:`CommitProven`."""
+        hook = self._view.on_event
+        if hook is None:
+            return await self._prove_late(workflow, key, kv_key, run_id)
+        try:
+            proven = await self._prove_late(workflow, key, kv_key, run_id)
+        except BackendUnavailableError:
+            hook(CommitProven(workflow, key, run_id, False, trio.current_time()))
+            raise
+        landed = not isinstance(proven, Finalization)
+        hook(CommitProven(workflow, key, run_id, landed, trio.current_time()))
+        return proven
+
+    async def _prove_late(
         self, workflow: str, key: str, kv_key: str, run_id: str
     ) -> Proof | Finalization:
         """Re-read ``kv_key`` (from the store's authority) until a read proves a commit

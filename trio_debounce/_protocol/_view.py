@@ -7,11 +7,12 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import trio
 
-from .._errors import BackendUnavailableError
+from .._errors import BackendUnavailableError, RevisionConflict
+from .._events import BackendEvent, StoreCalled
 from .._kv import KvEntry, KvStore
 from ._documents import WindowDoc
 
@@ -79,11 +80,40 @@ class StoreView:
         # Counters, see KvDebounceBackend.
         self.requests = 0
         self.conflicts = 0
+        #: The attached coordinator's event sink (its hook's guard), or None: every
+        #: part of the backend reports its events through it.
+        self.on_event: Callable[[BackendEvent], None] | None = None
 
     # ---------------------------------------------------------------- requests
 
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """One store request; tracks outages (and the takeover grace after them)."""
+        if self.on_event is not None:
+            return await self._observed_call(fn, *args, **kwargs)
+        return await self._request(fn, *args, **kwargs)
+
+    async def _observed_call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """:meth:`_call`, reported as a :class:`StoreCalled`."""
+        start = trio.current_time()
+        outcome: Literal["ok", "conflict", "unavailable", "error"] = "ok"
+        try:
+            return await self._request(fn, *args, **kwargs)
+        except RevisionConflict:
+            outcome = "conflict"
+            raise
+        except (BackendUnavailableError, trio.Cancelled):
+            outcome = "unavailable"
+            raise
+        except BaseException:
+            outcome = "error"
+            raise
+        finally:
+            hook = self.on_event
+            if hook is not None:
+                end = trio.current_time()
+                hook(StoreCalled(fn.__name__, str(args[0]), end - start, outcome, end))
+
+    async def _request(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         self.requests += 1
         try:
             result = await fn(*args, **kwargs)
