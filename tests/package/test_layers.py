@@ -74,6 +74,7 @@ LAYERS: dict[str, int] = {
     "_protocol._rules": BACKENDS,
     "_protocol._backend": BACKENDS,
     "nats": BACKENDS,
+    "otel": PARTS,  # events in, OpenTelemetry out
     "testing._memory": BACKENDS,
     "testing._conformance": BACKENDS,
     "testing._run_conformance": BACKENDS,
