@@ -35,7 +35,7 @@ def typing(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the Sphinx docs with warnings as errors."""
-    session.install("-e", ".[docs]")
+    session.install("-e", ".[docs,nats,otel]")  # autodoc imports the extras' modules
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
 
 

@@ -256,10 +256,12 @@ def _keyed(loops: int) -> tuple[list[str], int]:
     return [f"k{i}" for i in range(KEYED_WINDOWS)], loops // KEYED_WINDOWS
 
 
-def ping_keyed(loops: int, hooked: bool = False) -> float:
+def ping_keyed(loops: int, hooked: bool = False, otel: bool = False) -> float:
     """``debounce_nowait`` into 1,000 open trailing windows (``max_delay`` set), pinged
     in turn, each ping a different key than the last: ``loops`` pings; ``hooked``: with
-    an ``on_event`` hook that counts the events."""
+    an ``on_event`` hook that counts the events; ``otel``: with
+    :class:`trio_debounce.otel.OpenTelemetryHook` and no SDK (the API's no-op
+    providers, as in an application that installs the extra and configures nothing)."""
     keys, passes = _keyed(loops)
     seen = [0]
 
@@ -268,6 +270,10 @@ def ping_keyed(loops: int, hooked: bool = False) -> float:
 
     # Passed only when hooked: bench/compare.py runs this against trees without it.
     hook: dict[str, Any] = {"on_event": count} if hooked else {}
+    if otel:
+        from trio_debounce.otel import OpenTelemetryHook
+
+        hook = {"on_event": OpenTelemetryHook()}
 
     async def main() -> float:
         async with trio_debounce.open_coordinator(
@@ -289,6 +295,11 @@ def ping_keyed_hooked(loops: int) -> float:
     """:func:`ping_keyed` with an ``on_event`` hook (every ping then reports a
     :class:`~trio_debounce.PingAnswered` and skips the inlined hot path)."""
     return ping_keyed(loops, hooked=True)
+
+
+def ping_keyed_otel(loops: int) -> float:
+    """:func:`ping_keyed` with :class:`~trio_debounce.otel.OpenTelemetryHook`, no SDK."""
+    return ping_keyed(loops, otel=True)
 
 
 def asyncio_call_later_keyed(loops: int) -> float:
@@ -557,11 +568,18 @@ BENCHES: dict[str, Callable[[int], float]] = {
     "spawn-sleeper": spawn_sleeper,
     "ping-keyed": ping_keyed,
     "ping-keyed-hooked": ping_keyed_hooked,
+    "ping-keyed-otel": ping_keyed_otel,
     "asyncio-call-later-keyed": asyncio_call_later_keyed,
     "floor-keyed": floor_keyed,
 }
 #: The keyed ping and its baselines.
-KEYED = ("ping-keyed", "ping-keyed-hooked", "asyncio-call-later-keyed", "floor-keyed")
+KEYED = (
+    "ping-keyed",
+    "ping-keyed-hooked",
+    "ping-keyed-otel",
+    "asyncio-call-later-keyed",
+    "floor-keyed",
+)
 
 
 def ping_rows(values: dict[str, list[float]]) -> list[dict[str, Any]]:
@@ -658,6 +676,16 @@ def keyed_rows(values: dict[str, list[float]]) -> list[dict[str, Any]]:
             scale=1e9,
             unit="ns",
             label="cost ratio (hooked / no hook)",
+        ),
+        cost_row(
+            "the same pings with trio_debounce.otel.OpenTelemetryHook and no SDK "
+            "configured (the API's no-op meters) vs without a hook",
+            values["ping-keyed-otel"],
+            ours,
+            "no hook",
+            scale=1e9,
+            unit="ns",
+            label="cost ratio (otel hook / no hook)",
         ),
     ]
 

@@ -11,8 +11,10 @@ from ._backend import Finalized as Finalized
 from ._backend import OrphanFire as OrphanFire
 from ._backend import Orphans as Orphans
 from ._backend import OwnedWindow as OwnedWindow
+from ._backend import ProcessInfo as ProcessInfo
 from ._backend import Registered as Registered
 from ._backend import Registration as Registration
+from ._backend import WindowInfo as WindowInfo
 from ._backend import WindowStatus as WindowStatus
 from ._coordinator import Coordinator as Coordinator
 from ._coordinator import OnBackendError as OnBackendError
@@ -98,6 +100,8 @@ def _fixup_module_metadata() -> None:
         OrphanFire,
         Orphans,
         WindowStatus,
+        WindowInfo,
+        ProcessInfo,
         JsonSerializer,
         PayloadSerializer,
         Registered,

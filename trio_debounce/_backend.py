@@ -302,6 +302,84 @@ class WindowStatus(NamedTuple):
     fencing_token: int
 
 
+class WindowInfo(NamedTuple):
+    """One window of a shared store, as an operator sees it (:meth:`Coordinator.inspect`,
+    :meth:`DebounceBackend.inspect`, ``trio-debounce windows``).
+
+    Times are wall-clock epoch seconds, durations seconds.
+
+    Attributes:
+      workflow (str): the window's workflow.
+      key (str): its debounce key.
+      run_id (str): its run id.
+      mode (Mode): its mode.
+      state (str): ``"open"`` (its due time is ahead); ``"due"`` (its due time has
+        come, and no fire of it has committed yet); ``"waiting"`` (due, but its key's
+        ``queue-latest`` run blocks it); ``"firing"`` (a fire record of its run exists:
+        its handler runs, at least once).
+      owner (str): the process id of its owner.
+      owner_lease_left (float | None): seconds until the owner's lease expires
+        (negative: lapsed); None if the owner has no lease in the store.
+      first_ping_at (float): its first ping.
+      last_ping_at (float): its latest ping.
+      ping_count (int): pings across all processes.
+      due_at (float): when it is due (its trailing fire; for a leading window the end
+        of its silence).
+      cap_at (float | None): ``first_ping_at + max_delay``, or None.
+      payload_bytes (int): the size of its stored payload (serialized), bytes.
+      fencing_token (int): the token a fire at this revision would carry at least.
+      revision (int): the document's revision in the store.
+    """
+
+    workflow: str
+    key: str
+    run_id: str
+    mode: Mode
+    state: Literal["open", "due", "waiting", "firing"]
+    owner: str
+    owner_lease_left: float | None
+    first_ping_at: float
+    last_ping_at: float
+    ping_count: int
+    due_at: float
+    cap_at: float | None
+    payload_bytes: int
+    fencing_token: int
+    revision: int
+
+
+class ProcessInfo(NamedTuple):
+    """One process lease of a shared store (:meth:`DebounceBackend.processes`,
+    ``trio-debounce processes``).
+
+    Attributes:
+      process_id (str): the process id.
+      epoch (str): the opening of the coordinator that holds it (a uuid4 hex).
+      live (bool): the lease has not expired (give or take the skew margin), and was
+        not released by a hand-off.
+      expires_in (float): seconds until the lease expires (negative: lapsed).
+      heartbeat_interval (float | None): the holder's heartbeat interval, seconds;
+        None where the lease does not record it.
+      last_beat_age (float | None): seconds since the holder last wrote the lease;
+        None where the lease does not record its length.
+      draining (bool): the process is leaving (its exit has begun).
+      released (bool): the process has left and handed its windows off.
+      windows (int): the open windows it owns.
+      fire_records (int): the fire records it holds (handlers running, at least once).
+    """
+
+    process_id: str
+    epoch: str
+    live: bool
+    expires_in: float
+    heartbeat_interval: float | None
+    last_beat_age: float | None
+    draining: bool
+    released: bool
+    windows: int
+    fire_records: int
+
+
 class DebounceBackend(abc.ABC):
     """Shared debounce windows for coordinators in several processes.
 
@@ -612,6 +690,39 @@ class DebounceBackend(abc.ABC):
     @abc.abstractmethod
     async def window_status(self, workflow: str, key: str) -> WindowStatus | None:
         """The cluster-wide state of the open window ``(workflow, key)``, or None."""
+
+    async def inspect(
+        self, workflow: str | None = None, key_prefix: str | None = None
+    ) -> list[WindowInfo]:
+        """Every window of the store, whoever owns it, for operators (reads only; no
+        lease of this process is needed).
+
+        Args:
+          workflow (str | None): only this workflow's windows (the store filters them).
+          key_prefix (str | None): only windows whose debounce key starts with it
+            (filtered after listing the workflow's keys: a listing grows with the
+            number of keys).
+
+        Returns:
+          list[WindowInfo]: open windows, and fired ones whose handler still runs
+          (at least once), sorted by workflow and key.
+
+        Raises:
+          TypeError, ValueError: a bad ``workflow`` or ``key_prefix``.
+          NotImplementedError: this backend cannot list its store (the default).
+          BackendError: the store failed.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot list its windows")
+
+    async def processes(self) -> list[ProcessInfo]:
+        """Every process lease of the store, with the windows and fire records each
+        holds, sorted by process id (reads only).
+
+        Raises:
+          NotImplementedError: this backend cannot list its store (the default).
+          BackendError: the store failed.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot list its processes")
 
     @abc.abstractmethod
     async def owned_windows(self) -> list[OwnedWindow]:

@@ -18,6 +18,7 @@ from ._backend import (
     DebounceBackend,
     Delivery,
     Finalization,
+    WindowInfo,
     WindowStatus,
 )
 from ._errors import (
@@ -585,6 +586,38 @@ class Coordinator(metaclass=NoPublicConstructor):
         _validate.name("workflow", workflow)
         _validate.name("key", key)
         return await self._backend.window_status(workflow, key)
+
+    async def inspect(
+        self, workflow: str | None = None, key_prefix: str | None = None
+    ) -> list[WindowInfo]:
+        """Every window of the shared store, whoever owns it: the operator's view
+        (``trio-debounce windows`` prints the same; see :doc:`/cli`). Reads the whole
+        store (or the workflow's part of it): a listing grows with the number of keys.
+
+        Args:
+          workflow (str | None): only this workflow's windows (the store filters them).
+          key_prefix (str | None): only keys that start with it (filtered after
+            listing).
+
+        Returns:
+          list[WindowInfo]: open windows, and fired ones whose handler still runs (a
+          fire record exists, at least once), sorted by workflow and key. Times are
+          wall-clock epoch seconds, as stored.
+
+        Raises:
+          RuntimeError: the coordinator has no backend (in memory, use :meth:`has`).
+          trio.ClosedResourceError: the coordinator's ``async with`` block has exited.
+          NotImplementedError: the backend cannot list its store.
+          trio_debounce.BackendError: the store could not be read.
+          TypeError, ValueError: a bad ``workflow`` or ``key_prefix``.
+        """
+        if self._backend is None:
+            raise RuntimeError(
+                "inspect() reads the shared store: open the coordinator with a backend"
+            )
+        if self._ledger.closed:
+            raise _closed_error()
+        return await self._backend.inspect(workflow, key_prefix)
 
     def __len__(self) -> int:
         """The number of windows in the table.

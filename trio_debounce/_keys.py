@@ -70,6 +70,17 @@ def window_key(workflow: str, key: str) -> str:
     return encoded
 
 
+def window_prefix(workflow: str | None) -> str:
+    """The KV key prefix of every window (``workflow`` None), or of ``workflow``'s.
+
+    Raises:
+      TypeError, ValueError: as :func:`window_key`, for a bad ``workflow``.
+    """
+    if workflow is None:
+        return WINDOW_PREFIX + "."
+    return f"{WINDOW_PREFIX}.{_encode_token('workflow', workflow)}."
+
+
 def parse_window_key(encoded: str) -> tuple[str, str]:
     """The ``(workflow, key)`` that :func:`window_key` encoded into ``encoded``.
 

@@ -32,6 +32,7 @@ from ._commands import (
     cmd_run,
     error,
 )
+from ._inspect import cmd_processes, cmd_windows
 from ._live import BackendStartError, InputError, OutputError
 from ._parser import parse_args
 
@@ -42,6 +43,8 @@ _JOBS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] =
     "replay": cmd_replay,
     "run": cmd_run,
     "events git": cmd_events_git,
+    "windows": cmd_windows,
+    "processes": cmd_processes,
 }
 
 

@@ -180,11 +180,12 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _nats_backend(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *, create_bucket: bool = True
 ) -> Callable[[], AbstractAsyncContextManager[DebounceBackend]] | None:
-    """The opener of ``run``'s NATS backend: ``NatsConfig.from_env()`` overridden by
-    ``--backend`` and ``--bucket``. Bad options exit through ``parser.error``; None
-    (after an error line) when the environment is bad or the extra is missing."""
+    """The opener of a command's NATS backend: ``NatsConfig.from_env()`` overridden by
+    ``--backend`` and ``--bucket`` (and ``create_bucket``, False for the commands that
+    only read). Bad options exit through ``parser.error``; None (after an error line)
+    when the environment is bad or the extra is missing."""
     servers = tuple(url.strip() for url in args.backend.split(",") if url.strip())
     if not servers:
         parser.error("--backend must name at least one server URL")
@@ -195,7 +196,8 @@ def _nats_backend(
             )
     if args.bucket is not None and not args.bucket:
         parser.error("--bucket must not be empty")
-    if args.process_id is not None and not args.process_id:
+    process_id = getattr(args, "process_id", None)
+    if process_id is not None and not process_id:
         parser.error("--process-id must not be empty")
     try:
         # Imported here: the nats extra is optional, and in-memory runs never need it.
@@ -212,13 +214,15 @@ def _nats_backend(
         error(f"bad NATS settings in the environment: {exc}")
         return None
     overrides: dict[str, object] = {"servers": servers}
+    if not create_bucket:
+        overrides["create_bucket"] = False
     if args.bucket is not None:
         overrides["bucket"] = args.bucket
     try:
         config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:
         parser.error(hide_userinfo(str(exc)))
-    return functools.partial(open_nats_backend, config, process_id=args.process_id)
+    return functools.partial(open_nats_backend, config, process_id=process_id)
 
 
 def cmd_events_git(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -173,7 +173,64 @@ def build_parser() -> argparse.ArgumentParser:
     )
     git.add_argument("path", nargs="?", default=".", metavar="PATH", help="repository (default: .)")
     git.set_defaults(job="events git", parser=git)
+
+    windows = commands.add_parser(
+        "windows",
+        help="list the windows of a shared bucket",
+        description=(
+            "Print every window of the bucket: workflow, key, mode, state (open, due, "
+            "waiting for a queue-latest run, or firing), owner and its lease's time "
+            "left, first and last ping, ping count, due time, cap, payload size and "
+            "fencing token. Reads only: the bucket is not created, and a read-only "
+            "user will do. Exit status 0, or 2 if the bucket cannot be read."
+        ),
+    )
+    _add_bucket_options(windows)
+    windows.add_argument("--workflow", metavar="W", help="only this workflow's windows")
+    windows.add_argument(
+        "--key",
+        metavar="PATTERN",
+        help="only keys matching this glob (*, ?, [...]), applied after listing the "
+        "workflow's keys",
+    )
+    windows.set_defaults(job="windows", parser=windows)
+
+    processes = commands.add_parser(
+        "processes",
+        help="list the processes of a shared bucket",
+        description=(
+            "Print every process lease of the bucket: process id, epoch, live or not, "
+            "lease time left, heartbeat interval, age of the last beat, draining or "
+            "released, and the windows and fire records it holds. Reads only. Exit "
+            "status 0, or 2 if the bucket cannot be read."
+        ),
+    )
+    _add_bucket_options(processes)
+    processes.set_defaults(job="processes", parser=processes)
     return parser
+
+
+def _add_bucket_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the commands that read a shared bucket."""
+    parser.add_argument(
+        "--backend",
+        required=True,
+        metavar="URL[,URL...]",
+        help="NATS JetStream servers (nats:// or tls:// URLs, comma-separated); "
+        "credentials, TLS and timeouts come from the TRIO_DEBOUNCE_* environment",
+    )
+    parser.add_argument(
+        "--bucket",
+        metavar="NAME",
+        help="the KV bucket (default: $TRIO_DEBOUNCE_NATS_BUCKET, else trio_debounce)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=["table", "jsonl"],
+        default="table",
+        help="an aligned table for people (colour on a terminal, never with NO_COLOR "
+        "set), or one JSON object per line with times as epoch seconds (default: table)",
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -36,7 +36,9 @@ from .._backend import (
     Finalization,
     Orphans,
     OwnedWindow,
+    ProcessInfo,
     Registration,
+    WindowInfo,
     WindowStatus,
 )
 from .._events import BackendEvent
@@ -47,6 +49,7 @@ from .._payload import JsonSerializer, PayloadSerializer
 from .._types import Mode
 from ._finalize import Finalizer
 from ._housekeeping import Housekeeping
+from ._inspect import list_processes, list_windows
 from ._leases import ProcessLease
 from ._records import FireRecords
 from ._register import Registrar
@@ -296,6 +299,20 @@ class KvDebounceBackend(DebounceBackend):
 
     async def window_status(self, workflow: str, key: str) -> WindowStatus | None:
         return await self._housekeeping.window_status(workflow, key)
+
+    async def inspect(
+        self, workflow: str | None = None, key_prefix: str | None = None
+    ) -> list[WindowInfo]:
+        if workflow is not None and not isinstance(workflow, str):
+            raise TypeError(f"workflow must be a str or None, not {workflow!r}")
+        if key_prefix is not None and not isinstance(key_prefix, str):
+            raise TypeError(f"key_prefix must be a str or None, not {key_prefix!r}")
+        return await list_windows(
+            self._view, self._wall(), self._leases.skew, workflow=workflow, key_prefix=key_prefix
+        )
+
+    async def processes(self) -> list[ProcessInfo]:
+        return await list_processes(self._view, self._wall(), self._leases.skew)
 
     # ------------------------------------------------------------ housekeeping
 

@@ -367,6 +367,10 @@ class Lease:
     #: handlers): it renews the lease, but its windows are for peers to take now
     #: (never its fire records, nor its queue-latest runs). Older readers ignore it.
     draining: bool = False
+    #: The holder's process lease, seconds: each write sets ``expires`` this far
+    #: ahead, so an operator's listing tells the age of the last beat. None in leases
+    #: written before it was recorded. Older readers ignore it.
+    seconds: float | None = None
 
     def live(self, now: float, skew: float) -> bool:
         return not self.released and now <= self.expires + skew
@@ -384,6 +388,7 @@ def decode_lease(raw: bytes) -> Lease:
         obj.get("released", False) is True,
         heartbeat,
         obj.get("draining", False) is True,
+        _validate.advisory_seconds(obj.get("lease")),
     )
 
 
@@ -399,6 +404,8 @@ def encode_lease(lease: Lease) -> bytes:
         doc["beat"] = lease.heartbeat  # optional: older readers ignore it
     if lease.draining:
         doc["draining"] = True  # optional: older readers ignore it (they wait)
+    if lease.seconds is not None:
+        doc["lease"] = lease.seconds  # optional: older readers ignore it
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 

@@ -311,6 +311,7 @@ class ProcessLease:
             now + self._seconds,
             heartbeat=self.heartbeat_interval,
             draining=self.draining,
+            seconds=self._seconds,
         )
         value = encode_lease(lease)
         for attempt in range(5):

@@ -1,0 +1,147 @@
+"""``trio-debounce windows`` and ``processes``: a shared bucket as an operator reads
+it, through :meth:`~trio_debounce.abc.DebounceBackend.inspect` and ``processes``
+(see :doc:`/cli`, "Inspecting a bucket")."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import trio
+
+from .._backend import ProcessInfo, WindowInfo
+from .._errors import BackendError
+from ._commands import EXIT_USAGE, _nats_backend, error
+
+#: A table's cell for a value that is not recorded (an en dash).
+_NONE = "\N{EN DASH}"
+
+#: The ANSI colour of each window state in a table on a terminal.
+_STATE_COLOURS = {"open": "32", "due": "33", "waiting": "36", "firing": "35"}
+
+
+def cmd_windows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``trio-debounce windows``; return the exit status (0, or 2)."""
+    opener = _nats_backend(parser, args, create_bucket=False)
+    if opener is None:
+        return EXIT_USAGE
+
+    async def main() -> list[WindowInfo]:
+        async with opener() as backend:
+            return await backend.inspect(args.workflow)
+
+    try:
+        windows = trio.run(main)
+    except (BackendError, ValueError, TypeError) as exc:
+        error(f"cannot list the windows: {exc}")
+        return EXIT_USAGE
+    if args.key is not None:
+        windows = [w for w in windows if fnmatch.fnmatchcase(w.key, args.key)]
+    _print(args.format, windows, _window_row, sys.stdout)
+    return 0
+
+
+def cmd_processes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``trio-debounce processes``; return the exit status (0, or 2)."""
+    opener = _nats_backend(parser, args, create_bucket=False)
+    if opener is None:
+        return EXIT_USAGE
+
+    async def main() -> list[ProcessInfo]:
+        async with opener() as backend:
+            return await backend.processes()
+
+    try:
+        processes = trio.run(main)
+    except (BackendError, ValueError, TypeError) as exc:
+        error(f"cannot list the processes: {exc}")
+        return EXIT_USAGE
+    _print(args.format, processes, _process_row, sys.stdout)
+    return 0
+
+
+def _print(
+    form: str, items: Sequence[WindowInfo] | Sequence[ProcessInfo], row: Any, out: TextIO
+) -> None:
+    """``items`` as JSON lines (times as epoch seconds), or as an aligned table."""
+    if form == "jsonl":
+        for item in items:
+            doc = item._asdict()
+            if "mode" in doc:
+                doc["mode"] = doc["mode"].value
+            out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+        out.flush()
+        return
+    colour = out.isatty() and not os.environ.get("NO_COLOR")
+    now = time.time()
+    rows = [row(item, now) for item in items]
+    if not rows:
+        out.write("(none)\n")
+        out.flush()
+        return
+    header = list(rows[0])
+    table = [header] + [[str(v) for v in r.values()] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    for n, line in enumerate(table):
+        cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=True)]
+        if colour and n and "STATE" in header:
+            i = header.index("STATE")
+            code = _STATE_COLOURS.get(line[i].strip())
+            if code is not None:
+                cells[i] = f"\x1b[{code}m{cells[i]}\x1b[0m"
+        out.write("  ".join(cells).rstrip() + "\n")
+    out.flush()
+
+
+def _window_row(w: WindowInfo, now: float) -> dict[str, str]:
+    return {
+        "WORKFLOW": w.workflow,
+        "KEY": w.key,
+        "MODE": w.mode.value,
+        "STATE": w.state,
+        "OWNER": w.owner,
+        "LEASE": _left(w.owner_lease_left),
+        "FIRST PING": _relative(w.first_ping_at - now),
+        "LAST PING": _relative(w.last_ping_at - now),
+        "PINGS": str(w.ping_count),
+        "DUE": _relative(w.due_at - now),
+        "CAP": _NONE if w.cap_at is None else _relative(w.cap_at - now),
+        "BYTES": str(w.payload_bytes),
+        "TOKEN": str(w.fencing_token),
+    }
+
+
+def _process_row(p: ProcessInfo, now: float) -> dict[str, str]:
+    state = (
+        "released" if p.released else "draining" if p.draining else "live" if p.live else "lapsed"
+    )
+    return {
+        "PROCESS": p.process_id,
+        "EPOCH": p.epoch[:8],
+        "STATE": state,
+        "LEASE": _left(p.expires_in),
+        "HEARTBEAT": _NONE if p.heartbeat_interval is None else f"{p.heartbeat_interval:.3g} s",
+        "LAST BEAT": _NONE if p.last_beat_age is None else f"{p.last_beat_age:.1f} s ago",
+        "WINDOWS": str(p.windows),
+        "FIRE RECORDS": str(p.fire_records),
+    }
+
+
+def _relative(seconds: float) -> str:
+    """A time ``seconds`` from now, for people: ``in 3.2 s``, ``3.2 s ago``, ``now``."""
+    if abs(seconds) < 0.05:
+        return "now"
+    return f"in {seconds:.1f} s" if seconds > 0 else f"{-seconds:.1f} s ago"
+
+
+def _left(seconds: float | None) -> str:
+    """A lease's time left: ``4.1 s left``, ``lapsed 2.0 s ago``, or an en dash (none)."""
+    if seconds is None:
+        return _NONE
+    return f"{seconds:.1f} s left" if seconds >= 0 else f"lapsed {-seconds:.1f} s ago"
