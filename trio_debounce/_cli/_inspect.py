@@ -10,12 +10,12 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TextIO
 
 import trio
 
-from .._backend import ProcessInfo, WindowInfo
+from .._backend import DebounceBackend, ProcessInfo, WindowInfo
 from .._errors import BackendError
 from ._commands import EXIT_USAGE, _nats_backend, error
 
@@ -28,46 +28,53 @@ _STATE_COLOURS = {"open": "32", "due": "33", "waiting": "36", "firing": "35"}
 
 def cmd_windows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``trio-debounce windows``; return the exit status (0, or 2)."""
-    opener = _nats_backend(parser, args, create_bucket=False)
-    if opener is None:
-        return EXIT_USAGE
 
-    async def main() -> list[WindowInfo]:
-        async with opener() as backend:
-            return await backend.inspect(args.workflow)
+    async def fetch(backend: DebounceBackend) -> list[WindowInfo]:
+        windows = await backend.inspect(args.workflow)
+        if args.key is None:
+            return windows
+        return [w for w in windows if fnmatch.fnmatchcase(w.key, args.key)]
 
-    try:
-        windows = trio.run(main)
-    except (BackendError, ValueError, TypeError) as exc:
-        error(f"cannot list the windows: {exc}")
-        return EXIT_USAGE
-    if args.key is not None:
-        windows = [w for w in windows if fnmatch.fnmatchcase(w.key, args.key)]
-    _print(args.format, windows, _window_row, sys.stdout)
-    return 0
+    return _inspect(args, parser, "windows", fetch, _window_row)
 
 
 def cmd_processes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``trio-debounce processes``; return the exit status (0, or 2)."""
+
+    async def fetch(backend: DebounceBackend) -> list[ProcessInfo]:
+        return await backend.processes()
+
+    return _inspect(args, parser, "processes", fetch, _process_row)
+
+
+def _inspect(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    what: str,
+    fetch: Callable[[DebounceBackend], Awaitable[Sequence[Any]]],
+    row: Callable[[Any, float], dict[str, str]],
+) -> int:
+    """Open the bucket (never creating it), ``fetch`` from its backend, print the rows;
+    the exit status (0, or 2 when the bucket cannot be read)."""
     opener = _nats_backend(parser, args, create_bucket=False)
     if opener is None:
         return EXIT_USAGE
 
-    async def main() -> list[ProcessInfo]:
+    async def main() -> Sequence[Any]:
         async with opener() as backend:
-            return await backend.processes()
+            return await fetch(backend)
 
     try:
-        processes = trio.run(main)
+        items = trio.run(main)
     except (BackendError, ValueError, TypeError) as exc:
-        error(f"cannot list the processes: {exc}")
+        error(f"cannot list the {what}: {exc}")
         return EXIT_USAGE
-    _print(args.format, processes, _process_row, sys.stdout)
+    _print(args.format, items, row, sys.stdout)
     return 0
 
 
 def _print(
-    form: str, items: Sequence[WindowInfo] | Sequence[ProcessInfo], row: Any, out: TextIO
+    form: str, items: Sequence[Any], row: Callable[[Any, float], dict[str, str]], out: TextIO
 ) -> None:
     """``items`` as JSON lines (times as epoch seconds), or as an aligned table."""
     if form == "jsonl":

@@ -139,16 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(credentials, TLS, timeouts) comes from the TRIO_DEBOUNCE_* environment "
         "variables.",
     )
-    shared.add_argument(
-        "--backend",
-        metavar="URL[,URL...]",
-        help="NATS JetStream servers (nats:// or tls:// URLs, comma-separated); "
+    _add_backend_options(
+        shared,
+        required=False,
+        servers="NATS JetStream servers (nats:// or tls:// URLs, comma-separated); "
         "without it the windows are in memory",
-    )
-    shared.add_argument(
-        "--bucket",
-        metavar="NAME",
-        help="the KV bucket to share (default: $TRIO_DEBOUNCE_NATS_BUCKET, else trio_debounce)",
+        bucket="the KV bucket to share",
     )
     shared.add_argument(
         "--process-id",
@@ -210,19 +206,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_bucket_options(parser: argparse.ArgumentParser) -> None:
-    """The options of the commands that read a shared bucket."""
-    parser.add_argument(
-        "--backend",
-        required=True,
-        metavar="URL[,URL...]",
-        help="NATS JetStream servers (nats:// or tls:// URLs, comma-separated); "
-        "credentials, TLS and timeouts come from the TRIO_DEBOUNCE_* environment",
-    )
-    parser.add_argument(
+def _add_backend_options(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    required: bool,
+    servers: str,
+    bucket: str,
+) -> None:
+    """``--backend`` and ``--bucket``, with these helps."""
+    group.add_argument("--backend", required=required, metavar="URL[,URL...]", help=servers)
+    group.add_argument(
         "--bucket",
         metavar="NAME",
-        help="the KV bucket (default: $TRIO_DEBOUNCE_NATS_BUCKET, else trio_debounce)",
+        help=f"{bucket} (default: $TRIO_DEBOUNCE_NATS_BUCKET, else trio_debounce)",
+    )
+
+
+def _add_bucket_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the commands that read a shared bucket."""
+    _add_backend_options(
+        parser,
+        required=True,
+        servers="NATS JetStream servers (nats:// or tls:// URLs, comma-separated); "
+        "credentials, TLS and timeouts come from the TRIO_DEBOUNCE_* environment",
+        bucket="the KV bucket",
     )
     parser.add_argument(
         "--format",
