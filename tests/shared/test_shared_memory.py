@@ -1145,6 +1145,34 @@ async def test_an_opening_leading_ping_cut_short_answers_within_two_op_timeouts(
         assert [(f.payload, f.edge) for _, f in fires.log] == [("a", Edge.LEADING)]
 
 
+async def test_a_batch_whose_first_phase_ran_over_still_answers_within_two_op_timeouts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # cluster-one-node (2026-12-06): two pings were answered 14.3 s after they arrived,
+    # their batch's re-read given a full op_timeout from when its first phase ended,
+    # 4.3 s past its deadline. Here a step of the first phase runs over (shielded,
+    # 1.5 s with op_timeout 1 s), the write is then cut short, and the store stalls:
+    # the re-read gets only what is left of 2 * op_timeout (2.5 s before).
+    store = MemoryStore()
+    a = backend(store, "A", op_timeout=1.0)
+    await a.refresh_lease()
+    kw: dict[str, Any] = {"mode": Mode.TRAILING, "delay": 5.0, "max_delay": None}
+    await a.register("wf", "k", run_id="r1", payload=1, **kw)
+    owner_live = a._leases.owner_live
+
+    async def slow(doc: Any, now: float) -> bool:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(1.5)
+        return await owner_live(doc, now)
+
+    a._leases.owner_live = slow  # type: ignore[method-assign]
+    a.faults.stall_next(10.0, n=20, ops=("get", "put"))
+    t0 = trio.current_time()
+    with pytest.raises(BackendUnavailableError, match=r"did not complete within 1\.0 s"):
+        await a.register("wf", "k", run_id="r2", payload=2, **kw)
+    assert trio.current_time() - t0 <= 2 * 1.0 + 0.01
+
+
 @pytest.mark.parametrize("on_backend_error", ["raise", "fail-open"])
 async def test_a_ping_waiting_behind_its_keys_writes_answers_within_two_op_timeouts(
     autojump_clock: trio.testing.MockClock, on_backend_error: Any

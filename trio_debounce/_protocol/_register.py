@@ -304,6 +304,9 @@ class Registrar:
         """
         write = uuid.uuid4().hex
         deadline = batch[0].deadline
+        #: The batch's hard bound: its oldest ping is answered by then, whatever ran
+        #: over its first deadline (a shielded step, a call slow to take a cancel).
+        give_up = deadline + self._op_timeout
         last_doc: WindowDoc | None = None
         last_live = False
         #: last_doc came from a read of the store in this batch (not the cache).
@@ -396,7 +399,7 @@ class Registrar:
                                 # op_timeout to be written (in a new scope: this one's
                                 # deadline may have expired during the shielded take).
                                 extended = restart = True
-                                deadline = trio.current_time() + self._op_timeout
+                                deadline = min(trio.current_time() + self._op_timeout, give_up)
                                 break
                             continue
                         if not pings:
@@ -458,7 +461,7 @@ class Registrar:
                 # (within one more op_timeout; a batch given one after a take left
                 # unproven has had it: a ping is answered within 2 * op_timeout).
                 resolving = True
-                deadline = trio.current_time() + self._op_timeout
+                deadline = min(trio.current_time() + self._op_timeout, give_up)
                 continue
             break
         waiting = [ping for ping in batch if ping.result is None and ping not in rest]
