@@ -983,6 +983,66 @@ async def test_a_burst_whose_window_a_peer_fired_before_its_answer_fires_once(
     assert sorted(fires.by_attempt()) == expected
 
 
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+async def test_the_end_of_a_queue_latest_run_keeps_the_tombstone_an_opening_is_known_by(
+    autojump_clock: trio.testing.MockClock, delivery: Any
+) -> None:
+    # Found by a review: the end of the run deleted a tombstone that kept nothing else,
+    # so the re-read of an opening whose answer was lost found an empty key and wrote
+    # the ping again (a second window of r1, fired twice). The tombstone stays now.
+    store = MemoryStore()
+    a, b = await _leased(store, "A", "B", op_timeout=1.0)
+    a.faults.delay_next(1.5, ops=("put",))  # the opening lands; its answer is late
+    results: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(_ping_r1, a, results, overlap="queue-latest"))
+        await trio.sleep(0.5)
+        fin = await b.finalize("wf", "k", "r1", take=True, force=True, delivery=delivery)
+        assert (fin.outcome, fin.payload) == (Finalized.FIRE, "a")
+        if fin.fire_id:
+            await b.complete(fin.fire_id)
+        await b.end_run("wf", "k", "r1")
+    [result] = results
+    assert (result.outcome, result.run_id) == (Registered.OPENED, "r1")
+    window = await _window(store)
+    assert window is not None
+    assert (window.run_id, window.fired, window.running) == ("r1", True, None)
+    again = await a.finalize("wf", "k", "r1", force=True, delivery=delivery)
+    assert again.outcome is Finalized.ABANDONED
+
+
+@pytest.mark.parametrize("delivery", ["at-least-once", "at-most-once"])
+async def test_an_opening_over_an_empty_key_whose_window_was_swept_is_not_written_again(
+    autojump_clock: trio.testing.MockClock, delivery: Any
+) -> None:
+    # Found by a review: an opening over an empty key (revision 0) whose window then
+    # fired and was swept (deleted, then purged back to no entry) looked unchanged to
+    # a late re-read (revision 0 again), and was written again: r1 fired twice. A
+    # re-read this late (past the lease less twice the skew) cannot tell: it fails.
+    store = MemoryStore()
+    a = backend(store, "A", op_timeout=5.0, clock_skew=-1.0)
+    b = backend(store, "B", clock_skew=1.0)
+    for x in (a, b):
+        await x.refresh_lease()
+    a.faults.delay_next(0.0, ops=("get",))  # the ping's first read: as is
+    a.faults.apply_then_fail_next(ops=("put",))  # the opening lands; its answer is an error
+    a.faults.stall_next(4.6, ops=("get",))  # the re-read reaches the store at 4.6
+    results: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_ping_r1, a, results)
+        await trio.sleep(0.5)
+        fin = await b.finalize("wf", "k", "r1", take=True, force=True, delivery=delivery)
+        assert (fin.outcome, fin.payload) == (Finalized.FIRE, "a")
+        if fin.fire_id:
+            await b.complete(fin.fire_id)
+        await trio.sleep(4.3 - trio.current_time())
+        assert await b.sweep() == 1  # deleted and purged: no entry, revision 0
+    [result] = results
+    assert isinstance(result, BackendUnavailableError), result
+    again = await a.finalize("wf", "k", "r1", force=True, delivery=delivery)
+    assert again.outcome is not Finalized.FIRE
+
+
 @pytest.mark.parametrize("gone", ["pushed out of after", "swept"])
 async def test_an_opening_write_that_a_reread_cannot_place_is_not_written_again(
     autojump_clock: trio.testing.MockClock, gone: str

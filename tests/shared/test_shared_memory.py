@@ -555,7 +555,7 @@ async def test_requests_per_operation_of_fires_that_keep_a_tombstone(
     assert dict(store.requests - before) == {"put": 2}  # the record, the tombstone
     assert (fired.outcome, fired.blocks) == (Finalized.FIRE, True)
     # the run ends: its running state is cleared from the tombstone it wrote, unread
-    assert await cost(a.end_run("wf", "q", "r")) == {"delete": 1}
+    assert await cost(a.end_run("wf", "q", "r")) == {"put": 1}
     # at-most-once, drop_stale: one compare-and-swap of the tombstone that keeps the
     # fired order key; the next window opens over it, unread
     o = {**kw, "order_key": 3, "drop_stale": True}

@@ -570,9 +570,10 @@ class Finalizer:
         if doc is None or not self._names_run(doc, run_id):
             self._leases.run_end_recorded(run_id)
             return None
-        ended: WindowDoc | None = None
-        if not doc.fired or doc.fired_order is not None or doc.after:
-            ended = replace(doc, running=None)
+        # Kept, tombstone and all (the sweeper removes it a lease after its last ping):
+        # a register whose opening write's answer was lost recognises its window by
+        # it (deleted sooner, the window's run could be opened a second time).
+        ended = replace(doc, running=None)
         self._view.remember(kv_key, await self._view.close_window(kv_key, ended, revision), ended)
         self._leases.run_end_recorded(run_id)
         if not doc.fired and doc.queue and doc.at <= self._wall():

@@ -345,7 +345,9 @@ class Registrar:
                                         kv_key, sent, doc, revision, leading
                                     )
                                     return rest
-                                if landed is None and revision != base:
+                                # (An empty key, before and now, proves nothing: a
+                                # swept window's key is purged back to no entry.)
+                                if landed is None and (revision != base or base == 0):
                                     unresolved = True
                                     break
                                 if resolving and revision == base:
