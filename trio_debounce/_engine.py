@@ -38,9 +38,9 @@ INF: Final = math.inf
 
 #: Why a window is due (:func:`due_reason`): the reasons of a trailing fire in
 #: :class:`~trio_debounce.FireStarted`.
-DUE_DELAY: Final = "delay"
-DUE_CAP: Final = "max-delay"
-DUE_COUNT: Final = "max-count"
+DUE_DELAY: Final[FireReason] = "delay"
+DUE_CAP: Final[FireReason] = "max-delay"
+DUE_COUNT: Final[FireReason] = "max-count"
 
 
 class WindowState:
@@ -149,27 +149,23 @@ def due_reason(state: WindowState, t: float) -> str | None:
     :data:`DUE_DELAY`), or None if it is not."""
     if t < state.deadline:
         return None
-    opts = state.opts
-    if opts is not None and opts.max_count is not None and state.count >= opts.max_count:
-        return DUE_COUNT
-    if state.deadline >= state.cap:
-        return DUE_CAP
-    return DUE_DELAY
+    return reason_of(state, t)
 
 
 def trailing_reason(
     fired_at: float, deadline: float, cap: float, count: int, max_count: int | None
 ) -> FireReason:
     """Why a trailing fire at ``fired_at`` of a window due at ``deadline`` fired:
-    ``"flush"`` before its due time, else as :func:`due_reason` says (``cap``:
-    :data:`INF` without a ``max_delay``)."""
+    ``"flush"`` before its due time; else :data:`DUE_COUNT` once ``count`` reached
+    ``max_count``, :data:`DUE_CAP` when the due time is the cap (``cap``: :data:`INF`
+    without a ``max_delay``), :data:`DUE_DELAY` otherwise."""
     if fired_at < deadline:
         return "flush"
     if max_count is not None and count >= max_count:
-        return "max-count"
+        return DUE_COUNT
     if deadline >= cap:
-        return "max-delay"
-    return "delay"
+        return DUE_CAP
+    return DUE_DELAY
 
 
 def reason_of(state: WindowState, fired_at: float) -> FireReason:

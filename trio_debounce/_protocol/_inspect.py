@@ -12,26 +12,13 @@ from .._backend import ProcessInfo, WindowInfo
 from .._keys import parse_window_key, window_prefix
 from ._documents import (
     FIRE_PREFIX,
-    LEASE_PREFIX,
     FireRecord,
     Lease,
     RunMarker,
     WindowDoc,
-    decode_lease,
 )
+from ._leases import read_leases
 from ._view import StoreView
-
-
-async def read_leases(view: StoreView) -> dict[str, Lease]:
-    """Every readable process lease of the store, by process id."""
-    leases: dict[str, Lease] = {}
-    for entry in await view.entries(LEASE_PREFIX):
-        if entry.value is None:
-            continue
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            lease = decode_lease(entry.value)
-            leases[lease.process] = lease
-    return leases
 
 
 async def read_records(view: StoreView) -> list[FireRecord]:

@@ -22,6 +22,23 @@ from ._view import StoreView
 logger = logging.getLogger("trio_debounce.backend")
 
 
+async def read_leases(view: StoreView) -> dict[str, Lease]:
+    """Every readable process lease of the store, by process id (a lease stored under
+    another process's key is skipped: it is evidence of neither)."""
+    table: dict[str, Lease] = {}
+    for entry in await view.entries(LEASE_PREFIX):
+        if entry.value is None:
+            continue
+        try:
+            lease = decode_lease(entry.value)
+        except (ValueError, KeyError, TypeError):
+            continue
+        if entry.key != process_key(lease.process):
+            continue
+        table[lease.process] = lease
+    return table
+
+
 class ProcessLease:
     """This process's lease and what it knows of its peers' (the lease table).
 
@@ -267,15 +284,12 @@ class ProcessLease:
                 # Renewed by another caller while this one waited: that is enough.
                 dead, self._dead_unreported = self._dead_unreported, set()
                 return dead
-            if self._view.on_event is not None:
-                self._note_lapse()
-                try:
-                    self._dead_unreported |= await self._write(apply_queued)
-                except BaseException:
-                    self._note_lapse()
-                    raise
-            else:
+            self._note_lapse()  # (nothing without an event hook)
+            try:
                 self._dead_unreported |= await self._write(apply_queued)
+            except BaseException:
+                self._note_lapse()
+                raise
             dead, self._dead_unreported = self._dead_unreported, set()
             return dead
 
@@ -367,17 +381,7 @@ class ProcessLease:
         lapsed (beyond the skew).
         """
         now = self._wall()
-        table: dict[str, Lease] = {}
-        for entry in await self._view.entries(LEASE_PREFIX):
-            if entry.value is None:
-                continue
-            try:
-                lease = decode_lease(entry.value)
-            except (ValueError, KeyError, TypeError):
-                continue
-            if entry.key != process_key(lease.process):
-                continue  # another process's lease under this key: not evidence of either
-            table[lease.process] = lease
+        table = await read_leases(self._view)
         live = {
             (lease.process, lease.epoch) for lease in table.values() if lease.live(now, self._skew)
         }
