@@ -668,6 +668,28 @@ async def test_retries_with_backoff_under_at_least_once(
         assert (info.outcome, info.attempt) == ("ran", 3)
 
 
+async def test_only_a_failed_tombstone_keeps_its_payload(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A failed run keeps its payload in the store (``trio-debounce runs retry`` runs
+    it again); every other tombstone drops it."""
+    log = Log()
+    store = MemoryRunStore()
+    async with open_coordinator(
+        run_handlers={"wf": log.handler("a", fail=1)},
+        run_store=store,
+        run_options=options("a"),
+    ) as c:
+        await c.schedule("wf", "failed", {"n": 1}, after=1, persist=True)
+        await c.schedule("wf", "ran", {"n": 2}, after=2, persist=True)
+        await trio.sleep(5)
+        failed, ran = await store.get_run("failed"), await store.get_run("ran")
+        assert failed is not None
+        assert ran is not None
+        assert (failed.outcome, failed.payload) == ("failed", '{"n":1}')
+        assert (ran.outcome, ran.payload) == ("ran", "null")
+
+
 async def test_no_retries_under_at_most_once(autojump_clock: trio.testing.MockClock) -> None:
     log = Log()
     async with open_coordinator(

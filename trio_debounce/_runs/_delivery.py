@@ -518,8 +518,10 @@ async def _call_handler(handler: RunHandler | None, fire: RunFire) -> bool:
 
 
 def _tombstone(record: StoredRun, wall: float, outcome: str) -> StoredRun:
-    """``record`` as a tombstone finished at ``wall`` (its payload no longer kept)."""
-    return record.replace(state=RunState.DONE, finished_at=wall, outcome=outcome, payload="null")
+    """``record`` as a tombstone finished at ``wall``. Its payload is no longer kept,
+    unless the run failed: ``trio-debounce runs retry`` may make it pending again."""
+    payload = record.payload if outcome == "failed" else "null"
+    return record.replace(state=RunState.DONE, finished_at=wall, outcome=outcome, payload=payload)
 
 
 def _same_write(current: StoredRun, new: StoredRun) -> bool:

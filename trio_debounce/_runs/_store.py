@@ -61,7 +61,8 @@ class StoredRun:
     Attributes:
       run_id (str): unique per store, across workflows.
       workflow (str): the workflow whose run handler runs it.
-      payload (str): the payload as JSON text.
+      payload (str): the payload as JSON text (``"null"`` in a tombstone, except one
+        whose outcome is ``"failed"``, which keeps it for a retry).
       scheduled_at (float): when the run is due, wall-clock epoch seconds.
       expires_at (float | None): after this wall time the run is dropped, not run.
       state (RunState): see :class:`RunState`.
