@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +314,90 @@ async def test_a_missing_directory_is_a_backend_error(tmp_path: Path) -> None:
         async with open_sqlite_run_store(tmp_path / "nowhere" / "runs.db"):
             pytest.fail("opened")  # pragma: no cover
     assert not isinstance(info.value, sqlite3.Error)
+
+
+# --- modes "rw" and "ro": an existing file, never created nor migrated ---------------
+
+
+def _snapshot(path: Path) -> tuple[bytes, int]:
+    return path.read_bytes(), path.stat().st_mtime_ns
+
+
+@pytest.mark.parametrize("mode", ["rw", "ro"])
+async def test_a_missing_file_is_not_created_without_mode_rwc(tmp_path: Path, mode: Any) -> None:
+    path = tmp_path / "runs.db"
+    with pytest.raises(BackendConfigError, match=f"the run store {str(path)!r} does not exist"):
+        async with open_sqlite_run_store(path, mode=mode):
+            pytest.fail("opened")  # pragma: no cover
+    assert not path.exists()
+
+
+async def test_mode_ro_reads_and_never_writes(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    async with open_sqlite_run_store(path) as writer:
+        made = await writer.create_run(_run("a"))
+        lease = await writer.put_lease(Lease("p", 1, 10.0))
+    before = _snapshot(path)
+    await trio.sleep(0.01)  # a write would show in the mtime
+    async with open_sqlite_run_store(path, mode="ro") as store:
+        assert store.mode == "ro"
+        assert await store.get_run("a") == made
+        assert await store.list_runs() == [made]
+        assert await store.list_leases() == [lease]
+        assert made is not None
+        writes: list[Callable[[], Awaitable[object]]] = [
+            lambda: store.create_run(_run("b")),
+            lambda: store.update_run(made.replace(attempt=1)),
+            lambda: store.delete_run("a", revision=made.revision),
+            lambda: store.put_lease(Lease("q", 1, 10.0)),
+        ]
+        for write in writes:
+            with pytest.raises(BackendError, match="read-only"):
+                await write()
+    assert _snapshot(path) == before
+
+
+async def test_mode_ro_reads_beside_a_live_writer(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    async with (
+        open_sqlite_run_store(path) as writer,
+        open_sqlite_run_store(path, mode="ro") as reader,
+    ):
+        made = await writer.create_run(_run("a"))
+        assert await reader.list_runs() == [made]
+
+
+@pytest.mark.parametrize("mode", ["rw", "ro"])
+async def test_a_file_of_another_schema_version_is_not_migrated(tmp_path: Path, mode: Any) -> None:
+    path = tmp_path / "runs.db"
+    _raw(path).close()
+    with pytest.raises(BackendConfigError, match="is not a run store"):
+        async with open_sqlite_run_store(path, mode=mode):
+            pytest.fail("opened")  # pragma: no cover
+    conn = _raw(path)
+    for statement in _MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    with pytest.raises(BackendConfigError, match="schema version 1, older than the version"):
+        async with open_sqlite_run_store(path, mode=mode):
+            pytest.fail("opened")  # pragma: no cover
+    assert _scalar(path, "PRAGMA user_version") == 1, "not migrated"
+
+
+async def test_mode_rw_writes_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    async with open_sqlite_run_store(path):
+        pass
+    async with open_sqlite_run_store(path, mode="rw") as store:
+        made = await store.create_run(_run("a"))
+        assert made is not None
+        assert await store.delete_run("a", revision=made.revision)
+
+
+def test_an_unknown_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="mode must be 'rwc', 'rw' or 'ro', got 'r'"):
+        SqliteRunStore(tmp_path / "x.db", mode="r")  # type: ignore[arg-type]
 
 
 # --- the store's own thread limiter -----------------------------------------------------

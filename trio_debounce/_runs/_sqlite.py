@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import math
 import os
+import pathlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import trio
 
@@ -45,6 +46,7 @@ from ._sqlite_rows import (
     _LEASE_COLUMNS,
     _RUN_COLUMNS,
     _UPDATE_RUN,
+    _check_current,
     _check_integer,
     _check_number,
     _check_text,
@@ -58,6 +60,10 @@ from ._sqlite_rows import (
 from ._store import ANY, Lease, RunState, RunStore, StoredRun, _Any
 
 T = TypeVar("T")
+
+#: How a :class:`SqliteRunStore` opens its file (SQLite's URI ``mode`` values).
+SqliteMode = Literal["rwc", "rw", "ro"]
+_MODES = ("rwc", "rw", "ro")
 
 # SQLite's primary result codes for "another connection holds the lock".
 _SQLITE_BUSY = 5
@@ -93,13 +99,22 @@ _NORMAL = "NORMAL"
 
 class _Connection:
     """The one sqlite3 connection of a :class:`SqliteRunStore`, used by one worker
-    thread at a time (the store's limiter has one token): opened on first use (WAL,
-    migrations), each call's wait for other connections' locks bounded by the caller's
-    deadline, each write one ``BEGIN IMMEDIATE`` transaction."""
+    thread at a time (the store's limiter has one token): opened on first use (WAL and
+    migrations in mode ``"rwc"``; the schema checked otherwise), each call's wait for
+    other connections' locks bounded by the caller's deadline, each write one ``BEGIN
+    IMMEDIATE`` transaction."""
 
-    def __init__(self, path: str, timeout: float, limiter: trio.CapacityLimiter, name: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        timeout: float,
+        limiter: trio.CapacityLimiter,
+        name: str,
+        mode: SqliteMode = "rwc",
+    ) -> None:
         self._path = path
         self._timeout = timeout
+        self._mode = mode
         self._limiter = limiter
         #: The store's repr, for the errors.
         self._name = name
@@ -131,7 +146,14 @@ class _Connection:
     async def write(
         self, synchronous: str, body: Callable[[sqlite3.Connection], T | None]
     ) -> T | None:
-        """``body`` as one write transaction (see :meth:`_write`), in a worker thread."""
+        """``body`` as one write transaction (see :meth:`_write`), in a worker thread.
+
+        Raises:
+          BackendError: the store is read-only (nothing was written).
+        """
+        if self._mode == "ro":
+            await trio.lowlevel.checkpoint()
+            raise BackendError(f"{self._name} is read-only (mode='ro'): nothing was written")
         return await self.call(lambda conn: self._write(conn, synchronous, body))
 
     async def close(self) -> None:
@@ -172,12 +194,28 @@ class _Connection:
         return budget
 
     def _open(self, until: float) -> sqlite3.Connection:
-        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        if self._mode == "rwc":
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        else:
+            # Never created: SQLite's own mode=rw / mode=ro refuse a missing file too,
+            # but only with "unable to open database file".
+            if not os.path.exists(self._path):
+                raise BackendConfigError(f"the run store {self._path!r} does not exist")
+            uri = f"{pathlib.Path(os.path.abspath(self._path)).as_uri()}?mode={self._mode}"
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         self._busy_milliseconds = None
         try:
-            self._enable_wal(conn, self._set_busy_wait(conn, until))
-            conn.execute(f"PRAGMA synchronous = {_FULL}")
-            _migrate(conn, self._path)
+            budget = self._set_busy_wait(conn, until)
+            if self._mode == "rwc":
+                self._enable_wal(conn, budget)
+                conn.execute(f"PRAGMA synchronous = {_FULL}")
+                _migrate(conn, self._path)
+            else:
+                _check_current(conn, self._path)
+                if self._mode == "rw":
+                    # A file at the current version was made by this store: already WAL.
+                    self._enable_wal(conn, budget)
+                    conn.execute(f"PRAGMA synchronous = {_FULL}")
         except BaseException:
             conn.close()
             raise
@@ -263,24 +301,36 @@ class SqliteRunStore(RunStore):
 
     Args:
       path (str | os.PathLike[str]): the database file; created (with its ``-wal``
-        and ``-shm`` companions) if absent. The file belongs to the store: do not keep
-        other tables in it.
+        and ``-shm`` companions) if absent, in mode ``"rwc"``. The file belongs to the
+        store: do not keep other tables in it.
       max_payload_bytes (int): the largest payload (UTF-8 bytes of its JSON text) a
         run may carry; larger ones raise :exc:`~trio_debounce.DocumentTooLargeError`
         before anything is written. Default 1 MiB.
       timeout (float): seconds a call waits for another connection's lock before it
         raises :exc:`~trio_debounce.BackendUnavailableError` (SQLite's busy timeout;
         shorter when the caller's deadline comes first). Default 5.0.
+      mode (str): how the file is opened, in SQLite's words. ``"rwc"`` (the default,
+        for coordinators): read, write, and create the file if absent; the schema is
+        migrated. ``"rw"``: read and write an existing file whose schema is this
+        version's; never created nor migrated. ``"ro"``: read an existing file of this
+        version's schema, never written (a tool's listing): every write method raises
+        :exc:`~trio_debounce.BackendError` without writing. In ``"rw"`` and ``"ro"``
+        a missing file, or one of another schema version, raises
+        :exc:`~trio_debounce.BackendConfigError`. SQLite needs the ``-wal`` and
+        ``-shm`` companions to read a WAL database, so a read-only open of a file that
+        no other connection has open creates them (empty) and leaves them: the
+        database file itself is not touched.
 
     Raises:
-      ValueError: ``max_payload_bytes`` is not positive, or ``timeout`` is negative,
-        NaN or infinite.
+      ValueError: ``max_payload_bytes`` is not positive, ``timeout`` is negative,
+        NaN or infinite, or ``mode`` is not one of the three.
       TypeError: ``path`` is not a path, or an argument is not a number.
 
     Each method raises :exc:`~trio_debounce.BackendUnavailableError` when the database
     stayed locked for ``timeout`` seconds (a write that raised it was not applied),
     :exc:`~trio_debounce.BackendConfigError` when the file is not a run store this
-    code can use (not an SQLite database, a newer schema version, no WAL),
+    code can use (not an SQLite database, a newer schema version, no WAL; missing,
+    or of an older version, in modes ``"rw"`` and ``"ro"``),
     :exc:`~trio_debounce.BackendError` for any other SQLite error, and
     :exc:`trio.ClosedResourceError` after :meth:`aclose`.
     """
@@ -291,6 +341,7 @@ class SqliteRunStore(RunStore):
         *,
         max_payload_bytes: int = 1024 * 1024,
         timeout: float = 5.0,
+        mode: SqliteMode = "rwc",
     ) -> None:
         self._path: str = os.fspath(path)
         if not isinstance(self._path, str):
@@ -312,9 +363,12 @@ class SqliteRunStore(RunStore):
             raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
         if not math.isfinite(timeout) or timeout < 0:
             raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        if mode not in _MODES:
+            raise ValueError(f"mode must be 'rwc', 'rw' or 'ro', got {mode!r}")
         self.max_payload_bytes = max_payload_bytes
+        self._mode: SqliteMode = mode
         self._limiter = trio.CapacityLimiter(1)
-        self._connection = _Connection(self._path, float(timeout), self._limiter, repr(self))
+        self._connection = _Connection(self._path, float(timeout), self._limiter, repr(self), mode)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._path!r}>"
@@ -323,6 +377,11 @@ class SqliteRunStore(RunStore):
     def path(self) -> str:
         """The database file (str)."""
         return self._path
+
+    @property
+    def mode(self) -> SqliteMode:
+        """How the file was opened: ``"rwc"``, ``"rw"`` or ``"ro"`` (str)."""
+        return self._mode
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn(connection)`` in a worker thread on the store's limiter."""
@@ -678,11 +737,13 @@ async def open_sqlite_run_store(
     max_payload_bytes: int = 1024 * 1024,
     # SQLite's busy timeout, named as in sqlite3.connect: not a deadline for the call.
     timeout: float = 5.0,  # noqa: ASYNC109
+    mode: SqliteMode = "rwc",
 ) -> AsyncIterator[SqliteRunStore]:
     """Open a :class:`SqliteRunStore` on ``path`` and close it when the block exits.
 
-    The connection is opened on entry (the file created if absent, switched to WAL,
-    its schema migrated), so that a file the store cannot use fails here::
+    The connection is opened on entry (in the default mode ``"rwc"``: the file created
+    if absent, switched to WAL, its schema migrated), so that a file the store cannot
+    use fails here::
 
         async with open_sqlite_run_store("runs.db") as store:
             async with open_coordinator(run_store=store, ...) as coordinator:
@@ -692,19 +753,21 @@ async def open_sqlite_run_store(
       path (str | os.PathLike[str]): the database file.
       max_payload_bytes (int): see :class:`SqliteRunStore`.
       timeout (float): see :class:`SqliteRunStore` (seconds).
+      mode (str): ``"rwc"``, ``"rw"`` or ``"ro"``; see :class:`SqliteRunStore`.
 
     Yields:
       SqliteRunStore: the open store.
 
     Raises:
       BackendConfigError: the file is not an SQLite database, its schema version is
-        newer than this code knows, or it cannot use the WAL journal.
+        newer than this code knows, or it cannot use the WAL journal; in modes
+        ``"rw"`` and ``"ro"``, the file is missing or its schema is older.
       BackendUnavailableError: another connection held the database locked for
         ``timeout`` seconds.
       BackendError: any other SQLite error (a directory that does not exist, ...).
       ValueError, TypeError: bad arguments (see :class:`SqliteRunStore`).
     """
-    store = SqliteRunStore(path, max_payload_bytes=max_payload_bytes, timeout=timeout)
+    store = SqliteRunStore(path, max_payload_bytes=max_payload_bytes, timeout=timeout, mode=mode)
     try:
         await store._ensure_open()
         yield store

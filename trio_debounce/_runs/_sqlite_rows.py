@@ -297,6 +297,25 @@ def _check_version(version: int, path: str) -> None:
         )
 
 
+def _check_current(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse a database whose schema is not :data:`SCHEMA_VERSION`: the check of a
+    store that must not migrate (``mode="rw"`` or ``"ro"``).
+
+    Raises:
+      BackendConfigError: no schema (version 0), an older one, or a newer one.
+    """
+    version = _user_version(conn)
+    _check_version(version, path)
+    if version == 0:
+        raise BackendConfigError(f"{path!r} is not a run store (it has no schema)")
+    if version < SCHEMA_VERSION:
+        raise BackendConfigError(
+            f"the run store {path!r} has schema version {version}, older than the version "
+            f"{SCHEMA_VERSION} this trio_debounce uses; opened without mode='rwc' it is "
+            "not migrated (a coordinator of this version migrates it when it opens it)"
+        )
+
+
 def _migrate(conn: sqlite3.Connection, path: str, *, target: int = SCHEMA_VERSION) -> None:
     """Bring the schema of ``conn``'s database to version ``target``.
 
