@@ -86,6 +86,7 @@ LAYERS: dict[str, int] = {
     "_shared": PARTS,
     "_upkeep": PARTS,
     "_runs": PARTS,  # the scheduler's parts and its package
+    "_runs._steer": PARTS,  # an operator's cancel and retry, on the store alone
     "_coordinator": FACADE,
     "": TOP,  # trio_debounce/__init__.py
     "__main__": TOP,

@@ -34,6 +34,9 @@ The modules, each importing only from those above it:
   :class:`ClaimSweep`: claims, and the purge of old tombstones and leases.
 ``_scheduler``
   :class:`RunScheduler`, the facade the coordinator calls.
+``_steer``
+  An operator's cancel and retry of a persisted run, outside any coordinator
+  (``trio-debounce runs cancel|retry``): compare-and-swaps on the store alone.
 
 The coordinator and ``trio_debounce`` itself import from this package. The stores'
 side (``abc``, ``nats``, ``testing``) imports ``_store`` and ``_kv_store`` themselves:
