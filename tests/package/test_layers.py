@@ -96,6 +96,7 @@ LAYERS: dict[str, int] = {
     "testing._fixtures": TOP,
     "testing._pytest_plugin": TOP,
     "_cli": TOP,
+    "_cli._runs": TOP,
 }
 
 #: Upward imports still to remove, as (importer, imported).

@@ -1,18 +1,23 @@
-"""The ``trio-debounce`` command line: ``replay``, ``run`` and ``events git``.
+"""The ``trio-debounce`` command line: ``replay``, ``run``, ``events git``, the
+inspection commands ``windows`` and ``processes``, and ``runs`` (with its actions
+``runs cancel`` and ``runs retry``).
 
 Exit statuses: 0 success; 2 bad options, or bad input (``replay`` and ``events git``
 print the reason on stderr and nothing on stdout; ``run`` skips bad lines and exits 2
 at the end), or a failure to start (``run --backend``: the backend is unreachable,
-refuses the credentials or has an unusable bucket; one line on stderr); 1 when the
-output cannot be written (stdout closed early by ``| head``, a full disk) or, for
-``run``, when a COMMAND failed or could not start; 130 interrupted (Ctrl-C); 143
-``run`` stopped by SIGTERM or SIGHUP. See docs/cli.rst.
+refuses the credentials or has an unusable bucket; the inspection commands and
+``runs``: the bucket or file cannot be read or does not exist; one line on stderr); 1
+when the output cannot be written (stdout closed early by ``| head``, a full disk),
+for ``run``, when a COMMAND failed or could not start, and for ``runs cancel|retry``,
+when the run does not exist or its state refuses the action; 130 interrupted
+(Ctrl-C); 143 ``run`` stopped by SIGTERM or SIGHUP. See docs/cli.rst.
 
 The modules, by job: :mod:`._parser` (the options), :mod:`._commands` (options to a
 run and an exit status), :mod:`._replay` (an event log on a virtual clock),
 :mod:`._live` (a live stream, and its stop on SIGTERM or SIGHUP), :mod:`._events`
-(JSON-lines input), :mod:`._git_events` (events from a git history). The library
-never imports this package.
+(JSON-lines input), :mod:`._git_events` (events from a git history),
+:mod:`._inspect` (``windows``, ``processes``, and the output of every inspection),
+:mod:`._runs` (``runs`` and its actions). The library never imports this package.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from ._commands import (
 from ._inspect import cmd_processes, cmd_windows
 from ._live import BackendStartError, InputError, OutputError
 from ._parser import parse_args
+from ._runs import cmd_runs, cmd_runs_cancel, cmd_runs_retry
 
 __all__ = ["main"]
 
@@ -45,6 +51,9 @@ _JOBS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] =
     "events git": cmd_events_git,
     "windows": cmd_windows,
     "processes": cmd_processes,
+    "runs": cmd_runs,
+    "runs cancel": cmd_runs_cancel,
+    "runs retry": cmd_runs_retry,
 }
 
 

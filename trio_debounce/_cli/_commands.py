@@ -10,6 +10,7 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -22,6 +23,9 @@ from ._events import EventError, decode_line
 from ._git_events import GitEventsError, git_events
 from ._live import LiveOptions, run_live
 from ._replay import read_events, replay
+
+if TYPE_CHECKING:
+    from ..nats import NatsConfig
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -182,10 +186,26 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _nats_backend(
     parser: argparse.ArgumentParser, args: argparse.Namespace, *, create_bucket: bool = True
 ) -> Callable[[], AbstractAsyncContextManager[DebounceBackend]] | None:
-    """The opener of a command's NATS backend: ``NatsConfig.from_env()`` overridden by
-    ``--backend`` and ``--bucket`` (and ``create_bucket``, False for the commands that
-    only read). Bad options exit through ``parser.error``; None (after an error line)
-    when the environment is bad or the extra is missing."""
+    """The opener of a command's NATS backend, on :func:`nats_config`'s config
+    (``create_bucket`` False for the commands that only read). Bad options exit through
+    ``parser.error``; None (after an error line) when the environment is bad or the
+    extra is missing."""
+    config = nats_config(parser, args, create_bucket=create_bucket)
+    if config is None:
+        return None
+    from ..nats import open_nats_backend  # the extra is importable: nats_config checked
+
+    process_id = getattr(args, "process_id", None)
+    return functools.partial(open_nats_backend, config, process_id=process_id)
+
+
+def nats_config(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *, create_bucket: bool = True
+) -> NatsConfig | None:
+    """A command's NATS settings: ``NatsConfig.from_env()`` overridden by ``--backend``
+    and ``--bucket`` (and ``create_bucket``, False for the commands that never create
+    the bucket). Bad options exit through ``parser.error``; None (after an error line)
+    when the environment is bad or the nats extra is missing."""
     servers = tuple(url.strip() for url in args.backend.split(",") if url.strip())
     if not servers:
         parser.error("--backend must name at least one server URL")
@@ -201,7 +221,7 @@ def _nats_backend(
         parser.error("--process-id must not be empty")
     try:
         # Imported here: the nats extra is optional, and in-memory runs never need it.
-        from ..nats import NatsConfig, open_nats_backend
+        from ..nats import NatsConfig
     except ImportError as exc:
         error(
             f"--backend needs the nats extra (from a clone: pip install '.[nats]'): "
@@ -219,10 +239,9 @@ def _nats_backend(
     if args.bucket is not None:
         overrides["bucket"] = args.bucket
     try:
-        config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
+        return dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:
         parser.error(hide_userinfo(str(exc)))
-    return functools.partial(open_nats_backend, config, process_id=process_id)
 
 
 def cmd_events_git(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

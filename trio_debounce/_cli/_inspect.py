@@ -1,10 +1,13 @@
 """``trio-debounce windows`` and ``processes``: a shared bucket as an operator reads
 it, through :meth:`~trio_debounce.abc.DebounceBackend.inspect` and ``processes``
-(see :doc:`/cli`, "Inspecting a bucket")."""
+(see :doc:`/cli`, "Inspecting a bucket"); and the output of every inspection command
+(:func:`print_items`: a table for people, JSON lines for programs)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
 import fnmatch
 import json
 import os
@@ -20,10 +23,21 @@ from .._errors import BackendError
 from ._commands import EXIT_USAGE, _nats_backend, error
 
 #: A table's cell for a value that is not recorded (an en dash).
-_NONE = "\N{EN DASH}"
+NONE = "\N{EN DASH}"
 
-#: The ANSI colour of each window state in a table on a terminal.
-_STATE_COLOURS = {"open": "32", "due": "33", "waiting": "36", "firing": "35"}
+#: The ANSI colour of the values of these columns in a table on a terminal: window
+#: states, run states and run outcomes.
+_COLOURS: dict[str, dict[str, str]] = {
+    "STATE": {
+        "open": "32",
+        "due": "33",
+        "waiting": "36",
+        "firing": "35",
+        "pending": "36",
+        "started": "35",
+    },
+    "OUTCOME": {"ran": "32", "failed": "31", "expired": "33", "misfired": "33"},
+}
 
 
 def cmd_windows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -69,20 +83,29 @@ def _inspect(
     except (BackendError, ValueError, TypeError) as exc:
         error(f"cannot list the {what}: {exc}")
         return EXIT_USAGE
-    _print(args.format, items, row, sys.stdout)
+    print_items(args.format, items, row, sys.stdout)
     return 0
 
 
-def _print(
+def _document(item: Any) -> dict[str, Any]:
+    """The fields of ``item`` (a named tuple or a dataclass) as a JSON object, enums
+    as their values."""
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        doc = {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
+    else:
+        doc = item._asdict()
+    return {k: v.value if isinstance(v, enum.Enum) else v for k, v in doc.items()}
+
+
+def print_items(
     form: str, items: Sequence[Any], row: Callable[[Any, float], dict[str, str]], out: TextIO
 ) -> None:
-    """``items`` as JSON lines (times as epoch seconds), or as an aligned table."""
+    """``items`` (named tuples or dataclasses) as JSON lines of their fields (times as
+    epoch seconds), or as an aligned table of ``row(item, now)``: ``(none)`` when there
+    are none, colours on a terminal unless ``NO_COLOR`` is set to a non-empty value."""
     if form == "jsonl":
         for item in items:
-            doc = item._asdict()
-            if "mode" in doc:
-                doc["mode"] = doc["mode"].value
-            out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+            out.write(json.dumps(_document(item), separators=(",", ":")) + "\n")
         out.flush()
         return
     colour = out.isatty() and not os.environ.get("NO_COLOR")
@@ -95,11 +118,11 @@ def _print(
     header = list(rows[0])
     table = [header] + [[str(v) for v in r.values()] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    coloured = [(i, _COLOURS[name]) for i, name in enumerate(header) if name in _COLOURS]
     for n, line in enumerate(table):
         cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=True)]
-        if colour and n and "STATE" in header:
-            i = header.index("STATE")
-            code = _STATE_COLOURS.get(line[i].strip())
+        for i, codes in coloured if colour and n else ():
+            code = codes.get(line[i])
             if code is not None:
                 cells[i] = f"\x1b[{code}m{cells[i]}\x1b[0m"
         out.write("  ".join(cells).rstrip() + "\n")
@@ -114,11 +137,11 @@ def _window_row(w: WindowInfo, now: float) -> dict[str, str]:
         "STATE": w.state,
         "OWNER": w.owner,
         "LEASE": _left(w.owner_lease_left),
-        "FIRST PING": _relative(w.first_ping_at - now),
-        "LAST PING": _relative(w.last_ping_at - now),
+        "FIRST PING": relative(w.first_ping_at - now),
+        "LAST PING": relative(w.last_ping_at - now),
         "PINGS": str(w.ping_count),
-        "DUE": _relative(w.due_at - now),
-        "CAP": _NONE if w.cap_at is None else _relative(w.cap_at - now),
+        "DUE": relative(w.due_at - now),
+        "CAP": NONE if w.cap_at is None else relative(w.cap_at - now),
         "BYTES": str(w.payload_bytes),
         "TOKEN": str(w.fencing_token),
     }
@@ -133,14 +156,14 @@ def _process_row(p: ProcessInfo, now: float) -> dict[str, str]:
         "EPOCH": p.epoch[:8],
         "STATE": state,
         "LEASE": _left(p.expires_in),
-        "HEARTBEAT": _NONE if p.heartbeat_interval is None else f"{p.heartbeat_interval:.3g} s",
-        "LAST BEAT": _NONE if p.last_beat_age is None else f"{p.last_beat_age:.1f} s ago",
+        "HEARTBEAT": NONE if p.heartbeat_interval is None else f"{p.heartbeat_interval:.3g} s",
+        "LAST BEAT": NONE if p.last_beat_age is None else f"{p.last_beat_age:.1f} s ago",
         "WINDOWS": str(p.windows),
         "FIRE RECORDS": str(p.fire_records),
     }
 
 
-def _relative(seconds: float) -> str:
+def relative(seconds: float) -> str:
     """A time ``seconds`` from now, for people: ``in 3.2 s``, ``3.2 s ago``, ``now``."""
     if abs(seconds) < 0.05:
         return "now"
@@ -150,5 +173,5 @@ def _relative(seconds: float) -> str:
 def _left(seconds: float | None) -> str:
     """A lease's time left: ``4.1 s left``, ``lapsed 2.0 s ago``, or an en dash (none)."""
     if seconds is None:
-        return _NONE
+        return NONE
     return f"{seconds:.1f} s left" if seconds >= 0 else f"lapsed {-seconds:.1f} s ago"

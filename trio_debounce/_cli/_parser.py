@@ -203,7 +203,127 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bucket_options(processes)
     processes.set_defaults(job="processes", parser=processes)
+    _add_runs(commands)
     return parser
+
+
+#: The states and outcomes ``runs`` lists by.
+_RUN_STATES = ["pending", "started", "done"]
+_RUN_OUTCOMES = ["ran", "failed", "expired", "misfired"]
+
+
+def _add_runs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``runs`` (list) and its actions ``runs cancel`` and ``runs retry``."""
+    runs = commands.add_parser(
+        "runs",
+        help="list the persisted deferred runs of a run store, or cancel or retry one",
+        usage="%(prog)s (--backend URL[,URL...] [--bucket NAME] | --sqlite PATH)\n"
+        "                          [--state S] [--outcome O] [--workflow W] "
+        "[--format table|jsonl]\n"
+        "       %(prog)s {cancel,retry} RUN_ID (--backend URL[,URL...] [--bucket NAME] |\n"
+        "                          --sqlite PATH)",
+        description=(
+            "Without an action: print the persisted runs of a run store (a NATS bucket "
+            "or an SQLite file): run id, workflow, state, outcome, due time, expiry, "
+            "holder, attempts, fencing token and finish time. Reads only: the store is "
+            "not created, and a read-only user (or file) will do. With an action, steer "
+            "one run as a coordinator would, by compare-and-swap: 'cancel' deletes a "
+            "pending run, 'retry' makes a failed run pending again for a live process "
+            "to claim (see 'runs cancel --help' and 'runs retry --help'). Exit status "
+            "0; 1 when the run does not exist or its state refuses the action; 2 for "
+            "bad options or a store that cannot be read."
+        ),
+    )
+    _add_store_options(runs, suppress=False)
+    runs.add_argument(
+        "--state", choices=_RUN_STATES, help="only runs in this state (default: every state)"
+    )
+    runs.add_argument(
+        "--outcome",
+        choices=_RUN_OUTCOMES,
+        help="only finished runs (state done) with this outcome",
+    )
+    runs.add_argument("--workflow", metavar="W", help="only this workflow's runs")
+    _add_format_option(runs, default=None)
+    runs.set_defaults(job="runs", parser=runs, action=None)
+    actions = runs.add_subparsers(dest="action", metavar="ACTION", required=False, prog=runs.prog)
+    for name, help_line, description in (
+        (
+            "cancel",
+            "delete a pending run (exit 1 if it started or finished)",
+            "Delete the pending run RUN_ID by compare-and-swap, as "
+            "Coordinator.cancel_run does: a live owner that has it armed finds it gone "
+            "and never runs it. A run whose handler started, or that finished, is left "
+            "as it is (exit 1), as is a run that does not exist. Prints one line saying "
+            "what was done.",
+        ),
+        (
+            "retry",
+            "make a failed run pending again, for a live process to claim",
+            "Write the failed run RUN_ID (a tombstone with outcome 'failed', under "
+            "at-least-once delivery) back to pending, due now, with no owner, by "
+            "compare-and-swap: a live process with a handler for its workflow claims "
+            "it at its next sweep and runs it with its payload, as attempt + 1. Exit 1 "
+            "if the run does not exist, is not failed, or its expiry has passed. "
+            "Prints one line saying what was done.",
+        ),
+    ):
+        action = actions.add_parser(name, help=help_line, description=description)
+        action.add_argument("run_id", metavar="RUN_ID", help="the run's id")
+        _add_store_options(action, suppress=True)
+        action.set_defaults(job=f"runs {name}", parser=action)
+
+
+def _add_store_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """``--backend``/``--bucket`` or ``--sqlite``: the run store of ``runs``. Given to
+    ``runs`` and to its actions, so they go before the action or after it; an
+    action's are ``SUPPRESS``ed when absent, so they never hide the ones before it
+    (see :func:`check_run_store_options`)."""
+    default = argparse.SUPPRESS if suppress else None
+    group = parser.add_argument_group(
+        "the run store (exactly one of --backend and --sqlite)",
+        "NATS settings other than these (credentials, TLS, timeouts) come from the "
+        "TRIO_DEBOUNCE_* environment.",
+    )
+    store = group.add_mutually_exclusive_group()
+    store.add_argument(
+        "--backend",
+        metavar="URL[,URL...]",
+        default=default,
+        help="NATS JetStream servers (nats:// or tls:// URLs, comma-separated): the "
+        "runs of a bucket",
+    )
+    store.add_argument(
+        "--sqlite", metavar="PATH", default=default, help="the runs of an SQLite run store file"
+    )
+    group.add_argument(
+        "--bucket",
+        metavar="NAME",
+        default=default,
+        help="with --backend: the KV bucket (default: $TRIO_DEBOUNCE_NATS_BUCKET, else "
+        "trio_debounce)",
+    )
+
+
+def check_run_store_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check the run store options of ``runs`` and its actions, given before the action
+    or after it.
+
+    Raises:
+      SystemExit: status 2 with ``parser``'s usage line: neither or both of
+        ``--backend`` and ``--sqlite``, ``--bucket`` without ``--backend``, or a
+        listing option with an action.
+    """
+    if (args.backend is None) == (args.sqlite is None):
+        parser.error("give exactly one of --backend URL and --sqlite PATH")
+    if args.bucket is not None and args.backend is None:
+        parser.error("--bucket needs --backend")
+    if args.sqlite == "":
+        parser.error("--sqlite must not be empty")
+    if args.action is not None:
+        for option in ("state", "outcome", "workflow", "format"):
+            if getattr(args, option) is not None:
+                parser.error(f"--{option} lists runs: it takes no action ({args.action})")
 
 
 def _add_backend_options(
@@ -231,10 +351,16 @@ def _add_bucket_options(parser: argparse.ArgumentParser) -> None:
         "credentials, TLS and timeouts come from the TRIO_DEBOUNCE_* environment",
         bucket="the KV bucket",
     )
+    _add_format_option(parser)
+
+
+def _add_format_option(parser: argparse.ArgumentParser, *, default: str | None = "table") -> None:
+    """``--format table|jsonl`` (``default`` None: ``runs``, which refuses it with an
+    action, and reads None as a table)."""
     parser.add_argument(
         "--format",
         choices=["table", "jsonl"],
-        default="table",
+        default=default,
         help="an aligned table for people (colour on a terminal, never with NO_COLOR "
         "set), or one JSON object per line with times as epoch seconds (default: table)",
     )
