@@ -14,13 +14,16 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import trio
 
 from .._backend import DebounceBackend, ProcessInfo, WindowInfo
 from .._errors import BackendError
-from ._commands import EXIT_USAGE, _nats_backend, error
+from ._commands import EXIT_USAGE, _nats_backend
+from ._live import BackendStartError, LogGate
+
+T = TypeVar("T")
 
 #: A table's cell for a value that is not recorded (an en dash).
 NONE = "\N{EN DASH}"
@@ -41,7 +44,11 @@ _COLOURS: dict[str, dict[str, str]] = {
 
 
 def cmd_windows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run ``trio-debounce windows``; return the exit status (0, or 2)."""
+    """Run ``trio-debounce windows``; return the exit status (0, or 2).
+
+    Raises:
+      BackendStartError: the bucket cannot be read (exit status 2).
+    """
 
     async def fetch(backend: DebounceBackend) -> list[WindowInfo]:
         windows = await backend.inspect(args.workflow)
@@ -53,7 +60,11 @@ def cmd_windows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 
 def cmd_processes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run ``trio-debounce processes``; return the exit status (0, or 2)."""
+    """Run ``trio-debounce processes``; return the exit status (0, or 2).
+
+    Raises:
+      BackendStartError: the bucket cannot be read (exit status 2).
+    """
 
     async def fetch(backend: DebounceBackend) -> list[ProcessInfo]:
         return await backend.processes()
@@ -69,7 +80,11 @@ def _inspect(
     row: Callable[[Any, float], dict[str, str]],
 ) -> int:
     """Open the bucket (never creating it), ``fetch`` from its backend, print the rows;
-    the exit status (0, or 2 when the bucket cannot be read)."""
+    the exit status (0, or 2 after an error line for bad NATS settings).
+
+    Raises:
+      BackendStartError: the bucket cannot be read (see :func:`run_on_store`).
+    """
     opener = _nats_backend(parser, args, create_bucket=False)
     if opener is None:
         return EXIT_USAGE
@@ -78,13 +93,29 @@ def _inspect(
         async with opener() as backend:
             return await fetch(backend)
 
-    try:
-        items = trio.run(main)
-    except (BackendError, ValueError, TypeError) as exc:
-        error(f"cannot list the {what}: {exc}")
-        return EXIT_USAGE
+    items = run_on_store(main, f"cannot list the {what}")
     print_items(args.format, items, row, sys.stdout)
     return 0
+
+
+def run_on_store(main: Callable[[], Awaitable[T]], failure: str) -> T:
+    """``trio.run(main)``, where ``main`` opens a store (or backend) and reads or
+    writes it; the NATS store's log records held meanwhile (:class:`~._live.LogGate`):
+    logged after all if it returns, dropped if it fails, which is reported in one line.
+
+    Raises:
+      BackendStartError: ``main`` raised BackendError (the store cannot be opened,
+        reached, or refused a call), ValueError or TypeError; its message is
+        ``failure: reason`` (:func:`trio_debounce._cli.main` prints it and exits 2).
+    """
+    gate = LogGate()
+    with gate.installed():
+        try:
+            result = trio.run(main)
+        except (BackendError, ValueError, TypeError) as exc:
+            raise BackendStartError(gate.reason(failure, exc)) from exc
+        gate.release()
+    return result
 
 
 def _document(item: Any) -> dict[str, Any]:

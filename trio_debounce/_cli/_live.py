@@ -25,7 +25,7 @@ from ._events import EventError, decode_line, event_key, parse_json_object
 from ._replay import fire_line
 
 logger = logging.getLogger("trio_debounce.cli")
-#: The NATS store's logger (trio_debounce.nats._store), gated by :class:`_LogGate`.
+#: The NATS store's logger (trio_debounce.nats._store), gated by :class:`LogGate`.
 _NATS_LOGGER = logging.getLogger("trio_debounce.nats")
 
 _WORKFLOW = "run"
@@ -150,13 +150,15 @@ def _line_event(raw: bytes, number: int, key_field: str | None) -> tuple[str, di
     return event_key(obj, key_field, number), _line(text, obj)
 
 
-class _LogGate(logging.Filter):
-    """Holds the NATS store's log records while the backend starts.
+class LogGate(logging.Filter):
+    """Holds the NATS store's log records while the backend starts (or while an
+    inspection command opens and reads a store).
 
-    If start-up fails, the CLI prints one line (the error, plus, for an unreachable
+    If that fails, the CLI prints one line (the error, plus, for an unreachable
     server, the first connection error the store logged, such as a refused
-    connection or a TLS failure) instead of the store's reconnect chatter; if it
-    succeeds, the held records are logged after all, and later ones pass.
+    connection or a TLS failure: :meth:`reason`) instead of the store's reconnect
+    chatter; if it succeeds, the held records are logged after all, and later ones
+    pass.
     """
 
     def __init__(self) -> None:
@@ -187,7 +189,12 @@ class _LogGate(logging.Filter):
 
     def start_error(self, exc: BaseException) -> str:
         """The one-line reason why start-up failed."""
-        message = f"cannot start the backend: {exc}"
+        return self.reason("cannot start the backend", exc)
+
+    def reason(self, failure: str, exc: BaseException) -> str:
+        """``failure: exc`` on one line; for an unreachable store, with the first
+        warning held."""
+        message = f"{failure}: {exc}"
         if isinstance(exc, BackendUnavailableError):
             # "no server answered" says nothing of why: add the first reason logged.
             # (Refused credentials and bucket errors say it all.)
@@ -447,7 +454,7 @@ async def _serve(
         async with AsyncExitStack() as stack:
             backend: DebounceBackend | None = None
             if options.open_backend is not None:
-                gate = _LogGate()
+                gate = LogGate()
                 stack.enter_context(gate.installed())
                 try:
                     backend = await stack.enter_async_context(options.open_backend())

@@ -16,15 +16,12 @@ import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 
-import trio
-
 from .. import _validate
-from .._errors import BackendError
 from .._runs._sqlite import open_sqlite_run_store
 from .._runs._steer import Steered, cancel_pending_run, retry_failed_run, retry_refusal
 from .._runs._store import RunState, RunStore, StoredRun
 from ._commands import EXIT_USAGE, error, nats_config
-from ._inspect import NONE, print_items, relative
+from ._inspect import NONE, print_items, relative, run_on_store
 from ._parser import check_run_store_options
 
 #: The exit status of a run that does not exist, or whose state refuses the action.
@@ -49,11 +46,12 @@ def _store_opener(
 
 
 def cmd_runs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run ``trio-debounce runs``; return the exit status (0, or 2 when the store
-    cannot be read).
+    """Run ``trio-debounce runs``; return the exit status (0, or 2 after an error
+    line for bad NATS settings).
 
     Raises:
       SystemExit: status 2 with the usage line, for a bad option.
+      BackendStartError: the store cannot be opened or read (exit status 2).
       OSError: writing stdout failed.
     """
     if args.workflow == "":
@@ -67,11 +65,7 @@ def cmd_runs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         async with opener() as store:
             return await store.list_runs(states=states, workflow=args.workflow)
 
-    try:
-        runs = trio.run(fetch)
-    except (BackendError, ValueError, TypeError) as exc:
-        error(f"cannot list the runs: {exc}")
-        return EXIT_USAGE
+    runs = run_on_store(fetch, "cannot list the runs")
     if args.outcome is not None:
         runs = [run for run in runs if run.outcome == args.outcome]
     print_items(args.format or "table", runs, _run_row, sys.stdout)
@@ -80,11 +74,12 @@ def cmd_runs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def cmd_runs_cancel(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``trio-debounce runs cancel RUN_ID``; return the exit status: 0 when the
-    pending run was deleted, 1 when it does not exist or is not pending, 2 when the
-    store cannot be opened or refused a call.
+    pending run was deleted, 1 when it does not exist or is not pending, 2 after an
+    error line for bad NATS settings.
 
     Raises:
       SystemExit: status 2 with the usage line, for a bad option.
+      BackendStartError: the store cannot be opened, or refused a call (exit status 2).
       OSError: writing stdout failed.
     """
     run_id = _run_id(parser, args)
@@ -110,11 +105,12 @@ def cmd_runs_cancel(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 def cmd_runs_retry(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``trio-debounce runs retry RUN_ID``; return the exit status: 0 when the
-    failed run is pending again, 1 when it does not exist or cannot be retried, 2 when
-    the store cannot be opened or refused a call.
+    failed run is pending again, 1 when it does not exist or cannot be retried, 2
+    after an error line for bad NATS settings.
 
     Raises:
       SystemExit: status 2 with the usage line, for a bad option.
+      BackendStartError: the store cannot be opened, or refused a call (exit status 2).
       OSError: writing stdout failed.
     """
     run_id = _run_id(parser, args)
@@ -152,8 +148,11 @@ def _steer(
     step: Callable[[RunStore, str], Awaitable[Steered]],
 ) -> tuple[Steered, float] | None:
     """``step(store, RUN_ID)`` on the store the options name; what it did and the
-    store's wall time after it. None (after an error line) when the store cannot be
-    opened or refused a call."""
+    store's wall time after it. None (after an error line) for bad NATS settings.
+
+    Raises:
+      BackendStartError: the store cannot be opened, or refused a call.
+    """
     opener = _store_opener(parser, args, write=True)
     if opener is None:
         return None
@@ -162,11 +161,7 @@ def _steer(
         async with opener() as store:
             return await step(store, args.run_id), store.wall_time()
 
-    try:
-        return trio.run(main)
-    except (BackendError, ValueError, TypeError) as exc:
-        error(f"cannot {what} run {args.run_id!r}: {exc}")
-        return None
+    return run_on_store(main, f"cannot {what} run {args.run_id!r}")
 
 
 def _say(line: str) -> None:
