@@ -157,6 +157,19 @@ def test_sqlite_errors_are_mapped_without_error_codes() -> None:
     assert type(_map_error(sqlite3.IntegrityError("NOT NULL failed"), "f.db")) is BackendError
 
 
+def test_a_read_only_open_that_would_create_the_wal_says_so() -> None:
+    # As root the tests cannot make a directory this process may not write: the
+    # error is built as SQLite raises it (SQLITE_READONLY_DIRECTORY, 8 | 6 << 8).
+    exc = sqlite3.OperationalError("attempt to write a readonly database")
+    exc.sqlite_errorcode = 1544
+    read_only = _map_error(exc, "f.db", "ro")
+    assert type(read_only) is BackendError
+    assert "'f.db' cannot be read without creating its -wal and -shm files" in str(read_only)
+    writer = _map_error(exc, "f.db", "rw")  # any other mode: as SQLite says it
+    assert type(writer) is BackendError
+    assert "-wal" not in str(writer)
+
+
 # --- several processes ----------------------------------------------------------------
 
 

@@ -68,20 +68,31 @@ _MODES = ("rwc", "rw", "ro")
 # SQLite's primary result codes for "another connection holds the lock".
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
+_SQLITE_READONLY = 8
 _SQLITE_NOTADB = 26
 
 
-def _map_error(exc: sqlite3.Error, path: str) -> BackendError:
-    """The library's exception for sqlite3's ``exc``."""
+def _map_error(exc: sqlite3.Error, path: str, mode: SqliteMode = "rwc") -> BackendError:
+    """The library's exception for sqlite3's ``exc`` (raised by a store opened in
+    ``mode``)."""
     code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
     message = str(exc)
     if code is not None:
         busy = code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
         not_a_database = code & 0xFF == _SQLITE_NOTADB
+        read_only = code & 0xFF == _SQLITE_READONLY
     else:
         lowered = message.lower()
         busy = "locked" in lowered or "busy" in lowered
         not_a_database = "not a database" in lowered
+        read_only = "readonly" in lowered
+    if read_only and mode == "ro":
+        # A read of a WAL database that no connection has open creates its -wal and
+        # -shm companions: a user who may not write them cannot read it then.
+        return BackendError(
+            f"SQLite database {path!r} cannot be read without creating its -wal and -shm "
+            f"files, which this user may not (no other process has it open): {message}"
+        )
     if busy:
         return BackendUnavailableError(
             f"SQLite database {path!r} is locked by another connection: {message}"
@@ -178,7 +189,7 @@ class _Connection:
                 self._set_busy_wait(conn, until)
             return fn(conn)
         except sqlite3.Error as exc:
-            raise _map_error(exc, self._path) from exc
+            raise _map_error(exc, self._path, self._mode) from exc
 
     def _set_busy_wait(self, conn: sqlite3.Connection, until: float) -> float:
         """Let this call wait for other connections' locks up to ``timeout`` seconds, or
