@@ -330,7 +330,8 @@ class SqliteRunStore(RunStore):
         :exc:`~trio_debounce.BackendConfigError`. SQLite needs the ``-wal`` and
         ``-shm`` companions to read a WAL database, so a read-only open of a file that
         no other connection has open creates them (empty) and leaves them: the
-        database file itself is not touched.
+        database file itself is not touched. (A user who may not create them can
+        read the file only while another process has it open.)
 
     Raises:
       ValueError: ``max_payload_bytes`` is not positive, ``timeout`` is negative,
