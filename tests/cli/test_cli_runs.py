@@ -28,29 +28,31 @@ from trio_debounce._cli._inspect import print_items
 from trio_debounce._cli._runs import _run_row
 from trio_debounce.abc import RunState, RunStore, StoredRun
 
-#: The runs of :func:`make_store`, by id: one per state and outcome that matters.
-NOW = time.time()
-RUNS = [
-    StoredRun("later", "mail", '{"to":"ada"}', NOW + 3600, owner="p1", epoch=1, token=1,
-              created_at=NOW - 5),
-    StoredRun("busy", "mail", "{}", NOW - 3, state=RunState.STARTED, owner="p1", epoch=1,
-              attempt=1, token=2, created_at=NOW - 9, started_at=NOW - 3),
-    StoredRun("broken", "bill", '{"n":7}', NOW - 60, expires_at=NOW + 3600,
-              state=RunState.DONE, outcome="failed", owner="p2", epoch=3, attempt=2, token=5,
-              created_at=NOW - 90, started_at=NOW - 50, finished_at=NOW - 49),
-    StoredRun("old", "bill", "null", NOW - 70, expires_at=NOW - 65, state=RunState.DONE,
-              outcome="expired", owner="p2", epoch=3, token=1, created_at=NOW - 90,
-              finished_at=NOW - 60),
-    StoredRun("sent", "mail", "null", NOW - 80, state=RunState.DONE, outcome="ran",
-              owner="p1", epoch=1, attempt=1, token=2, created_at=NOW - 90,
-              started_at=NOW - 80, finished_at=NOW - 79),
-]  # fmt: skip
+
+def make_runs(now: float) -> list[StoredRun]:
+    """The runs of a test's store, times around ``now``: one per state and outcome that
+    matters."""
+    return [
+        StoredRun("later", "mail", '{"to":"ada"}', now + 3600, owner="p1", epoch=1, token=1,
+                  created_at=now - 5),
+        StoredRun("busy", "mail", "{}", now - 3, state=RunState.STARTED, owner="p1", epoch=1,
+                  attempt=1, token=2, created_at=now - 9, started_at=now - 3),
+        StoredRun("broken", "bill", '{"n":7}', now - 60, expires_at=now + 3600,
+                  state=RunState.DONE, outcome="failed", owner="p2", epoch=3, attempt=2,
+                  token=5, created_at=now - 90, started_at=now - 50, finished_at=now - 49),
+        StoredRun("old", "bill", "null", now - 70, expires_at=now - 65, state=RunState.DONE,
+                  outcome="expired", owner="p2", epoch=3, token=1, created_at=now - 90,
+                  finished_at=now - 60),
+        StoredRun("sent", "mail", "null", now - 80, state=RunState.DONE, outcome="ran",
+                  owner="p1", epoch=1, attempt=1, token=2, created_at=now - 90,
+                  started_at=now - 80, finished_at=now - 79),
+    ]  # fmt: skip
 
 
-def make_store(path: Path) -> Path:
+def make_store(path: Path, runs: list[StoredRun]) -> Path:
     async def fill() -> None:
         async with open_sqlite_run_store(path) as store:
-            for run in RUNS:
+            for run in runs:
                 assert await store.create_run(run) is not None
 
     trio.run(fill)
@@ -66,8 +68,13 @@ def stored(path: Path, run_id: str) -> StoredRun | None:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return make_store(tmp_path / "runs.db")
+def runs() -> list[StoredRun]:
+    return make_runs(time.time())
+
+
+@pytest.fixture
+def db(tmp_path: Path, runs: list[StoredRun]) -> Path:
+    return make_store(tmp_path / "runs.db", runs)
 
 
 def listed(db: Path, capsys: pytest.CaptureFixture[str], *options: str) -> list[dict[str, Any]]:
@@ -84,12 +91,12 @@ def ids(docs: list[dict[str, Any]]) -> list[str]:
 
 
 def test_json_lines_are_the_stored_fields_in_due_order(
-    db: Path, capsys: pytest.CaptureFixture[str]
+    db: Path, runs: list[StoredRun], capsys: pytest.CaptureFixture[str]
 ) -> None:
     docs = listed(db, capsys)
     assert ids(docs) == ["sent", "old", "broken", "busy", "later"]
     by_id = {doc["run_id"]: doc for doc in docs}
-    for run in RUNS:
+    for run in runs:
         doc = by_id[run.run_id]
         # Every StoredRun field, the state as its string, times as epoch seconds.
         assert doc == {**_fields(run), "state": run.state.value, "revision": doc["revision"]}
@@ -160,8 +167,9 @@ def test_colour_only_on_a_terminal_without_no_color(
         monkeypatch.delenv("NO_COLOR", raising=False)
     else:
         monkeypatch.setenv("NO_COLOR", no_color)
+    runs = make_runs(time.time())
     out = Terminal()
-    print_items("table", RUNS, _run_row, out)
+    print_items("table", runs, _run_row, out)
     text = out.getvalue()
     assert ("\x1b[" in text) == coloured
     if coloured:
@@ -170,7 +178,7 @@ def test_colour_only_on_a_terminal_without_no_color(
         busy = next(line for line in text.splitlines() if line.startswith("busy"))
         assert "\x1b[35mstarted" in busy
     plain = io.StringIO()
-    print_items("table", RUNS, _run_row, plain)
+    print_items("table", runs, _run_row, plain)
     assert "\x1b[" not in plain.getvalue()
 
 
@@ -301,7 +309,7 @@ def test_retry_refuses_a_failed_run_past_its_expiry(
 
     async def fill() -> None:
         async with open_sqlite_run_store(path) as store:
-            run = RUNS[2].replace(run_id="stale", expires_at=time.time() - 1)
+            run = make_runs(time.time())[2].replace(run_id="stale", expires_at=time.time() - 1)
             assert await store.create_run(run) is not None
 
     trio.run(fill)

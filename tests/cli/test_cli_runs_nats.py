@@ -155,12 +155,11 @@ async def test_listing_and_steering_beside_a_live_coordinator(nats_server: NatsS
             not_failed = await acli(url, bucket, "retry", "busy")
             assert not_failed.returncode == 1
             assert "run 'busy' not retried: it is started, not failed" in not_failed.stderr
-            t0 = trio.current_time()
             retried = await acli(url, bucket, "retry", "broken")
             assert retried.returncode == 0, retried.stderr
             assert "runs it as attempt 2" in retried.stdout
+            # (Within a sweep: tests/runs/test_runs_steer.py times it on MockClock.)
             await until(outcome(store, "broken"), "ran")
-            assert trio.current_time() - t0 < 10  # a sweep, plus the CLI's own start
             [first, second] = handler.of("broken")
             assert second[1:3] == (2, {"n": 1})
             assert second[3] > first[3]  # a higher fencing token
