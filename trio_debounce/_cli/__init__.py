@@ -1,4 +1,6 @@
-"""The ``trio-debounce`` command line: ``replay``, ``run`` and ``events git``.
+"""The ``trio-debounce`` command line: ``replay``, ``run``, ``events git``, and the
+operator's commands on a shared bucket (``windows``, ``processes``, ``cancel``,
+``flush``).
 
 Exit statuses: 0 success; 2 bad options, or bad input (``replay`` and ``events git``
 print the reason on stderr and nothing on stdout; ``run`` skips bad lines and exits 2
@@ -11,7 +13,8 @@ output cannot be written (stdout closed early by ``| head``, a full disk) or, fo
 The modules, by job: :mod:`._parser` (the options), :mod:`._commands` (options to a
 run and an exit status), :mod:`._replay` (an event log on a virtual clock),
 :mod:`._live` (a live stream, and its stop on SIGTERM or SIGHUP), :mod:`._events`
-(JSON-lines input), :mod:`._git_events` (events from a git history). The library
+(JSON-lines input), :mod:`._git_events` (events from a git history), :mod:`._inspect`
+(a bucket's windows and processes), :mod:`._steer` (cancel and flush one window). The library
 never imports this package.
 """
 
@@ -35,6 +38,7 @@ from ._commands import (
 from ._inspect import cmd_processes, cmd_windows
 from ._live import BackendStartError, InputError, OutputError
 from ._parser import parse_args
+from ._steer import cmd_cancel, cmd_flush
 
 __all__ = ["main"]
 
@@ -45,6 +49,8 @@ _JOBS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] =
     "events git": cmd_events_git,
     "windows": cmd_windows,
     "processes": cmd_processes,
+    "cancel": cmd_cancel,
+    "flush": cmd_flush,
 }
 
 
