@@ -202,7 +202,7 @@ async def test_the_histograms_advise_bucket_boundaries_in_seconds(
     data = otel.reader.get_metrics_data()
     assert data is not None
     bounds = {
-        metric.name: tuple(point.explicit_bounds)  # type: ignore[union-attr]
+        metric.name: tuple(point.explicit_bounds)
         for resource in data.resource_metrics
         for scope in resource.scope_metrics
         for metric in scope.metrics
