@@ -649,6 +649,41 @@ class DebounceBackend(abc.ABC):
         Idempotent: a second call returns False.
         """
 
+    async def request_flush(self, workflow: str, key: str) -> WindowStatus | None:
+        """Ask that the open window ``(workflow, key)`` fire now, whoever owns it: the
+        steering of ``trio-debounce flush`` (see :doc:`/cli`, "Steering a window").
+
+        Makes the window due now by a compare-and-swap of its document, and, when its
+        owner is live, leaves the owner a request that its heartbeat reads
+        (:meth:`take_flush_requests`): the owner fires it within about one heartbeat
+        interval. A dead owner's window is fired by the survivor that adopts it. The
+        fire happens in the owner (or adopter), by the protocol's usual rules, so it
+        can never happen twice; it is a ``flush`` fire
+        (:class:`~trio_debounce.FireStarted`).
+
+        Returns:
+          WindowStatus | None: the window as written (``scheduled_at`` now), or None
+          if no trailing fire is pending: no open window, or a leading edge's
+          (nothing to flush; nothing is written).
+
+        Raises:
+          NotImplementedError: this backend cannot be steered (the default).
+          BackendUnavailableError: not done within the operation deadline.
+          BackendError: the store failed.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot flush a window from outside")
+
+    async def take_flush_requests(self) -> list[tuple[str, str, str]]:
+        """The flush requests left for this process (:meth:`request_flush`), each
+        ``(workflow, key, run_id)``, read and removed; called by the heartbeat after
+        each :meth:`refresh_lease`. The default has none.
+
+        Raises:
+          BackendError: the store failed (the heartbeat counts an outage).
+        """
+        await trio.lowlevel.checkpoint()
+        return []
+
     @abc.abstractmethod
     async def refresh_lease(self) -> Collection[str]:
         """Renew this process's lease (creating it on the first call), and re-read the

@@ -106,6 +106,23 @@ def process_key(process_id: str) -> str:
     return encoded
 
 
+#: The prefix of the per-process control keys (``c.<process>``: requests for a
+#: process's heartbeat, such as the flushes ``trio-debounce flush`` asks for).
+CONTROL_PREFIX = "c"
+
+
+def control_key(process_id: str) -> str:
+    """The KV key of the control requests to process ``process_id``: ``c.<base64url>``.
+
+    Raises:
+      TypeError, ValueError: as :func:`process_key`.
+    """
+    encoded = CONTROL_PREFIX + "." + _encode_token("process_id", process_id)
+    if len(encoded) > MAX_KEY_BYTES:
+        raise ValueError(f"process_id is too long for a KV key: {len(encoded)} bytes encoded")
+    return encoded
+
+
 RUN_PREFIX = "r"
 RUN_LEASE_PREFIX = "rl"
 

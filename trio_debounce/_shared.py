@@ -538,6 +538,13 @@ class SharedWindows:
         shared = self.windows.get(ident)
         return shared is not None and self._flush(shared)
 
+    def flush_requested(self, ident: tuple[str, str], run_id: str) -> bool:
+        """A flush request from outside (``trio-debounce flush``, read by the heartbeat)
+        for run ``run_id`` of the window ``ident``: finalize it now if its task is here
+        and still on that run; True if it had a trailing fire pending."""
+        shared = self.windows.get(ident)
+        return shared is not None and shared.run_id == run_id and self._flush(shared)
+
     def _flush(self, shared: SharedWindow) -> bool:
         if shared.state != OPEN:
             return False

@@ -1,7 +1,8 @@
-"""The heartbeat of a coordinator with a backend: lease, reconcile, sweep.
+"""The heartbeat of a coordinator with a backend: lease, flush requests, reconcile, sweep.
 
 :func:`maintain` is the task that renews the backend's process lease once per
-heartbeat interval, reconciles the shared windows (``SharedWindows.reconcile``) at a
+heartbeat interval (and reads the flush requests left for this process),
+reconciles the shared windows (``SharedWindows.reconcile``) at a
 slower pace and at once after an outage, and starts a sweep of the store every few
 beats, in a task of its own so that a slow sweep never delays a renewal.
 """
@@ -73,6 +74,15 @@ class _Heartbeat:
                     dead = await backend.refresh_lease()
                     if dead:
                         logger.info("processes found dead: %s", ", ".join(sorted(dead)))
+                    for workflow, key, run_id in await backend.take_flush_requests():
+                        flushed = shared.flush_requested((workflow, key), run_id)
+                        logger.info(
+                            "flush of %r/%r (run %s) requested from outside: %s",
+                            workflow,
+                            key,
+                            run_id,
+                            "firing now" if flushed else "not pending here",
+                        )
                     if dead or down or shared.reconcile_soon or beats % RECONCILE_EVERY == 0:
                         shared.reconcile_soon = False
                         await shared.reconcile()

@@ -26,6 +26,7 @@ from tests.harness.fires import Fires
 from tests.harness.memory import backend
 from trio_debounce import Fire, open_coordinator
 from trio_debounce.otel import OpenTelemetryHook
+from trio_debounce.otel._hook import AGE_BUCKETS, PINGS_BUCKETS, SECONDS_BUCKETS
 from trio_debounce.testing import MemoryStore
 
 WF = "wf"
@@ -189,3 +190,29 @@ async def test_without_an_sdk_the_hook_records_nothing_and_never_fails(
         await trio.sleep(2.0)
         assert c.statistics().fires == 1
         assert c.statistics().hook_errors == 0
+
+
+async def test_the_histograms_advise_bucket_boundaries_in_seconds(
+    autojump_clock: trio.testing.MockClock, otel: Otel
+) -> None:
+    """The SDK's default boundaries (0, 5, 10, ... 10000) suit milliseconds: each
+    histogram advises its own, which an SDK without a View of the user's applies."""
+    async with open_coordinator(handlers={WF: noop}, on_event=otel.hook) as c:
+        await c.debounce(WF, "k", 1, delay=1.0)
+    data = otel.reader.get_metrics_data()
+    assert data is not None
+    bounds = {
+        metric.name: tuple(point.explicit_bounds)
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        for point in metric.data.data_points
+        if hasattr(point, "explicit_bounds")
+    }
+    assert bounds == {
+        "trio_debounce.fire.lateness": SECONDS_BUCKETS,
+        "trio_debounce.fire.pings": PINGS_BUCKETS,
+        "trio_debounce.window.age": AGE_BUCKETS,
+        "trio_debounce.handler.duration": SECONDS_BUCKETS,
+    }
+    assert bounds["trio_debounce.fire.lateness"][0] == 0.001

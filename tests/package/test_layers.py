@@ -63,6 +63,7 @@ LAYERS: dict[str, int] = {
     "_runs._sqlite_rows": BACKENDS,
     "_runs._sqlite": BACKENDS,
     "_protocol._housekeeping": BACKENDS,
+    "_protocol._control": BACKENDS,
     "_protocol._register": BACKENDS,
     "_protocol._answers": BACKENDS,
     "_protocol._turns": BACKENDS,
@@ -236,6 +237,7 @@ PROTOCOL_PARTS = {
     "_protocol._register",
     "_protocol._answers",
     "_protocol._housekeeping",
+    "_protocol._control",
     "_protocol._backend",
 }
 

@@ -1,23 +1,26 @@
 """The ``trio-debounce`` command line: ``replay``, ``run``, ``events git``, the
-inspection commands ``windows`` and ``processes``, and ``runs`` (with its actions
-``runs cancel`` and ``runs retry``).
+operator's commands on a shared bucket (``windows``, ``processes``, ``cancel``,
+``flush``), and ``runs`` (with its actions ``runs cancel`` and ``runs retry``) on a run
+store.
 
 Exit statuses: 0 success; 2 bad options, or bad input (``replay`` and ``events git``
 print the reason on stderr and nothing on stdout; ``run`` skips bad lines and exits 2
 at the end), or a failure to start (``run --backend``: the backend is unreachable,
-refuses the credentials or has an unusable bucket; the inspection commands and
-``runs``: the bucket or file cannot be read or does not exist; one line on stderr); 1
-when the output cannot be written (stdout closed early by ``| head``, a full disk),
-for ``run``, when a COMMAND failed or could not start, and for ``runs cancel|retry``,
-when the run does not exist or its state refuses the action; 130 interrupted
-(Ctrl-C); 143 ``run`` stopped by SIGTERM or SIGHUP. See docs/cli.rst.
+refuses the credentials or has an unusable bucket; the operator's commands and
+``runs``: the bucket or file cannot be read (or written) or does not exist; one line
+on stderr); 1 when the output cannot be written (stdout closed early by ``| head``, a
+full disk), for ``run``, when a COMMAND failed or could not start, for ``cancel`` and
+``flush``, when there is nothing to do, and for ``runs cancel|retry``, when the run
+does not exist or its state refuses the action; 130 interrupted (Ctrl-C); 143 ``run``
+stopped by SIGTERM or SIGHUP. See docs/cli.rst.
 
 The modules, by job: :mod:`._parser` (the options), :mod:`._commands` (options to a
 run and an exit status), :mod:`._replay` (an event log on a virtual clock),
 :mod:`._live` (a live stream, and its stop on SIGTERM or SIGHUP), :mod:`._events`
-(JSON-lines input), :mod:`._git_events` (events from a git history),
-:mod:`._inspect` (``windows``, ``processes``, and the output of every inspection),
-:mod:`._runs` (``runs`` and its actions). The library never imports this package.
+(JSON-lines input), :mod:`._git_events` (events from a git history), :mod:`._inspect`
+(a bucket's windows and processes, and the output of every inspection), :mod:`._steer`
+(cancel and flush one window), :mod:`._runs` (``runs`` and its actions). The library
+never imports this package.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from ._inspect import cmd_processes, cmd_windows
 from ._live import BackendStartError, InputError, OutputError
 from ._parser import parse_args
 from ._runs import cmd_runs, cmd_runs_cancel, cmd_runs_retry
+from ._steer import cmd_cancel, cmd_flush
 
 __all__ = ["main"]
 
@@ -51,6 +55,8 @@ _JOBS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] =
     "events git": cmd_events_git,
     "windows": cmd_windows,
     "processes": cmd_processes,
+    "cancel": cmd_cancel,
+    "flush": cmd_flush,
     "runs": cmd_runs,
     "runs cancel": cmd_runs_cancel,
     "runs retry": cmd_runs_retry,

@@ -203,6 +203,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bucket_options(processes)
     processes.set_defaults(job="processes", parser=processes)
+
+    cancel = commands.add_parser(
+        "cancel",
+        help="close a window of a shared bucket without firing it",
+        description=(
+            "Close the open window (WORKFLOW, KEY) without firing it, whoever owns it: "
+            "a revision-checked close, as Coordinator.cancel does; its owner counts a "
+            "cancel. Exit status 0 cancelled, 1 no open window, 2 the bucket cannot be "
+            "reached or written."
+        ),
+    )
+    _add_window_arguments(cancel)
+    cancel.set_defaults(job="cancel", parser=cancel)
+
+    flush = commands.add_parser(
+        "flush",
+        help="fire a window of a shared bucket now",
+        description=(
+            "Make the open window (WORKFLOW, KEY) due now and ask its owner to fire it: "
+            "a live owner fires it within one heartbeat interval, a dead owner's "
+            "survivor when it adopts it. Exit status 0 requested (with --wait: fired), "
+            "1 no trailing fire pending, 2 the bucket cannot be reached or written."
+        ),
+    )
+    _add_window_arguments(flush)
+    flush.add_argument("--wait", action="store_true", help="wait until the fire is committed")
+    flush.set_defaults(job="flush", parser=flush)
     _add_runs(commands)
     return parser
 
@@ -342,13 +369,31 @@ def _add_backend_options(
     )
 
 
+#: The help of ``--backend`` in the commands that read or steer a shared bucket.
+_SERVERS_HELP = (
+    "NATS JetStream servers (nats:// or tls:// URLs, comma-separated); credentials, TLS "
+    "and timeouts come from the TRIO_DEBOUNCE_* environment"
+)
+
+
+def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
+    """WORKFLOW, KEY and the bucket's options, of the commands that steer a window."""
+    parser.add_argument("workflow", metavar="WORKFLOW", help="the window's workflow")
+    parser.add_argument("key", metavar="KEY", help="the window's debounce key")
+    _add_backend_options(
+        parser,
+        required=True,
+        servers=_SERVERS_HELP,
+        bucket="the KV bucket",
+    )
+
+
 def _add_bucket_options(parser: argparse.ArgumentParser) -> None:
     """The options of the commands that read a shared bucket."""
     _add_backend_options(
         parser,
         required=True,
-        servers="NATS JetStream servers (nats:// or tls:// URLs, comma-separated); "
-        "credentials, TLS and timeouts come from the TRIO_DEBOUNCE_* environment",
+        servers=_SERVERS_HELP,
         bucket="the KV bucket",
     )
     _add_format_option(parser)

@@ -47,6 +47,7 @@ from .._kv import KvStore
 from .._options import InitialFactory, Reducer
 from .._payload import JsonSerializer, PayloadSerializer
 from .._types import Mode
+from ._control import Control
 from ._finalize import Finalizer
 from ._housekeeping import Housekeeping
 from ._inspect import list_processes, list_windows
@@ -125,6 +126,7 @@ class KvDebounceBackend(DebounceBackend):
             skew=skew,
             wall=wall_time,
         )
+        self._control = Control(view, leases, me, op_timeout=op_timeout, wall=wall_time)
 
     # ----------------------------------------------------------------- basics
 
@@ -299,6 +301,14 @@ class KvDebounceBackend(DebounceBackend):
 
     async def window_status(self, workflow: str, key: str) -> WindowStatus | None:
         return await self._housekeeping.window_status(workflow, key)
+
+    async def request_flush(self, workflow: str, key: str) -> WindowStatus | None:
+        _validate.name("workflow", workflow)
+        _validate.name("key", key)
+        return await self._control.request_flush(workflow, key)
+
+    async def take_flush_requests(self) -> list[tuple[str, str, str]]:
+        return await self._control.take_requests()
 
     async def inspect(
         self, workflow: str | None = None, key_prefix: str | None = None

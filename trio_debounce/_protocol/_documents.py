@@ -409,6 +409,53 @@ def encode_lease(lease: Lease) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 
+#: The most flush requests a control document keeps (the oldest go first): a bound
+#: on its size, far above what one heartbeat interval of an operator's commands makes.
+CONTROL_KEEP = 64
+
+
+@dataclass(frozen=True, slots=True)
+class FlushRequest:
+    """A request that the owner of window ``(workflow, key)`` fire run ``run_id`` now
+    (``trio-debounce flush``), kept in the owner's control document (``c.<process>``)
+    until its heartbeat reads it; ``at`` is when it was made (wall clock)."""
+
+    workflow: str
+    key: str
+    run_id: str
+    at: float
+
+
+def decode_control(raw: bytes) -> tuple[FlushRequest, ...]:
+    obj = _codec.strict_loads(raw)
+    if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
+        raise ValueError("not a version 1 control document")
+    items = obj.get("flush", [])
+    if not isinstance(items, list):
+        raise TypeError("flush must be a list")
+    requests = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise TypeError("a flush request must be an object")
+        requests.append(
+            FlushRequest(
+                _str(item, "workflow"), _str(item, "key"), _str(item, "run"), _num(item, "at")
+            )
+        )
+    return tuple(requests)
+
+
+def encode_control(requests: tuple[FlushRequest, ...]) -> bytes:
+    doc = {
+        "v": SCHEMA_VERSION,
+        "flush": [
+            {"workflow": r.workflow, "key": r.key, "run": r.run_id, "at": r.at}
+            for r in requests[-CONTROL_KEEP:]
+        ],
+    }
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
 @dataclass(frozen=True, slots=True)
 class FireRecord:
     """An at-least-once fire in progress (``f.<id>``): outlives its window's document

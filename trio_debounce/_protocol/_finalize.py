@@ -14,7 +14,6 @@ from typing import NoReturn
 
 import trio
 
-from .. import _engine
 from .._backend import Delivery, Finalization, Finalized, OrphanFire
 from .._errors import (
     BackendError,
@@ -517,7 +516,6 @@ class Finalizer:
         fire_id: str | None,
     ) -> Finalization:
         self._view.disown(kv_key, doc.run_id)
-        cap = _engine.INF if doc.cap is None else doc.cap
         return Finalization(
             Finalized.FIRE,
             fired_at,
@@ -530,7 +528,7 @@ class Finalizer:
             fire_id,
             doc.queue,
             doc.run_id,
-            _engine.trailing_reason(fired_at, doc.at, cap, doc.count, doc.max_count),
+            _rules.fire_reason(doc, fired_at),
         )
 
     async def end_run(self, workflow: str, key: str, run_id: str) -> str | None:

@@ -17,6 +17,7 @@ from .._events import LeadingReRunSkipped
 from .._keys import parse_window_key, window_key
 from .._kv import KvEntry
 from . import _rules
+from ._control import window_status
 from ._documents import (
     FIRE_PREFIX,
     LEASE_PREFIX,
@@ -404,19 +405,9 @@ class Housekeeping:
             and doc.at <= now
             and await self._leases.run_blocks_until(doc.running, now) is not None
         )
-        return WindowStatus(
-            doc.run_id,
-            doc.mode,
-            doc.owner,
-            await self._leases.owner_live(doc, now),
-            doc.first,
-            doc.last,
-            None if waiting else doc.at,
-            doc.cap,
-            doc.count,
-            entry.revision,
-            self._view.token(entry.revision),
-        )
+        owner_live = await self._leases.owner_live(doc, now)
+        token = self._view.token(entry.revision)
+        return window_status(doc, entry.revision, token, owner_live, waiting)
 
     async def mark_draining(self) -> None:
         await self._leases.write_draining(self._finalizer.apply_queued)

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from .. import _engine
 from .._backend import Registered, Registration
+from .._events import FireReason
 from .._options import DEFAULT, InitialFactory, Reducer, WindowOptions
 from .._payload import PayloadSerializer
 from .._types import Mode
@@ -719,6 +720,18 @@ def fire_time(doc: WindowDoc, now: float, force: bool) -> float:
     if marker is not None and marker.until is not None:
         released = min(now, marker.until)
     return max(doc.at, released)
+
+
+def fire_reason(doc: WindowDoc, fired_at: float) -> FireReason:
+    """Why the trailing fire of ``doc`` at ``fired_at`` fired
+    (:func:`~trio_debounce._engine.trailing_reason`), judged against the due time its
+    pings set: a due time that a flush from outside moved earlier
+    (``_control.Control.request_flush``) makes a ``"flush"`` fire."""
+    cap = _engine.INF if doc.cap is None else doc.cap
+    due = doc.at
+    if doc.max_count is None or doc.count < doc.max_count:
+        due = max(due, _engine.deadline_of(doc.last, doc.delay, cap))
+    return _engine.trailing_reason(fired_at, due, cap, doc.count, doc.max_count)
 
 
 def tombstone(doc: WindowDoc, write: str, fired_at: float, me: Identity) -> WindowDoc:

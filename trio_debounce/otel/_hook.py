@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 from contextvars import Token
+from typing import Final
 
 import trio
 from opentelemetry import context as otel_context
@@ -30,6 +31,19 @@ from .._version import __version__
 WINDOWS_KEPT = 10_000
 
 _NAME = "trio_debounce"
+
+# The histograms' bucket boundaries, given to the SDK as advice (a View of the user's
+# overrides them). The SDK's default boundaries (0, 5, 10, 25, ... 10000) suit
+# milliseconds, not seconds: every store request would fall in the first bucket.
+#: Fire lateness and handler run time, seconds: from a scheduling delay (ms) up to a
+#: failover (a lease, minutes).
+SECONDS_BUCKETS: Final = (1e-3, 5e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+#: Pings per fire: 1 (nothing coalesced) up to storms.
+PINGS_BUCKETS: Final = (1, 2, 3, 5, 10, 20, 50, 100, 250, 1000, 10000)
+#: Window age at fire, seconds: about ``delay`` to ``max_delay``, ms to an hour.
+AGE_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+#: Store request time, seconds: a loopback round trip (0.1 ms) up to ``op_timeout``.
+STORE_BUCKETS: Final = (5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class OpenTelemetryHook:
@@ -131,20 +145,31 @@ class OpenTelemetryHook:
             "trio_debounce.fire.lateness",
             unit="s",
             description="Handler start minus the fire's logical time.",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
         self._fire_pings = meter.create_histogram(
-            "trio_debounce.fire.pings", unit="{ping}", description="Pings per fire."
+            "trio_debounce.fire.pings",
+            unit="{ping}",
+            description="Pings per fire.",
+            explicit_bucket_boundaries_advisory=PINGS_BUCKETS,
         )
         self._age = meter.create_histogram(
             "trio_debounce.window.age",
             unit="s",
             description="Handler start minus the window's first ping.",
+            explicit_bucket_boundaries_advisory=AGE_BUCKETS,
         )
         self._handler_time = meter.create_histogram(
-            "trio_debounce.handler.duration", unit="s", description="Handler run time."
+            "trio_debounce.handler.duration",
+            unit="s",
+            description="Handler run time.",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
         self._store_time = meter.create_histogram(
-            "trio_debounce.store.duration", unit="s", description="Store request time."
+            "trio_debounce.store.duration",
+            unit="s",
+            description="Store request time.",
+            explicit_bucket_boundaries_advisory=STORE_BUCKETS,
         )
         #: (workflow, key, run id) -> span contexts of the window's first and last
         #: pings made here (in insertion order: the oldest is forgotten first).

@@ -1,0 +1,107 @@
+"""``trio-debounce cancel`` and ``flush``: steer one window of a shared bucket through
+the protocol, as a coordinator would (see :doc:`/cli`, "Steering a window", and
+:doc:`/protocol`, "Steering from outside")."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Final
+
+import trio
+
+from .. import _validate
+from .._backend import DebounceBackend
+from .._errors import BackendError
+from ._commands import EXIT_USAGE, _nats_backend, error
+
+#: The exit status when the window does not exist or has nothing to flush.
+EXIT_NOT_FOUND: Final = 1
+#: Seconds between the reads of ``flush --wait``.
+WAIT_POLL: Final = 0.2
+
+
+def _checked(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    try:
+        _validate.name("WORKFLOW", args.workflow)
+        _validate.name("KEY", args.key)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+
+
+def cmd_cancel(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``trio-debounce cancel``; return the exit status: 0 cancelled, 1 no open
+    window, 2 the bucket cannot be reached or written."""
+    _checked(args, parser)
+    opener = _nats_backend(parser, args, create_bucket=False)
+    if opener is None:
+        return EXIT_USAGE
+
+    async def main() -> bool:
+        async with opener() as backend:
+            return await backend.cancel(args.workflow, args.key)
+
+    try:
+        cancelled = trio.run(main)
+    except BackendError as exc:
+        error(f"cannot cancel {args.workflow!r}/{args.key!r}: {exc}")
+        return EXIT_USAGE
+    if not cancelled:
+        error(f"no open window {args.workflow!r}/{args.key!r}")
+        return EXIT_NOT_FOUND
+    _say(f"cancelled {args.workflow!r}/{args.key!r}")
+    return 0
+
+
+def cmd_flush(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``trio-debounce flush``; return the exit status: 0 requested (with
+    ``--wait``: fired), 1 no trailing fire pending, 2 the bucket cannot be reached or
+    written."""
+    _checked(args, parser)
+    opener = _nats_backend(parser, args, create_bucket=False)
+    if opener is None:
+        return EXIT_USAGE
+    try:
+        return trio.run(_flush, args, opener)
+    except BackendError as exc:
+        error(f"cannot flush {args.workflow!r}/{args.key!r}: {exc}")
+        return EXIT_USAGE
+
+
+async def _flush(
+    args: argparse.Namespace, opener: Callable[[], AbstractAsyncContextManager[DebounceBackend]]
+) -> int:
+    workflow, key = args.workflow, args.key
+    async with opener() as backend:
+        status = await backend.request_flush(workflow, key)
+        if status is None:
+            error(f"nothing to flush: {workflow!r}/{key!r} has no trailing fire pending")
+            return EXIT_NOT_FOUND
+        who = (
+            f"its owner {status.owner!r} fires it within a heartbeat"
+            if status.owner_live
+            else f"its owner {status.owner!r} is not live: a survivor fires it when it "
+            "adopts the window"
+        )
+        _say(f"flush of {workflow!r}/{key!r} (run {status.run_id}) requested: {who}")
+        if not args.wait:
+            return 0
+        started = time.monotonic()
+        while True:
+            now = await backend.window_status(workflow, key)
+            if now is None or now.run_id != status.run_id:
+                break
+            await trio.sleep(WAIT_POLL)
+        _say(
+            f"run {status.run_id} of {workflow!r}/{key!r} committed after "
+            f"{time.monotonic() - started:.1f} s"
+        )
+        return 0
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
