@@ -37,7 +37,7 @@ from .._errors import (
     BackendUnavailableError,
     DocumentTooLargeError,
 )
-from .._kv import KvEntry, KvStore
+from .._kv import KvEntry, KvStore, KvWatch
 from ._bridge import Host, cross, log_asyncio_error, shutdown, stop_watcher
 from ._bucket import api_prefix, open_bucket
 from ._config import NatsConfig
@@ -76,8 +76,9 @@ def _check_key(key: str) -> str:
     return key
 
 
-class NatsKvWatch:
-    """A live watch on the keys under one prefix, read from the Trio side.
+class NatsKvWatch(KvWatch):
+    """A live watch on the keys under one prefix (``""``: every key), read from the
+    Trio side: the NATS :class:`~trio_debounce.abc.KvWatch`.
 
     Made by :meth:`NatsKvStore.open_watch`. :meth:`receive_batch` delivers the latest
     entry of every key under the prefix as the watch opens (delete markers included),
@@ -269,19 +270,21 @@ class NatsKvStore(KvStore):
 
     @asynccontextmanager
     async def open_watch(self, prefix: str) -> AsyncIterator[NatsKvWatch]:
-        """Watch the keys under ``prefix``; see :class:`NatsKvWatch`.
+        """Watch the keys under ``prefix`` (``""``: every key of the bucket); see
+        :class:`NatsKvWatch`.
 
         Opening is bounded by ``op_timeout`` (it creates the server's consumer); the
         watch is stopped on exit, even when cancelled (shielded, at most
         ``op_timeout`` seconds).
 
         Raises:
-          ValueError: ``prefix`` does not end with ``.``.
+          ValueError: ``prefix`` is not ``""`` and does not end with ``.``.
           BackendUnavailableError, BackendAuthError, BackendError: see the module.
         """
-        if not prefix.endswith(".") or prefix.startswith("."):
-            raise ValueError(f"prefix must end with '.', got {prefix[:80]!r}")
-        _check_key(prefix[:-1])
+        if prefix:
+            if not prefix.endswith(".") or prefix.startswith("."):
+                raise ValueError(f"prefix must end with '.', got {prefix[:80]!r}")
+            _check_key(prefix[:-1])
         watch = NatsKvWatch(prefix, self._host)
         changed = self._state.connection_changed
         watch._watcher = await self._call(f"watch {prefix!r}", self._aio_watch, prefix, watch)
