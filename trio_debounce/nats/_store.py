@@ -100,6 +100,10 @@ class NatsKvWatch(KvWatch):
         self._host = host
         self._interrupted = trio.Event()
         self._watcher: Any = None
+        #: Values to deliver before the end of the initial ones, when nats-py marked
+        #: that end too early (see NatsKvStore._aio_watch); None otherwise.
+        self._initial_left: int | None = None
+        self._end_due = False
 
     def __repr__(self) -> str:
         state = " interrupted" if self._interrupted.is_set() else ""
@@ -138,6 +142,9 @@ class NatsKvWatch(KvWatch):
         return items
 
     async def _aio_batch(self, max_entries: int) -> list[KvEntry | None] | None:
+        if self._end_due:
+            self._end_due = False
+            return [None]
         queue = self._watcher._updates
         items: list[KvEntry | None] = []
         update = await queue.get()
@@ -152,6 +159,14 @@ class NatsKvWatch(KvWatch):
                 marker = update.operation in (KV_DEL, KV_PURGE)
                 value = None if marker else (update.value or b"")
                 items.append(KvEntry(key=update.key, value=value, revision=update.revision))
+                if self._initial_left is not None:
+                    self._initial_left -= 1
+                    if self._initial_left == 0:
+                        self._initial_left = None
+                        if len(items) >= max_entries:
+                            self._end_due = True
+                            return items
+                        items.append(None)
             if len(items) >= max_entries:
                 return items
             try:
@@ -314,6 +329,22 @@ class NatsKvStore(KvStore):
                 return True
 
             jsi.reset_ordered_consumer = reset_ordered_consumer
+        if watcher._init_done:
+            # nats-py ended the initial values before any came (nothing can have come
+            # since: its handler waits for the watch's set-up): the consumer's info
+            # showed nothing pending and nothing received, which is also the case while
+            # the initial values are in flight to this client (a loaded machine). The
+            # end is put back after as many values as the server says it delivered.
+            subscription = watcher._sub
+            assert subscription is not None  # set by watch()
+            try:
+                info = await subscription.consumer_info()
+            except BaseException:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+                raise
+            if info.delivered.consumer_seq:
+                assert watcher._updates.get_nowait() is None
+                watch._initial_left = info.delivered.consumer_seq
         return watcher
 
     async def get(self, key: str) -> KvEntry | None:
