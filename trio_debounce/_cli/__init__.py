@@ -8,14 +8,15 @@ at the end), or a failure to start (``run --backend``: the backend is unreachabl
 refuses the credentials or has an unusable bucket; one line on stderr); 1 when the
 output cannot be written (stdout closed early by ``| head``, a full disk) or, for
 ``run``, when a COMMAND failed or could not start; 130 interrupted (Ctrl-C); 143
-``run`` stopped by SIGTERM or SIGHUP. See docs/cli.rst.
+``run`` or ``windows --follow`` stopped by SIGTERM or SIGHUP. See docs/cli.rst.
 
 The modules, by job: :mod:`._parser` (the options), :mod:`._commands` (options to a
 run and an exit status), :mod:`._replay` (an event log on a virtual clock),
 :mod:`._live` (a live stream, and its stop on SIGTERM or SIGHUP), :mod:`._events`
-(JSON-lines input), :mod:`._git_events` (events from a git history), :mod:`._inspect`
-(a bucket's windows and processes), :mod:`._steer` (cancel and flush one window). The library
-never imports this package.
+(JSON-lines input), :mod:`._git_events` (events from a git history),
+:mod:`._inspect` (``windows`` and ``processes``), :mod:`._follow` (``windows
+--follow``), :mod:`._steer` (``cancel`` and ``flush``). The library never imports this
+package.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ._commands import (
     cmd_run,
     error,
 )
+from ._follow import follow_windows
 from ._inspect import cmd_processes, cmd_windows
 from ._live import BackendStartError, InputError, OutputError
 from ._parser import parse_args
@@ -42,12 +44,18 @@ from ._steer import cmd_cancel, cmd_flush
 
 __all__ = ["main"]
 
+
+def _cmd_windows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``windows``, or ``windows --follow``."""
+    return follow_windows(args, parser) if args.follow else cmd_windows(args, parser)
+
+
 #: The command of each parsed ``job`` (see :func:`._parser.build_parser`).
 _JOBS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] = {
     "replay": cmd_replay,
     "run": cmd_run,
     "events git": cmd_events_git,
-    "windows": cmd_windows,
+    "windows": _cmd_windows,
     "processes": cmd_processes,
     "cancel": cmd_cancel,
     "flush": cmd_flush,

@@ -1,6 +1,6 @@
 """``trio-debounce windows`` and ``processes``: a shared bucket as an operator reads
 it, through :meth:`~trio_debounce.abc.DebounceBackend.inspect` and ``processes``
-(see :doc:`/cli`, "Inspecting a bucket")."""
+(see :doc:`/cli`, "Inspecting a bucket"); ``windows --follow`` is in :mod:`._follow`."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from .._errors import BackendError
 from ._commands import EXIT_USAGE, _nats_backend, error
 
 #: A table's cell for a value that is not recorded (an en dash).
-_NONE = "\N{EN DASH}"
+NONE = "\N{EN DASH}"
 
 #: The ANSI colour of each window state in a table on a terminal.
-_STATE_COLOURS = {"open": "32", "due": "33", "waiting": "36", "firing": "35"}
+STATE_COLOURS = {"open": "32", "due": "33", "waiting": "36", "firing": "35"}
 
 
 def cmd_windows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -35,7 +35,7 @@ def cmd_windows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             return windows
         return [w for w in windows if fnmatch.fnmatchcase(w.key, args.key)]
 
-    return _inspect(args, parser, "windows", fetch, _window_row)
+    return _inspect(args, parser, "windows", fetch, window_row)
 
 
 def cmd_processes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -99,14 +99,16 @@ def _print(
         cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=True)]
         if colour and n and "STATE" in header:
             i = header.index("STATE")
-            code = _STATE_COLOURS.get(line[i].strip())
+            code = STATE_COLOURS.get(line[i].strip())
             if code is not None:
                 cells[i] = f"\x1b[{code}m{cells[i]}\x1b[0m"
         out.write("  ".join(cells).rstrip() + "\n")
     out.flush()
 
 
-def _window_row(w: WindowInfo, now: float) -> dict[str, str]:
+def window_row(w: WindowInfo, now: float) -> dict[str, str]:
+    """The cells of ``w``'s row, by column, with times relative to ``now`` (wall
+    clock, epoch seconds)."""
     return {
         "WORKFLOW": w.workflow,
         "KEY": w.key,
@@ -118,7 +120,7 @@ def _window_row(w: WindowInfo, now: float) -> dict[str, str]:
         "LAST PING": _relative(w.last_ping_at - now),
         "PINGS": str(w.ping_count),
         "DUE": _relative(w.due_at - now),
-        "CAP": _NONE if w.cap_at is None else _relative(w.cap_at - now),
+        "CAP": NONE if w.cap_at is None else _relative(w.cap_at - now),
         "BYTES": str(w.payload_bytes),
         "TOKEN": str(w.fencing_token),
     }
@@ -133,8 +135,8 @@ def _process_row(p: ProcessInfo, now: float) -> dict[str, str]:
         "EPOCH": p.epoch[:8],
         "STATE": state,
         "LEASE": _left(p.expires_in),
-        "HEARTBEAT": _NONE if p.heartbeat_interval is None else f"{p.heartbeat_interval:.3g} s",
-        "LAST BEAT": _NONE if p.last_beat_age is None else f"{p.last_beat_age:.1f} s ago",
+        "HEARTBEAT": NONE if p.heartbeat_interval is None else f"{p.heartbeat_interval:.3g} s",
+        "LAST BEAT": NONE if p.last_beat_age is None else f"{p.last_beat_age:.1f} s ago",
         "WINDOWS": str(p.windows),
         "FIRE RECORDS": str(p.fire_records),
     }
@@ -150,5 +152,5 @@ def _relative(seconds: float) -> str:
 def _left(seconds: float | None) -> str:
     """A lease's time left: ``4.1 s left``, ``lapsed 2.0 s ago``, or an en dash (none)."""
     if seconds is None:
-        return _NONE
+        return NONE
     return f"{seconds:.1f} s left" if seconds >= 0 else f"lapsed {-seconds:.1f} s ago"
