@@ -9,12 +9,13 @@ changed and reports each difference from what it reported before, as a
 :class:`~trio_debounce.WindowChange`:
 
 * The watch's initial values make a snapshot, reported as ``listed`` changes.
-* Nothing is missed, nothing repeated: when the watch is interrupted (a NATS
-  disconnect or reconnect, a lost consumer), every :data:`RESYNC_INTERVAL` seconds in
-  any case (the bound on a delete marker that a sweeper purged before the watch
-  delivered it), and after a watch that stopped, a new watch is opened and its snapshot
-  replaces the old; then only the differences from what was reported are reported. A
-  watch that cannot be opened is retried with exponential backoff (:data:`RETRY_MIN` to
+* When the watch is interrupted (a NATS disconnect or reconnect, a lost consumer),
+  every :data:`RESYNC_INTERVAL` seconds in any case (the bound on a delete marker that
+  a sweeper purged before the watch delivered it), and after a watch that stopped, a
+  new watch is opened and its snapshot replaces the old; then only the differences
+  from what was reported are reported: nothing repeated, and the picture whole again,
+  though what happened meanwhile comes as its net difference only. A watch that
+  cannot be opened is retried with exponential backoff (:data:`RETRY_MIN` to
   :data:`RETRY_MAX` seconds) and logged as a warning, except the first, whose error is
   raised.
 * A fire record is removed by a purge, which no watch sees: while the follower holds
