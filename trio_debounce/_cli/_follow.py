@@ -5,6 +5,7 @@ line per change, through :meth:`~trio_debounce.abc.DebounceBackend.open_window_w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import json
 import os
@@ -12,7 +13,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TextIO
 
@@ -83,19 +84,22 @@ async def _follow(
       BackendError, ValueError, TypeError: the bucket cannot be read.
       OSError: writing ``out`` failed.
     """
+    # A signal that was ignored when the command started (nohup's SIGHUP) stays so.
     caught = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
     stopped = False
     failure: Exception | None = None
-    with trio.open_signal_receiver(*caught) as signals:
+    with contextlib.ExitStack() as stack:
         async with trio.open_nursery() as nursery:
 
-            async def until_a_signal() -> None:
+            async def until_a_signal(signals: AsyncIterator[int]) -> None:
                 nonlocal stopped
                 async for _ in signals:
                     stopped = True
                     nursery.cancel_scope.cancel()
 
-            nursery.start_soon(until_a_signal)
+            if caught:
+                signals = stack.enter_context(trio.open_signal_receiver(*caught))
+                nursery.start_soon(until_a_signal, signals)
             try:
                 await _print_changes(opener, args, out)
             except Exception as exc:

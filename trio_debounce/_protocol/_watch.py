@@ -49,7 +49,13 @@ import trio
 
 from .._backend import WindowChange, WindowChangeKind, WindowInfo
 from .._errors import BackendError, BackendUnavailableError
-from .._keys import PROCESS_PREFIX, parse_prefixed_key, parse_window_key, process_key
+from .._keys import (
+    PROCESS_PREFIX,
+    parse_prefixed_key,
+    parse_window_key,
+    process_key,
+    window_prefix,
+)
 from .._kv import KvEntry, KvWatch
 from ._documents import FIRE_PREFIX, LEASE_PREFIX, FireRecord, Lease, WindowDoc, decode_lease
 from ._inspect import fire_committed, payload_size, window_info
@@ -73,7 +79,8 @@ DUE_GRACE = 1.0
 _AFTER = 0.001
 #: Updates taken from the watch at once.
 _BATCH = 512
-_WINDOW_PREFIX = "w."
+#: The prefix of every window's key.
+_WINDOW_PREFIX = window_prefix(None)
 
 Key = tuple[str, str]
 
