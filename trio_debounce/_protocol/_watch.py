@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import heapq
 import logging
 import math
 from collections.abc import Callable, Iterable
@@ -232,6 +233,8 @@ class WindowFollower:
         self._op_timeout = op_timeout
         self._snapshot = _Snapshot(workflow, key_prefix)
         self._reported: dict[Key, WindowInfo] = {}
+        #: (wall time, window): when a reported window's state changes by time alone.
+        self._wakes: list[tuple[float, Key]] = []
         self._pending: collections.deque[WindowChange] = collections.deque()
         self._stack: AsyncExitStack | None = None
         self._watch: KvWatch | None = None
@@ -292,7 +295,7 @@ class WindowFollower:
         if trio.current_time() >= self._poll_at:
             await self._poll_records()
         now = self._wall()
-        self._diff([k for k, info in self._reported.items() if self._wake(k, info) <= now], now)
+        self._diff(self._due(now), now)
         self._arm_poll()
 
     async def _receive(self, watch: KvWatch, deadline: float) -> list[KvEntry | None]:
@@ -408,10 +411,38 @@ class WindowFollower:
         return min(times, default=math.inf) + _AFTER
 
     def _next_wake(self) -> float:
-        return min(
-            (self._wake(window, info) for window, info in self._reported.items()),
-            default=math.inf,
-        )
+        """The earliest time (wall clock) at which a reported window's state changes by
+        time alone, or ``inf``. The heap holds stale entries too (a window reported
+        again since): each is checked against the window's latest report."""
+        wakes = self._wakes
+        while wakes:
+            at, window = wakes[0]
+            info = self._reported.get(window)
+            if info is not None and self._wake(window, info) == at:
+                return at
+            heapq.heappop(wakes)
+        return math.inf
+
+    def _due(self, now: float) -> set[Key]:
+        """The windows whose state may have changed by time alone at ``now``."""
+        due: set[Key] = set()
+        while self._next_wake() <= now:
+            due.add(heapq.heappop(self._wakes)[1])
+        return due
+
+    def _note_wake(self, window: Key, info: WindowInfo) -> None:
+        at = self._wake(window, info)
+        if at == math.inf:
+            return
+        if len(self._wakes) > 4 * len(self._reported) + 64:
+            # Mostly stale: rebuilt from the latest reports.
+            self._wakes = [
+                (when, key)
+                for key, reported in self._reported.items()
+                if (when := self._wake(key, reported)) < math.inf
+            ]
+            heapq.heapify(self._wakes)
+        heapq.heappush(self._wakes, (at, window))
 
     def _info(self, window: Key, now: float) -> WindowInfo | None:
         held = self._snapshot.windows.get(window)
@@ -443,6 +474,7 @@ class WindowFollower:
                     self._emit("closed", window, before.run_id, None, now)
                 continue
             self._reported[window] = info
+            self._note_wake(window, info)
             if before is not None and before.run_id != info.run_id:
                 self._emit("closed", window, before.run_id, None, now)
                 before = None
