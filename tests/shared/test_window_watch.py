@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -372,3 +373,27 @@ async def test_a_queue_latest_window_waits_then_is_due(
             # The run's timeout (8 s after its fire) ends the wait: the window fires.
             await trio.sleep_until(t0 + 8.0)
             assert ("fired", "q", "firing", 1) in f.take()
+
+
+async def test_a_waiting_window_is_due_once_its_runs_process_is_dead(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=EPOCH), Fires()
+    options: dict[str, Any] = {"delay": 1.0, "overlap": "queue-latest", "run_timeout": 1000.0}
+    async with process(store, fires, "B", hold=0.0) as (b, _, _), following(store) as f:
+        async with process(store, fires, "A", hold=1000.0) as (a, a_backend, a_scope):
+            await a.debounce("wf", "q", 1, **options)
+            await trio.sleep(1.5)  # fired in A: its run holds the key (A's lease)
+            await b.debounce("wf", "q", 2, **options)  # the next window: B's, waiting
+            await trio.sleep(1.0 + GRACE + 0.01)
+            assert [c for c in f.take() if c[1] == "q"][-1] == ("updated", "q", "waiting", 1)
+            t_dead = trio.current_time()
+            die(a_backend, a_scope)
+        # A's lease lapses (with the skew): the run no longer blocks; B fires the window
+        # when it looks again.
+        await trio.sleep_until(t_dead + LEASE + SKEW + _watch._AFTER + 0.01)
+        assert f.take() == [("updated", "q", "due", 1)]
+        await trio.sleep(LEASE)
+        assert f.take() == [("fired", "q", "firing", 1), ("closed", "q", None, None)]
+        # B ran the window, and A's interrupted fire again (at least once).
+        assert sorted(fire.payload for p, fire in fires.log if p == "B") == [1, 2]

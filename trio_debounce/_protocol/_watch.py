@@ -108,6 +108,8 @@ class _Snapshot:
         #: Window -> the keys of its fire records.
         self._records_of: dict[Key, set[str]] = {}
         self.leases: dict[str, Lease] = {}
+        #: Process -> the windows whose queue-latest run it runs.
+        self._running_of: dict[str, set[Key]] = {}
 
     def _wanted(self, workflow: str, key: str) -> bool:
         if self._workflow is not None and workflow != self._workflow:
@@ -142,11 +144,17 @@ class _Snapshot:
         if entry.value is not None:
             with contextlib.suppress(ValueError, KeyError, TypeError, UnicodeDecodeError):
                 doc = WindowDoc.decode(entry.value)
-        if doc is None:
-            self.windows.pop(window, None)
-        else:
+        before = self.windows.pop(window, None)
+        if before is not None and before.doc.running is not None:
+            waiting = self._running_of[before.doc.running.process]
+            waiting.discard(window)
+            if not waiting:
+                del self._running_of[before.doc.running.process]
+        if doc is not None:
             light = replace(doc, payload=None, ranks=())
             self.windows[window] = _Held(light, entry.revision, payload_size(doc))
+            if doc.running is not None:
+                self._running_of.setdefault(doc.running.process, set()).add(window)
         return {window}
 
     def _apply_record(self, entry: KvEntry) -> set[Key]:
@@ -190,11 +198,7 @@ class _Snapshot:
         else:
             self.leases[process] = lease
         # Only a queue-latest window's state depends on a lease (its run's process).
-        return {
-            window
-            for window, held in self.windows.items()
-            if held.doc.running is not None and held.doc.running.process == process
-        }
+        return set(self._running_of.get(process, ()))
 
 
 def _significant(info: WindowInfo) -> WindowInfo:
