@@ -14,6 +14,7 @@ from ._backend import OwnedWindow as OwnedWindow
 from ._backend import ProcessInfo as ProcessInfo
 from ._backend import Registered as Registered
 from ._backend import Registration as Registration
+from ._backend import WindowChange as WindowChange
 from ._backend import WindowInfo as WindowInfo
 from ._backend import WindowStatus as WindowStatus
 from ._coordinator import Coordinator as Coordinator
@@ -101,6 +102,7 @@ def _fixup_module_metadata() -> None:
         Orphans,
         WindowStatus,
         WindowInfo,
+        WindowChange,
         ProcessInfo,
         JsonSerializer,
         PayloadSerializer,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, NamedTuple
 
 import trio
@@ -19,6 +20,8 @@ from ._types import Edge, InitialFactory, Mode, Reducer
 
 #: The values of ``open_coordinator(delivery=...)``.
 Delivery = Literal["at-least-once", "at-most-once"]
+#: The values of :attr:`WindowChange.change`.
+WindowChangeKind = Literal["listed", "opened", "updated", "fired", "closed"]
 
 
 class Registered(str, enum.Enum):
@@ -315,8 +318,8 @@ class WindowInfo(NamedTuple):
       mode (Mode): its mode.
       state (str): ``"open"`` (its due time is ahead); ``"due"`` (its due time has
         come, and no fire of it has committed yet); ``"waiting"`` (due, but its key's
-        ``queue-latest`` run blocks it); ``"firing"`` (a fire record of its run exists:
-        its handler runs, at least once).
+        ``queue-latest`` run blocks it); ``"firing"`` (the fire record of a committed
+        fire of its run exists: its handler runs, at least once).
       owner (str): the process id of its owner.
       owner_lease_left (float | None): seconds until the owner's lease expires
         (negative: lapsed); None if the owner has no lease in the store.
@@ -346,6 +349,41 @@ class WindowInfo(NamedTuple):
     payload_bytes: int
     fencing_token: int
     revision: int
+
+
+class WindowChange(NamedTuple):
+    """One change of a shared store's windows, as
+    :meth:`DebounceBackend.open_window_watch` and ``trio-debounce windows --follow``
+    report it: the difference between two successive readings of what
+    :meth:`DebounceBackend.inspect` lists.
+
+    Attributes:
+      change (str): what happened to the window of ``(workflow, key)``:
+
+        * ``"listed"``: it was there when the watch opened (the initial values);
+        * ``"opened"``: a window (a run id) appeared;
+        * ``"updated"``: it changed: pings, due time, owner (a takeover), state (see
+          :attr:`WindowInfo.state`), size of its payload;
+        * ``"fired"``: its state became ``"firing"``: a fire of its run committed
+          under at-least-once delivery, and its handler runs;
+        * ``"closed"``: it is gone from the listing: its handler returned after a fire
+          (at-least-once), it fired under at-most-once, or it was cancelled, released
+          or deleted. ``window`` is None.
+
+      workflow (str): the window's workflow.
+      key (str): its debounce key.
+      run_id (str): its run id (for ``"closed"``: the run that left).
+      window (WindowInfo | None): the window after the change; None for ``"closed"``.
+      at (float): when the watch saw the change, wall-clock epoch seconds (read
+        through the backend's :meth:`~DebounceBackend.wall_time`).
+    """
+
+    change: WindowChangeKind
+    workflow: str
+    key: str
+    run_id: str
+    window: WindowInfo | None
+    at: float
 
 
 class ProcessInfo(NamedTuple):
@@ -748,6 +786,38 @@ class DebounceBackend(abc.ABC):
           BackendError: the store failed.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot list its windows")
+
+    def open_window_watch(
+        self, workflow: str | None = None, key_prefix: str | None = None
+    ) -> AbstractAsyncContextManager[AsyncIterator[WindowChange]]:
+        """Follow the store's windows, whoever owns them, for operators: an async
+        context manager whose value is an async iterator of :class:`WindowChange`.
+
+        ::
+
+            async with backend.open_window_watch("orders") as changes:
+                async for change in changes:
+                    print(change.change, change.key, change.window)
+
+        The iterator first gives a ``"listed"`` change per window there when the
+        watch opened (what :meth:`inspect` would list), then one change per later
+        change, as it happens; it never ends on its own. Reads only, like
+        :meth:`inspect`: no lease of this process is needed, nothing is written. The
+        watch stops when the block exits.
+
+        Args:
+          workflow (str | None): only this workflow's windows.
+          key_prefix (str | None): only windows whose debounce key starts with it.
+
+        Raises:
+          NotImplementedError: this backend cannot watch its store (the default;
+            raised by the call, before the ``async with``).
+          TypeError, ValueError: a bad ``workflow`` or ``key_prefix`` (on entering).
+          BackendError: the store could not be read when the watch opened (on
+            entering), or later in a way that retrying cannot mend (from the
+            iteration: a refused permission, for instance).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot watch its windows")
 
     async def processes(self) -> list[ProcessInfo]:
         """Every process lease of the store, with the windows and fire records each

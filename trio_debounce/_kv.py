@@ -24,6 +24,7 @@ library's exception escape.
 from __future__ import annotations
 
 import abc
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from ._errors import RevisionConflict
@@ -42,6 +43,50 @@ class KvEntry:
     key: str
     value: bytes | None
     revision: int
+
+
+class KvWatch(abc.ABC):
+    """A live watch of the keys under one prefix, made by :meth:`KvStore.open_watch`.
+
+    :meth:`receive_batch` delivers the latest entry of every key under the prefix as
+    the watch opens (delete markers included), then one ``None`` (the end of those
+    initial values), then every later write and delete as the store applies it, in
+    revision order. A *purge* (:meth:`KvStore.purge`, :meth:`KvStore.purge_marker`)
+    removes an entry without a write, and no watch sees it.
+
+    A watch is *interrupted* when it may have missed an update (the NATS store's: at
+    every disconnect and reconnect, and when its server-side consumer is lost); it
+    then delivers nothing more, and its owner should close it and open a new one,
+    whose initial values are a fresh snapshot.
+
+    Attributes:
+      prefix (str): the watched prefix (``""``: every key).
+    """
+
+    prefix: str
+
+    @property
+    @abc.abstractmethod
+    def interrupted(self) -> bool:
+        """Whether the watch may have missed an update (no I/O)."""
+
+    @abc.abstractmethod
+    async def wait_interrupted(self) -> None:
+        """Return when the watch is interrupted (after a checkpoint if it is)."""
+
+    @abc.abstractmethod
+    async def receive_batch(self, max_entries: int = 512) -> list[KvEntry | None]:
+        """Wait for the next updates and return them, oldest first: at least one and
+        at most ``max_entries`` (int >= 1), each a :class:`KvEntry` (``value=None`` for
+        a delete marker) or ``None`` (the end of the initial values, once per watch).
+
+        Waits as long as nothing is written: bound it with a cancel scope; cancelling
+        it loses nothing.
+
+        Raises:
+          ValueError: ``max_entries`` is below 1.
+          BackendError: the watch was stopped (its store closed).
+        """
 
 
 class KvStore(abc.ABC):
@@ -122,3 +167,17 @@ class KvStore(abc.ABC):
     async def entries(self, prefix: str) -> list[KvEntry]:
         """The latest entry of every key that starts with ``prefix`` (delete markers
         included), in no particular order. ``prefix`` ends with ``.``."""
+
+    def open_watch(self, prefix: str) -> AbstractAsyncContextManager[KvWatch]:
+        """Watch the keys under ``prefix`` (ending with ``.``; ``""``: every key) for
+        the ``async with`` block: see :class:`KvWatch`. Optional: the protocol itself
+        never watches; :meth:`~trio_debounce.abc.DebounceBackend.open_window_watch`
+        does.
+
+        Raises:
+          NotImplementedError: this store cannot watch (the default; raised by the
+            call, before the ``async with``).
+          ValueError: ``prefix`` is not ``""`` and does not end with ``.``.
+          BackendUnavailableError, BackendAuthError, BackendError: opening failed.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot watch its keys")

@@ -197,6 +197,7 @@ def permissions_conf(bucket: str) -> str:
         f"$JS.API.CONSUMER.CREATE.KV_{bucket}",
         f"$JS.API.CONSUMER.CREATE.KV_{bucket}.>",
         f"$JS.API.CONSUMER.INFO.KV_{bucket}.>",
+        f"$JS.FC.KV_{bucket}.>",
     ]
     steer = [
         *read,

@@ -74,6 +74,8 @@ LAYERS: dict[str, int] = {
     "_protocol._documents": BACKENDS,
     "_protocol._rules": BACKENDS,
     "_protocol._backend": BACKENDS,
+    "_protocol._inspect": BACKENDS,
+    "_protocol._watch": BACKENDS,
     "nats": BACKENDS,
     "otel": PARTS,  # events in, OpenTelemetry out
     "testing._memory": BACKENDS,
@@ -238,6 +240,8 @@ PROTOCOL_PARTS = {
     "_protocol._answers",
     "_protocol._housekeeping",
     "_protocol._control",
+    "_protocol._inspect",
+    "_protocol._watch",
     "_protocol._backend",
 }
 

@@ -10,6 +10,7 @@ import trio.testing
 from tests.harness.fires import Fires
 from tests.harness.memory import LEASE, SKEW, backend, process
 from trio_debounce import Mode, open_coordinator
+from trio_debounce._protocol._documents import FireRecord
 from trio_debounce.testing import MemoryStore
 
 
@@ -100,3 +101,25 @@ async def test_inspect_needs_a_backend_and_good_arguments(
             await a.inspect(key_prefix=b"k")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="workflow must be a non-empty str"):
             await a.inspect(workflow="")
+
+
+async def test_firing_needs_the_record_of_a_committed_fire(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=0.0), Fires()
+    async with process(store, fires, "A") as (a, _, _):
+        await a.debounce("wf", "k", 1, delay=5.0)
+        [window] = await a.inspect()
+
+        def record(write: str | None) -> bytes:
+            return FireRecord(
+                "B", "e", "wf", "k", window.run_id, None, 1, 0.0, 0.0, 1, write
+            ).encode()
+
+        # A record whose commit has not landed (a fire about to lose its
+        # compare-and-swap, and to be taken back) is not a fire.
+        store.raw_put("f.pending", record("not-the-tombstones-write"))
+        assert [w.state for w in await a.inspect()] == ["open"]
+        # A record of a version that did not name its commit is taken at its word.
+        store.raw_put("f.old", record(None))
+        assert [w.state for w in await a.inspect()] == ["firing"]

@@ -12,15 +12,15 @@ on stderr); 1 when the output cannot be written (stdout closed early by ``| head
 full disk), for ``run``, when a COMMAND failed or could not start, for ``cancel`` and
 ``flush``, when there is nothing to do, and for ``runs cancel|retry``, when the run
 does not exist or its state refuses the action; 130 interrupted (Ctrl-C); 143 ``run``
-stopped by SIGTERM or SIGHUP. See docs/cli.rst.
+or ``windows --follow`` stopped by SIGTERM or SIGHUP. See docs/cli.rst.
 
 The modules, by job: :mod:`._parser` (the options), :mod:`._commands` (options to a
 run and an exit status), :mod:`._replay` (an event log on a virtual clock),
 :mod:`._live` (a live stream, and its stop on SIGTERM or SIGHUP), :mod:`._events`
-(JSON-lines input), :mod:`._git_events` (events from a git history), :mod:`._inspect`
-(a bucket's windows and processes, and the output of every inspection), :mod:`._steer`
-(cancel and flush one window), :mod:`._runs` (``runs`` and its actions). The library
-never imports this package.
+(JSON-lines input), :mod:`._git_events` (events from a git history),
+:mod:`._inspect` (``windows`` and ``processes``, and the output of every inspection),
+:mod:`._follow` (``windows --follow``), :mod:`._steer` (``cancel`` and ``flush``),
+:mod:`._runs` (``runs`` and its actions). The library never imports this package.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from ._commands import (
     cmd_run,
     error,
 )
+from ._follow import follow_windows
 from ._inspect import cmd_processes, cmd_windows
 from ._live import BackendStartError, InputError, OutputError
 from ._parser import parse_args
@@ -48,12 +49,18 @@ from ._steer import cmd_cancel, cmd_flush
 
 __all__ = ["main"]
 
+
+def _cmd_windows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``windows``, or ``windows --follow``."""
+    return follow_windows(args, parser) if args.follow else cmd_windows(args, parser)
+
+
 #: The command of each parsed ``job`` (see :func:`._parser.build_parser`).
 _JOBS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] = {
     "replay": cmd_replay,
     "run": cmd_run,
     "events git": cmd_events_git,
-    "windows": cmd_windows,
+    "windows": _cmd_windows,
     "processes": cmd_processes,
     "cancel": cmd_cancel,
     "flush": cmd_flush,

@@ -1,7 +1,8 @@
 """``trio-debounce windows`` and ``processes``: a shared bucket as an operator reads
 it, through :meth:`~trio_debounce.abc.DebounceBackend.inspect` and ``processes``
-(see :doc:`/cli`, "Inspecting a bucket"); and the output of every inspection command
-(:func:`print_items`: a table for people, JSON lines for programs)."""
+(see :doc:`/cli`, "Inspecting a bucket"); ``windows --follow`` is in :mod:`._follow`.
+And the output of every inspection command (:func:`print_items`: a table for people,
+JSON lines for programs)."""
 
 from __future__ import annotations
 
@@ -28,17 +29,13 @@ T = TypeVar("T")
 #: A table's cell for a value that is not recorded (an en dash).
 NONE = "\N{EN DASH}"
 
+#: The ANSI colour of each window state in a table on a terminal.
+STATE_COLOURS = {"open": "32", "due": "33", "waiting": "36", "firing": "35"}
+
 #: The ANSI colour of the values of these columns in a table on a terminal: window
 #: states, run states and run outcomes.
 _COLOURS: dict[str, dict[str, str]] = {
-    "STATE": {
-        "open": "32",
-        "due": "33",
-        "waiting": "36",
-        "firing": "35",
-        "pending": "36",
-        "started": "35",
-    },
+    "STATE": {**STATE_COLOURS, "pending": "36", "started": "35"},
     "OUTCOME": {"ran": "32", "failed": "31", "expired": "33", "misfired": "33"},
 }
 
@@ -56,7 +53,7 @@ def cmd_windows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             return windows
         return [w for w in windows if fnmatch.fnmatchcase(w.key, args.key)]
 
-    return _inspect(args, parser, "windows", fetch, _window_row)
+    return _inspect(args, parser, "windows", fetch, window_row)
 
 
 def cmd_processes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -160,7 +157,9 @@ def print_items(
     out.flush()
 
 
-def _window_row(w: WindowInfo, now: float) -> dict[str, str]:
+def window_row(w: WindowInfo, now: float) -> dict[str, str]:
+    """The cells of ``w``'s row, by column, with times relative to ``now`` (wall
+    clock, epoch seconds)."""
     return {
         "WORKFLOW": w.workflow,
         "KEY": w.key,

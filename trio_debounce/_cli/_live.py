@@ -34,9 +34,9 @@ _READ_SIZE = 65536
 #: The exit status after SIGTERM or SIGHUP (128 + SIGTERM, what a shell reports for a
 #: process that SIGTERM killed).
 EXIT_STOPPED = 143
-#: The signals that stop a run gracefully. SIGINT (Ctrl-C) stays Trio's
-#: KeyboardInterrupt: exit at once.
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: The signals that stop a run gracefully (and ``windows --follow``). SIGINT (Ctrl-C)
+#: stays Trio's KeyboardInterrupt: exit at once.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 #: Seconds between a command's SIGTERM and its SIGKILL.
 _KILL_AFTER = 0.5
 
@@ -365,7 +365,7 @@ async def run_live(options: LiveOptions, stdin_fd: int, stdout: TextIO, stderr: 
         be opened, or refused the coordinator's first lease (before any line is read).
     """
     stop = _Stop(options.stop_grace, hand_off=options.open_backend is not None, notices=stderr)
-    caught = [s for s in _STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+    caught = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
     failure: Exception | None = None
     status = 0
     with contextlib.ExitStack() as signals:

@@ -177,8 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
             "Print every window of the bucket: workflow, key, mode, state (open, due, "
             "waiting for a queue-latest run, or firing), owner and its lease's time "
             "left, first and last ping, ping count, due time, cap, payload size and "
-            "fencing token. Reads only: the bucket is not created, and a read-only "
-            "user will do. Exit status 0, or 2 if the bucket cannot be read."
+            "fencing token; with --follow, then every change as it happens. Reads "
+            "only: the bucket is not created, and a read-only user will do. Exit status "
+            "0, or 2 if the bucket cannot be read; with --follow, 130 after Ctrl-C and "
+            "143 after SIGTERM or SIGHUP."
         ),
     )
     _add_bucket_options(windows)
@@ -188,6 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATTERN",
         help="only keys matching this glob (*, ?, [...]), applied after listing the "
         "workflow's keys",
+    )
+    windows.add_argument(
+        "--follow",
+        action="store_true",
+        help="after the windows there now (change listed), print one line per change "
+        "(opened, updated, fired, closed) as it happens, until Ctrl-C (exit status "
+        "130) or SIGTERM or SIGHUP (143)",
     )
     windows.set_defaults(job="windows", parser=windows)
 

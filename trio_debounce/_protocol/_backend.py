@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
 from typing import Any
 
 from .. import _validate
@@ -38,11 +39,12 @@ from .._backend import (
     OwnedWindow,
     ProcessInfo,
     Registration,
+    WindowChange,
     WindowInfo,
     WindowStatus,
 )
 from .._events import BackendEvent
-from .._keys import process_key
+from .._keys import process_key, window_prefix
 from .._kv import KvStore
 from .._options import InitialFactory, Reducer
 from .._payload import JsonSerializer, PayloadSerializer
@@ -57,6 +59,7 @@ from ._register import Registrar
 from ._rules import Identity
 from ._turns import KeyTurns
 from ._view import StoreView
+from ._watch import WindowFollower
 
 
 class KvDebounceBackend(DebounceBackend):
@@ -104,6 +107,7 @@ class KvDebounceBackend(DebounceBackend):
         if serializer is None:
             serializer = JsonSerializer()
         self._wall = wall_time
+        self._op_timeout = op_timeout
         self._me = me = Identity(process_id, uuid.uuid4().hex, serializer, store.max_value_bytes)
         self._view = view = StoreView(store, heartbeat_interval=lease / 3, skew=skew)
         self._leases = leases = ProcessLease(view, me, seconds=lease, skew=skew, wall=wall_time)
@@ -313,13 +317,37 @@ class KvDebounceBackend(DebounceBackend):
     async def inspect(
         self, workflow: str | None = None, key_prefix: str | None = None
     ) -> list[WindowInfo]:
-        if workflow is not None and not isinstance(workflow, str):
-            raise TypeError(f"workflow must be a str or None, not {workflow!r}")
-        if key_prefix is not None and not isinstance(key_prefix, str):
-            raise TypeError(f"key_prefix must be a str or None, not {key_prefix!r}")
+        _check_filter(workflow, key_prefix)
         return await list_windows(
             self._view, self._wall(), self._leases.skew, workflow=workflow, key_prefix=key_prefix
         )
+
+    @asynccontextmanager
+    async def open_window_watch(
+        self, workflow: str | None = None, key_prefix: str | None = None
+    ) -> AsyncIterator[AsyncIterator[WindowChange]]:
+        """See :meth:`DebounceBackend.open_window_watch`; the follower is described in
+        :doc:`/cli`, "Following a bucket". Needs a store that can watch
+        (:meth:`KvStore.open_watch`).
+
+        Raises:
+          NotImplementedError: the store cannot watch (on entering).
+        """
+        _check_filter(workflow, key_prefix)
+        window_prefix(workflow)  # a bad workflow name raises here
+        follower = WindowFollower(
+            self._view,
+            workflow=workflow,
+            key_prefix=key_prefix,
+            wall=self._wall,
+            skew=self._leases.skew,
+            op_timeout=self._op_timeout,
+        )
+        try:
+            await follower.open()
+            yield follower
+        finally:
+            await follower.aclose()
 
     async def processes(self) -> list[ProcessInfo]:
         return await list_processes(self._view, self._wall(), self._leases.skew)
@@ -345,3 +373,15 @@ class KvDebounceBackend(DebounceBackend):
         self, runs: Collection[str] | None = None, *, own_only: Collection[str] = ()
     ) -> frozenset[str]:
         return await self._housekeeping.release(runs, own_only=own_only)
+
+
+def _check_filter(workflow: object, key_prefix: object) -> None:
+    """The types of an inspection's filter.
+
+    Raises:
+      TypeError: ``workflow`` or ``key_prefix`` is neither a str nor None.
+    """
+    if workflow is not None and not isinstance(workflow, str):
+        raise TypeError(f"workflow must be a str or None, not {workflow!r}")
+    if key_prefix is not None and not isinstance(key_prefix, str):
+        raise TypeError(f"key_prefix must be a str or None, not {key_prefix!r}")

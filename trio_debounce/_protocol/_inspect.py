@@ -5,7 +5,7 @@ see :doc:`/cli`, "Inspecting a bucket"). Reads only: a read-only user can run it
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Literal
 
 from .._backend import ProcessInfo, WindowInfo
@@ -51,7 +51,9 @@ async def list_windows(
     """
     entries = await view.entries(window_prefix(workflow))
     leases = await read_leases(view)
-    firing = {(r.workflow, r.key, r.run_id) for r in await read_records(view)}
+    records: defaultdict[tuple[str, str, str], list[FireRecord]] = defaultdict(list)
+    for record in await read_records(view):
+        records[record.workflow, record.key, record.run_id].append(record)
     windows: list[WindowInfo] = []
     for entry in entries:
         doc = view.parse(entry)
@@ -63,41 +65,98 @@ async def list_windows(
             continue
         if key_prefix is not None and not key.startswith(key_prefix):
             continue
-        state = _state(doc, (wf, key, doc.run_id) in firing, now, leases, skew)
-        if state is None:
-            continue
-        lease = leases.get(doc.owner)
-        windows.append(
-            WindowInfo(
-                wf,
-                key,
-                doc.run_id,
-                doc.mode,
-                state,
-                doc.owner,
-                None if lease is None or lease.epoch != doc.epoch else lease.expires - now,
-                doc.first,
-                doc.last,
-                doc.count,
-                doc.at,
-                doc.cap,
-                0 if doc.payload is None else len(doc.payload.encode("utf-8")),
-                view.token(entry.revision),
-                entry.revision,
-            )
+        info = window_info(
+            wf,
+            key,
+            doc,
+            entry.revision,
+            view.token(entry.revision),
+            payload_size(doc),
+            firing=any(fire_committed(doc, r) for r in records.get((wf, key, doc.run_id), ())),
+            now=now,
+            leases=leases,
+            skew=skew,
         )
+        if info is not None:
+            windows.append(info)
     windows.sort(key=lambda w: (w.workflow, w.key))
     return windows
 
 
+def fire_committed(doc: WindowDoc, record: FireRecord) -> bool:
+    """Is ``record`` (a fire record of ``doc``'s run) the record of a committed fire of
+    the window, whose handler runs? Yes for a trailing fire once the window's
+    tombstone names the record's write (the commit), and for a leading fire once the
+    window's opening write is the one the record names. A record written before a
+    commit that then lost its compare-and-swap (and is about to be taken back) is not;
+    a record of a version that did not name its write is."""
+    if record.write is None:
+        return True
+    if record.leading:
+        return record.write == doc.opened_by
+    return doc.fired and record.write == doc.write
+
+
+def payload_size(doc: WindowDoc) -> int:
+    """The size of ``doc``'s stored payload (serialized), bytes."""
+    return 0 if doc.payload is None else len(doc.payload.encode("utf-8"))
+
+
+def window_info(
+    workflow: str,
+    key: str,
+    doc: WindowDoc,
+    revision: int,
+    token: int,
+    payload_bytes: int,
+    *,
+    firing: bool,
+    now: float,
+    leases: dict[str, Lease],
+    skew: float,
+    due_grace: float = 0.0,
+) -> WindowInfo | None:
+    """The window ``doc`` (stored at ``revision``, fencing token ``token``) as an
+    operator sees it at wall time ``now``, or None if it is not listed (fired, and no
+    fire record of its run exists). ``firing``: a record of a committed fire of its
+    run exists (:func:`fire_committed`).
+    ``due_grace``: seconds past its due time that it still counts as ``open``."""
+    state = _state(doc, firing, now, leases, skew, due_grace)
+    if state is None:
+        return None
+    lease = leases.get(doc.owner)
+    return WindowInfo(
+        workflow,
+        key,
+        doc.run_id,
+        doc.mode,
+        state,
+        doc.owner,
+        None if lease is None or lease.epoch != doc.epoch else lease.expires - now,
+        doc.first,
+        doc.last,
+        doc.count,
+        doc.at,
+        doc.cap,
+        payload_bytes,
+        token,
+        revision,
+    )
+
+
 def _state(
-    doc: WindowDoc, recorded: bool, now: float, leases: dict[str, Lease], skew: float
+    doc: WindowDoc,
+    recorded: bool,
+    now: float,
+    leases: dict[str, Lease],
+    skew: float,
+    due_grace: float,
 ) -> Literal["open", "due", "waiting", "firing"] | None:
     if recorded:
         return "firing"
     if doc.fired:
         return None  # fired, and its handler (if any record) is done
-    if doc.at > now:
+    if doc.at + due_grace > now:
         return "open"
     if doc.queue and doc.running is not None and _blocks(doc.running, leases, now, skew):
         return "waiting"

@@ -7,13 +7,14 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, TypeVar
 
 import trio
 
 from .._errors import BackendUnavailableError, RevisionConflict
 from .._events import BackendEvent, StoreCalled
-from .._kv import KvEntry, KvStore
+from .._kv import KvEntry, KvStore, KvWatch
 from ._documents import WindowDoc
 
 logger = logging.getLogger("trio_debounce.backend")
@@ -150,6 +151,11 @@ class StoreView:
 
     async def entries(self, prefix: str) -> list[KvEntry]:
         return await self._call(self.store.entries, prefix)
+
+    def open_watch(self, prefix: str) -> AbstractAsyncContextManager[KvWatch]:
+        """The store's watch of ``prefix`` (not counted as a request; see
+        :meth:`KvStore.open_watch`)."""
+        return self.store.open_watch(prefix)
 
     async def backoff(self, attempt: int) -> None:
         # Full jitter, capped: contention clears in a few rounds.

@@ -65,7 +65,8 @@ class NatsConfig:
         ``$JS.API.STREAM.PURGE.KV_<bucket>`` (removing delete markers),
         ``$JS.API.CONSUMER.CREATE.KV_<bucket>``, ``$JS.API.CONSUMER.CREATE.KV_<bucket>.>``
         and ``$JS.API.CONSUMER.INFO.KV_<bucket>.>`` (listing entries with an ephemeral
-        ordered consumer), and subscribe to the inbox prefix (``_INBOX.>`` by default).
+        ordered consumer), ``$JS.FC.KV_<bucket>.>`` (the answers to its flow control),
+        and subscribe to the inbox prefix (``_INBOX.>`` by default).
         With True, add ``$JS.API.STREAM.CREATE.KV_<bucket>``.
       process_lease (float): seconds a coordinator's process lease lasts unrenewed.
       op_timeout (float): seconds one backend operation may take, retries included.

@@ -37,7 +37,7 @@ from .._errors import (
     BackendUnavailableError,
     DocumentTooLargeError,
 )
-from .._kv import KvEntry, KvStore
+from .._kv import KvEntry, KvStore, KvWatch
 from ._bridge import Host, cross, log_asyncio_error, shutdown, stop_watcher
 from ._bucket import api_prefix, open_bucket
 from ._config import NatsConfig
@@ -76,8 +76,9 @@ def _check_key(key: str) -> str:
     return key
 
 
-class NatsKvWatch:
-    """A live watch on the keys under one prefix, read from the Trio side.
+class NatsKvWatch(KvWatch):
+    """A live watch on the keys under one prefix (``""``: every key), read from the
+    Trio side: the NATS :class:`~trio_debounce.abc.KvWatch`.
 
     Made by :meth:`NatsKvStore.open_watch`. :meth:`receive_batch` delivers the latest
     entry of every key under the prefix as the watch opens (delete markers included),
@@ -99,6 +100,10 @@ class NatsKvWatch:
         self._host = host
         self._interrupted = trio.Event()
         self._watcher: Any = None
+        #: Values to deliver before the end of the initial ones, when nats-py marked
+        #: that end too early (see NatsKvStore._aio_watch); None otherwise.
+        self._initial_left: int | None = None
+        self._end_due = False
 
     def __repr__(self) -> str:
         state = " interrupted" if self._interrupted.is_set() else ""
@@ -137,6 +142,9 @@ class NatsKvWatch:
         return items
 
     async def _aio_batch(self, max_entries: int) -> list[KvEntry | None] | None:
+        if self._end_due:
+            self._end_due = False
+            return [None]
         queue = self._watcher._updates
         items: list[KvEntry | None] = []
         update = await queue.get()
@@ -151,6 +159,14 @@ class NatsKvWatch:
                 marker = update.operation in (KV_DEL, KV_PURGE)
                 value = None if marker else (update.value or b"")
                 items.append(KvEntry(key=update.key, value=value, revision=update.revision))
+                if self._initial_left is not None:
+                    self._initial_left -= 1
+                    if self._initial_left == 0:
+                        self._initial_left = None
+                        if len(items) >= max_entries:
+                            self._end_due = True
+                            return items
+                        items.append(None)
             if len(items) >= max_entries:
                 return items
             try:
@@ -269,19 +285,21 @@ class NatsKvStore(KvStore):
 
     @asynccontextmanager
     async def open_watch(self, prefix: str) -> AsyncIterator[NatsKvWatch]:
-        """Watch the keys under ``prefix``; see :class:`NatsKvWatch`.
+        """Watch the keys under ``prefix`` (``""``: every key of the bucket); see
+        :class:`NatsKvWatch`.
 
         Opening is bounded by ``op_timeout`` (it creates the server's consumer); the
         watch is stopped on exit, even when cancelled (shielded, at most
         ``op_timeout`` seconds).
 
         Raises:
-          ValueError: ``prefix`` does not end with ``.``.
+          ValueError: ``prefix`` is not ``""`` and does not end with ``.``.
           BackendUnavailableError, BackendAuthError, BackendError: see the module.
         """
-        if not prefix.endswith(".") or prefix.startswith("."):
-            raise ValueError(f"prefix must end with '.', got {prefix[:80]!r}")
-        _check_key(prefix[:-1])
+        if prefix:
+            if not prefix.endswith(".") or prefix.startswith("."):
+                raise ValueError(f"prefix must end with '.', got {prefix[:80]!r}")
+            _check_key(prefix[:-1])
         watch = NatsKvWatch(prefix, self._host)
         changed = self._state.connection_changed
         watch._watcher = await self._call(f"watch {prefix!r}", self._aio_watch, prefix, watch)
@@ -311,6 +329,22 @@ class NatsKvStore(KvStore):
                 return True
 
             jsi.reset_ordered_consumer = reset_ordered_consumer
+        if watcher._init_done:
+            # nats-py ended the initial values before any came (nothing can have come
+            # since: its handler waits for the watch's set-up): the consumer's info
+            # showed nothing pending and nothing received, which is also the case while
+            # the initial values are in flight to this client (a loaded machine). The
+            # end is put back after as many values as the server says it delivered.
+            subscription = watcher._sub
+            assert subscription is not None  # set by watch()
+            try:
+                info = await subscription.consumer_info()
+            except BaseException:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+                raise
+            if info.delivered.consumer_seq:
+                assert watcher._updates.get_nowait() is None
+                watch._initial_left = info.delivered.consumer_seq
         return watcher
 
     async def get(self, key: str) -> KvEntry | None:

@@ -6,7 +6,8 @@ import collections
 import heapq
 import itertools
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -18,7 +19,7 @@ from .._errors import (
     DocumentTooLargeError,
     RevisionConflict,
 )
-from .._kv import KvEntry, KvStore
+from .._kv import KvEntry, KvStore, KvWatch
 from .._payload import PayloadSerializer
 from .._protocol import KvDebounceBackend
 from .._runs._kv_store import KvRunStore
@@ -27,6 +28,51 @@ T = TypeVar("T")
 
 #: Wall-clock epoch seconds that MemoryStore's clock reads when Trio's clock reads 0.
 DEFAULT_EPOCH = 1_700_000_000.0
+
+
+class _MemoryWatch(KvWatch):
+    """A watch of a :class:`MemoryStore` (see :meth:`MemoryStore.open_watch`)."""
+
+    def __init__(self, prefix: str, initial: list[KvEntry]) -> None:
+        self.prefix = prefix
+        initial = sorted(initial, key=lambda entry: entry.revision)
+        self._queue: collections.deque[KvEntry | None] = collections.deque([*initial, None])
+        self._lot = trio.lowlevel.ParkingLot()
+        self._interrupted = trio.Event()
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        return f"<memory watch {self.prefix!r}>"
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted.is_set()
+
+    async def wait_interrupted(self) -> None:
+        await self._interrupted.wait()
+
+    def _push(self, entry: KvEntry) -> None:
+        if entry.key.startswith(self.prefix) and not self.interrupted and not self._stopped:
+            self._queue.append(entry)
+            self._lot.unpark_all()
+
+    def _interrupt(self) -> None:
+        self._interrupted.set()
+        self._queue.clear()
+
+    def _stop(self) -> None:
+        self._stopped = True
+        self._lot.unpark_all()
+
+    async def receive_batch(self, max_entries: int = 512) -> list[KvEntry | None]:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries!r}")
+        await trio.lowlevel.checkpoint()
+        while not self._queue:
+            if self._stopped:
+                raise BackendError(f"watch {self.prefix!r}: the watch was stopped")
+            await self._lot.park()
+        return [self._queue.popleft() for _ in range(min(max_entries, len(self._queue)))]
 
 
 class MemoryStore(KvStore):
@@ -71,6 +117,7 @@ class MemoryStore(KvStore):
         #: operation, key, argument, last revision), applied before any later call.
         self._late: list[tuple[float, int, str, str, bytes | None, int]] = []
         self._late_order = itertools.count()
+        self._watches: set[_MemoryWatch] = set()
 
     def __repr__(self) -> str:
         return f"<MemoryStore {len(self._data)} keys, revision {self._sequence}>"
@@ -108,7 +155,9 @@ class MemoryStore(KvStore):
 
     def _write(self, key: str, value: bytes | None) -> int:
         self._sequence += 1
-        self._data[key] = KvEntry(key, value, self._sequence)
+        entry = self._data[key] = KvEntry(key, value, self._sequence)
+        for watch in self._watches:
+            watch._push(entry)
         return self._sequence
 
     async def get(self, key: str) -> KvEntry | None:
@@ -154,6 +203,38 @@ class MemoryStore(KvStore):
         await trio.lowlevel.checkpoint()
         self._enter("entries")
         return [entry for key, entry in self._data.items() if key.startswith(prefix)]
+
+    @asynccontextmanager
+    async def open_watch(self, prefix: str) -> AsyncIterator[KvWatch]:
+        """Watch the keys under ``prefix`` (ending with ``.``; ``""``: every key), as a
+        NATS KV watch does: the latest entry of each key first (delete markers
+        included), then ``None``, then every write and delete, in revision order.
+        Purges are not seen (JetStream's stream purges are not either). The watch
+        is interrupted by :meth:`interrupt_watches` only.
+
+        Raises:
+          ValueError: ``prefix`` is not ``""`` and does not end with ``.``.
+          BackendUnavailableError: the store is ``down``.
+        """
+        if prefix and not prefix.endswith("."):
+            raise ValueError(f"prefix must end with '.', got {prefix[:80]!r}")
+        await trio.lowlevel.checkpoint()
+        self._enter("watch")
+        watch = _MemoryWatch(
+            prefix, [entry for key, entry in self._data.items() if key.startswith(prefix)]
+        )
+        self._watches.add(watch)
+        try:
+            yield watch
+        finally:
+            self._watches.discard(watch)
+            watch._stop()
+
+    def interrupt_watches(self) -> None:
+        """Interrupt every open watch, as a NATS disconnect would: each delivers
+        nothing more, and its owner opens a new one (no checkpoint)."""
+        for watch in self._watches:
+            watch._interrupt()
 
     def raw_put(self, key: str, value: bytes | None) -> int:
         """Write ``value`` (``None``: a delete marker) with no revision check and no
@@ -370,6 +451,18 @@ class _FaultyStore(KvStore):
 
     async def entries(self, prefix: str) -> list[KvEntry]:
         return await self._run("entries", self._store.entries, prefix)
+
+    @asynccontextmanager
+    async def open_watch(self, prefix: str) -> AsyncIterator[KvWatch]:
+        if self._faults.partitioned:
+            await trio.lowlevel.checkpoint()
+            raise BackendUnavailableError("this process is partitioned from the memory store")
+        fault = self._faults._take("watch")
+        if fault is not None and fault.kind == "fail":
+            await trio.lowlevel.checkpoint()
+            raise fault.error("injected failure of watch")
+        async with self._store.open_watch(prefix) as watch:
+            yield watch
 
 
 class MemoryBackend(KvDebounceBackend):
