@@ -404,6 +404,9 @@ class ProcessInfo(NamedTuple):
       released (bool): the process has left and handed its windows off.
       windows (int): the open windows it owns.
       fire_records (int): the fire records it holds (handlers running, at least once).
+      runs (int): the persisted deferred runs it holds, pending or started, when the
+        store also holds a run store's records (a NATS run store in the same bucket);
+        0 otherwise.
     """
 
     process_id: str
@@ -416,6 +419,7 @@ class ProcessInfo(NamedTuple):
     released: bool
     windows: int
     fire_records: int
+    runs: int = 0
 
 
 class DebounceBackend(abc.ABC):

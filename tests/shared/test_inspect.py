@@ -3,15 +3,17 @@ shared store, on ``MemoryBackend`` (MockClock)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
 
 from tests.harness.fires import Fires
 from tests.harness.memory import LEASE, SKEW, backend, process
-from trio_debounce import Mode, open_coordinator
+from trio_debounce import Mode, RunOptions, open_coordinator
 from trio_debounce._protocol._documents import FireRecord
-from trio_debounce.testing import MemoryStore
+from trio_debounce.testing import MemoryRunStore, MemoryStore
 
 
 async def test_windows_of_every_owner_with_their_state(
@@ -123,3 +125,30 @@ async def test_firing_needs_the_record_of_a_committed_fire(
         # A record of a version that did not name its commit is taken at its word.
         store.raw_put("f.old", record(None))
         assert [w.state for w in await a.inspect()] == ["firing"]
+
+
+async def test_processes_count_the_persisted_runs_each_holds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A run store in the same bucket (``r.`` records): each process's pending and
+    started runs are counted (by process id: a coordinator's run-store process id is
+    its own, ``RunOptions.process_id``); done ones are not."""
+    store = MemoryStore(epoch=1_000.0)
+
+    async def job(run: Any) -> None:
+        pass
+
+    async with open_coordinator(
+        handlers={"wf": job},
+        run_handlers={"wf": job},
+        backend=backend(store, "A"),
+        run_store=MemoryRunStore(store),
+        run_options=RunOptions(process_id="A"),  # the same id on both stores
+    ) as a:
+        await a.schedule("wf", "later-1", after=600.0, persist=True)
+        await a.schedule("wf", "later-2", after=600.0, persist=True)
+        await a.schedule("wf", "now", after=0.0, persist=True)
+        await trio.sleep(1.0)  # "now" ran: a done tombstone, not counted
+        await a.debounce("wf", "k", 1, delay=60.0)
+        [info] = await backend(store, "tool").processes()
+        assert (info.process_id, info.windows, info.runs) == ("A", 1, 2)

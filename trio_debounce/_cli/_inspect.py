@@ -190,6 +190,7 @@ def _process_row(p: ProcessInfo, now: float) -> dict[str, str]:
         "LAST BEAT": NONE if p.last_beat_age is None else f"{p.last_beat_age:.1f} s ago",
         "WINDOWS": str(p.windows),
         "FIRE RECORDS": str(p.fire_records),
+        "RUNS": str(p.runs),
     }
 
 

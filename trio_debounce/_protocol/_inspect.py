@@ -9,7 +9,9 @@ from collections import Counter, defaultdict
 from typing import Literal
 
 from .._backend import ProcessInfo, WindowInfo
-from .._keys import parse_window_key, window_prefix
+from .._keys import RUN_PREFIX, parse_window_key, window_prefix
+from .._runs._kv_store import decode_run
+from .._runs._store import RunState
 from ._documents import (
     FIRE_PREFIX,
     FireRecord,
@@ -186,6 +188,7 @@ async def list_processes(view: StoreView, now: float, skew: float) -> list[Proce
         if doc is not None and not doc.fired:
             owned[doc.owner, doc.epoch] += 1
     held = Counter((r.owner, r.epoch) for r in await read_records(view))
+    runs = await _runs_held(view)
     out = [
         ProcessInfo(
             lease.process,
@@ -198,8 +201,25 @@ async def list_processes(view: StoreView, now: float, skew: float) -> list[Proce
             lease.released,
             owned[lease.process, lease.epoch],
             held[lease.process, lease.epoch],
+            runs[lease.process],
         )
         for lease in leases.values()
     ]
     out.sort(key=lambda p: p.process_id)
     return out
+
+
+async def _runs_held(view: StoreView) -> Counter[str]:
+    """The persisted runs (a run store's ``r.`` records in the same bucket) that each
+    process holds, pending or started, by process id."""
+    held: Counter[str] = Counter()
+    for entry in await view.entries(RUN_PREFIX + "."):
+        if entry.value is None:
+            continue
+        try:
+            run = decode_run(entry.value, entry.revision, entry.key)
+        except (ValueError, KeyError, TypeError):
+            continue  # an unreadable record: the runs listing reports it
+        if run.owner is not None and run.state is not RunState.DONE:
+            held[run.owner] += 1
+    return held
