@@ -687,7 +687,8 @@ class DebounceBackend(abc.ABC):
     async def cancel(self, workflow: str, key: str) -> bool:
         """Close the window ``(workflow, key)`` without firing, whoever owns it.
 
-        A revision-checked delete of the record. Returns True if a window was open.
+        A revision-checked write of a cancel tombstone (see :doc:`/protocol`,
+        "Tombstones that keep a key's state"). Returns True if a window was open.
         Idempotent: a second call returns False.
         """
 

@@ -474,8 +474,8 @@ class Coordinator(metaclass=NoPublicConstructor):
         and is not undone. At or after the window's deadline the window is due, not
         open: ``cancel`` returns False and the due fire happens.
 
-        With a backend, the shared window is deleted whoever owns it (a
-        revision-checked delete); its owner's finalize then finds it gone.
+        With a backend, the shared window is closed whoever owns it (a
+        revision-checked write of a cancel tombstone); its owner then counts a cancel.
 
         Returns:
           bool: True if a window was open and is now closed.

@@ -1271,3 +1271,61 @@ async def test_a_handoff_exit_that_waits_for_a_handler_lets_a_peer_fire_on_time(
     k = fires.log[1][1]
     assert k.fired_at == pytest.approx(t0 + 5.0, abs=0.05)  # on time
     assert k.attempt == 1
+
+
+async def test_an_opening_whose_answer_was_lost_recognises_a_peers_cancel(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A's opening write lands, its answer is late; meanwhile B cancels the window.
+    # The cancel writes a tombstone of run r1 (never a bare delete), so A's re-read
+    # recognises its run, closed: the ping is answered as landed in a closed window,
+    # and is not written again (before, the delete left an empty key, and the ping
+    # opened r1 again: the cancel was undone).
+    store = MemoryStore()
+    a, b = await _leased(store, "A", "B", op_timeout=1.0)
+    a.faults.delay_next(1.5, ops=("put",))  # the opening write lands; its answer is late
+    results: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(_ping_r1, a, results, delay=30.0))
+        await trio.sleep(0.5)  # the write has landed; A re-reads at 1.0
+        assert await b.cancel("wf", "k")
+    [result] = results
+    assert (result.outcome, result.run_id, result.ping_count) == (Registered.OPENED, "r1", 1)
+    window = await _window(store)
+    assert window is not None
+    assert (window.run_id, window.fired, window.cancelled) == ("r1", True, True)
+    assert (await a.finalize("wf", "k", "r1")).outcome is Finalized.ABANDONED
+    assert not await a.owned_windows()
+
+
+@pytest.mark.parametrize("noticed_by", ["finalize", "ping", "reconcile"])
+async def test_a_peers_cancel_is_a_tombstone_the_owner_counts_once(
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+    noticed_by: str,
+) -> None:
+    # A peer (or trio-debounce cancel) cancels A's window: a cancel tombstone of its
+    # run. Whichever of A's finalize, next ping or reconcile reads it first counts one
+    # cancel; the window never fires.
+    store, fires = MemoryStore(), Fires()
+    tool = backend(store, "tool")
+    delay = {"finalize": 30.0, "ping": 30.0, "reconcile": 1000.0}[noticed_by]
+    with caplog.at_level(logging.WARNING, logger="trio_debounce"):
+        async with process(store, fires, "A") as (a, _, _):
+            await a.debounce("wf", "k", "a", delay=delay)
+            await trio.sleep(2.0)
+            assert await tool.cancel("wf", "k")
+            entry = await store.get(_window_key())
+            assert entry is not None
+            assert entry.value is not None  # a tombstone, not a delete marker
+            if noticed_by == "ping":
+                r = await a.debounce("wf", "k", "b", delay=5.0)
+                assert r.ping_count == 1  # a new window over the tombstone
+            elif noticed_by == "reconcile":
+                await trio.sleep(14 * BEAT)
+                assert len(a) == 0
+            await a.wait_idle()
+            stats = a.statistics()
+    assert (stats.cancelled, stats.deleted_externally) == (1, 1)
+    assert [f.payload for _, f in fires.log] == (["b"] if noticed_by == "ping" else [])
+    assert caplog.text.count("was closed by another writer") == 1

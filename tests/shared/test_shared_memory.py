@@ -652,7 +652,7 @@ async def test_sweep_removes_markers_and_long_dead_leases_only(
     await trio.sleep(11 * LEASE + SKEW + 1.0)  # expired more than 10 leases ago
     await live.refresh_lease()
     removed = await live.sweep()
-    assert removed == 2  # the delete marker of "gone" and the dead process's lease
+    assert removed == 2  # the cancel tombstone of "gone" and the dead process's lease
     assert store.raw_get("w.d2Y.Z29uZQ") is None
     assert store.raw_get("p.ZGVhZA") is None
     kept = store.raw_get("w.d2Y.a2VwdA")
@@ -1049,7 +1049,7 @@ async def test_a_window_deleted_from_outside_counts_as_a_cancel_once(
         assert fire.fired_at == near(t0 + 2.0 + 5.0)
     else:
         assert fires.log == []
-    assert caplog.text.count("was deleted by another writer") == 1
+    assert caplog.text.count("was closed by another writer") == 1
 
 
 async def test_a_peers_fire_is_never_taken_for_a_delete(

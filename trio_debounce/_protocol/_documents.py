@@ -108,6 +108,11 @@ class WindowDoc:
     #: a run is decided by it after its tombstone is gone (see ``_rules.commit_landed``).
     #: Any schema version; older readers ignore it.
     after: tuple[tuple[str, str], ...] = ()
+    #: True in the tombstone a cancel writes (with ``fired``): the window was closed
+    #: without a fire. Its owner counts a cancel when it reads it (an older reader
+    #: ignores the field and takes the tombstone for a peer's fire: it abandons the
+    #: window, no fire either way). Any schema version.
+    cancelled: bool = False
 
     @property
     def has_options(self) -> bool:
@@ -147,6 +152,15 @@ class WindowDoc:
             return None
         return replace(self, fired=True, write=uuid.uuid4().hex)
 
+    def cancel_tombstone(self) -> WindowDoc:
+        """What a cancel from outside the owner writes (``Coordinator.cancel`` of a
+        peer's window, ``trio-debounce cancel``): a tombstone that says the window
+        closed without a fire, under a new write id, never a bare delete. The owner
+        reads it as a cancel (``StoreView.note_cancelled``), and a ping whose opening
+        answer was lost recognises its run in it (no second window of the run); the
+        sweeper removes it as any tombstone."""
+        return replace(self, fired=True, cancelled=True, write=uuid.uuid4().hex)
+
     def encode(self) -> bytes:
         extra: dict[str, Any] = {}
         if self.max_count is not None:
@@ -182,6 +196,8 @@ class WindowDoc:
             extra["fired_order"] = self.fired_order
         if self.after:
             extra["after"] = [list(proof) for proof in self.after]
+        if self.cancelled:
+            extra["cancelled"] = True
         if v3:
             version = WINDOW_SCHEMA_RUNS
         elif self.has_options:
@@ -288,6 +304,8 @@ class WindowDoc:
                     raise ValueError(f"bad after {after!r}")
                 proofs.append((_codec.utf8("after", proof[0]), _codec.utf8("after", proof[1])))
             extra["after"] = tuple(proofs)
+        if obj.get("cancelled", False) is True:
+            extra["cancelled"] = True
         doc = cls(
             owner=_str(obj, "owner"),
             epoch=_str(obj, "epoch"),

@@ -216,6 +216,8 @@ class Finalizer:
                             self._view.note_deleted(
                                 kv_key, entry, self._wall(), self._leases.seconds
                             )
+                        elif not take:
+                            self._view.note_cancelled(kv_key, doc)
                         if committing is not None:
                             proven = await self._reread_proof(
                                 kv_key, entry, doc, committing, delivery

@@ -103,7 +103,7 @@ class Housekeeping:
                 if owned_run is not None:
                     self._view.disown(kv_key, owned_run)
                 try:
-                    tombstone = None if doc is None else doc.closed()
+                    tombstone = None if doc is None else doc.cancel_tombstone()
                     await self._view.close_window(kv_key, tombstone, entry.revision)
                 except RevisionConflict:
                     self._view.lost_race(None)
@@ -185,11 +185,14 @@ class Housekeeping:
                 if (
                     doc is None
                     or not doc.fired
-                    or max(doc.last, doc.armed) > now - self._lease_seconds
+                    or (doc.last if doc.cancelled else max(doc.last, doc.armed))
+                    > now - self._lease_seconds
                 ):
                     # Kept a lease past its last ping and its owner's wake time: the
                     # owner then finds the tombstone, never the key gone, so a key
-                    # gone sooner was deleted by someone (StoreView.note_deleted).
+                    # gone sooner was deleted by someone (StoreView.note_deleted). A
+                    # cancel's tombstone only a lease past its last ping: an owner
+                    # that wakes to find it gone counts the cancel all the same.
                     continue
                 if (
                     doc.fired_order is not None
@@ -244,13 +247,17 @@ class Housekeeping:
         return removed
 
     async def _note_deleted(self, listing: list[KvEntry], now: float) -> None:
-        """Owned windows that ``listing`` shows gone (absent or a delete marker): read
-        each from the store's authority (a listing may lag) and note a foreign delete
-        (see StoreView.note_deleted)."""
+        """Owned windows that ``listing`` shows cancelled (a cancel's tombstone of their
+        run) or gone (absent or a delete marker: each read again from the store's
+        authority, since a listing may lag): note a foreign close (see
+        StoreView.note_cancelled and note_deleted)."""
         listed = {entry.key: entry for entry in listing}
         for kv_key in list(self._view.owned):
             entry = listed.get(kv_key)
             if entry is not None and entry.value is not None:
+                run_id = self._view.note_cancelled(kv_key, self._view.parse(entry))
+                if run_id is not None:
+                    self._view.disown(kv_key, run_id)
                 continue
             entry = await self._view.get_current(kv_key)
             if self._view.note_deleted(kv_key, entry, now, self._lease_seconds) is not None:

@@ -334,6 +334,8 @@ class Registrar:
                                 self._view.note_deleted(
                                     kv_key, entry, self._wall(), self._leases.seconds
                                 )
+                            else:
+                                self._view.note_cancelled(kv_key, doc)
                             if ambiguous:
                                 ambiguous = False
                                 assert sent is not None

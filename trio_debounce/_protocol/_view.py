@@ -262,11 +262,24 @@ class StoreView:
         last = self.owned_last.get(kv_key)
         if run_id is None or last is None or now >= last + lease - self._skew:
             return None
+        return self._note_foreign(kv_key, run_id)
+
+    def note_cancelled(self, kv_key: str, doc: WindowDoc | None) -> str | None:
+        """A read of window ``kv_key`` found ``doc``. If it is a cancel's tombstone
+        (``WindowDoc.cancel_tombstone``) of the run this process owns there, another
+        writer cancelled it: noted as :meth:`note_deleted` does; else None."""
+        if doc is None or not doc.cancelled or self.owned.get(kv_key) != doc.run_id:
+            return None
+        return self._note_foreign(kv_key, doc.run_id)
+
+    def _note_foreign(self, kv_key: str, run_id: str) -> str:
+        """Record (for the coordinator), log once, and return the run id of the window
+        ``kv_key`` this process owned, closed by another writer."""
         if len(self.deleted_runs) >= KNOWN_LIMIT:
             self.deleted_runs.clear()
         self.deleted_runs.add(run_id)
         logger.warning(
-            "window %s (run %s) was deleted by another writer (a cancel or an operator's "
+            "window %s (run %s) was closed by another writer (a cancel or an operator's "
             "delete, not a fire): its pending fire, if any, is dropped as cancelled",
             kv_key,
             run_id,
