@@ -5,6 +5,7 @@ the protocol, as a coordinator would (see :doc:`/cli`, "Steering a window", and
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -15,8 +16,8 @@ import trio
 
 from .. import _validate
 from .._backend import DebounceBackend
-from .._errors import BackendError
 from ._commands import EXIT_USAGE, _nats_backend, error
+from ._inspect import run_on_store
 
 #: The exit status when the window does not exist or has nothing to flush.
 EXIT_NOT_FOUND: Final = 1
@@ -34,7 +35,11 @@ def _checked(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 def cmd_cancel(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``trio-debounce cancel``; return the exit status: 0 cancelled, 1 no open
-    window, 2 the bucket cannot be reached or written."""
+    window.
+
+    Raises:
+      BackendStartError: the bucket cannot be reached or written (exit status 2).
+    """
     _checked(args, parser)
     opener = _nats_backend(parser, args, create_bucket=False)
     if opener is None:
@@ -44,11 +49,7 @@ def cmd_cancel(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         async with opener() as backend:
             return await backend.cancel(args.workflow, args.key)
 
-    try:
-        cancelled = trio.run(main)
-    except BackendError as exc:
-        error(f"cannot cancel {args.workflow!r}/{args.key!r}: {exc}")
-        return EXIT_USAGE
+    cancelled = run_on_store(main, f"cannot cancel {args.workflow!r}/{args.key!r}")
     if not cancelled:
         error(f"no open window {args.workflow!r}/{args.key!r}")
         return EXIT_NOT_FOUND
@@ -58,17 +59,18 @@ def cmd_cancel(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def cmd_flush(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``trio-debounce flush``; return the exit status: 0 requested (with
-    ``--wait``: fired), 1 no trailing fire pending, 2 the bucket cannot be reached or
-    written."""
+    ``--wait``: fired), 1 no trailing fire pending.
+
+    Raises:
+      BackendStartError: the bucket cannot be reached or written (exit status 2).
+    """
     _checked(args, parser)
     opener = _nats_backend(parser, args, create_bucket=False)
     if opener is None:
         return EXIT_USAGE
-    try:
-        return trio.run(_flush, args, opener)
-    except BackendError as exc:
-        error(f"cannot flush {args.workflow!r}/{args.key!r}: {exc}")
-        return EXIT_USAGE
+    return run_on_store(
+        functools.partial(_flush, args, opener), f"cannot flush {args.workflow!r}/{args.key!r}"
+    )
 
 
 async def _flush(
