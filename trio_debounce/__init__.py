@@ -34,7 +34,6 @@ from ._events import CommitProven as CommitProven
 from ._events import CoordinatorEvent as CoordinatorEvent
 from ._events import EventHook as EventHook
 from ._events import FireFinished as FireFinished
-from ._events import FireReason as FireReason
 from ._events import FireStarted as FireStarted
 from ._events import LeadingReRunSkipped as LeadingReRunSkipped
 from ._events import LeaseLapsed as LeaseLapsed
@@ -65,6 +64,7 @@ from ._types import DebounceResult as DebounceResult
 from ._types import Edge as Edge
 from ._types import ErrorCallback as ErrorCallback
 from ._types import Fire as Fire
+from ._types import FireReason as FireReason
 from ._types import Handler as Handler
 from ._types import Mode as Mode
 from ._types import ModeName as ModeName

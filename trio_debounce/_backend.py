@@ -15,8 +15,8 @@ from typing import Any, Literal, NamedTuple
 
 import trio
 
-from ._events import BackendEvent, FireReason
-from ._types import Edge, InitialFactory, Mode, Reducer
+from ._events import BackendEvent
+from ._types import Edge, FireReason, InitialFactory, Mode, Reducer
 
 #: The values of ``open_coordinator(delivery=...)``.
 Delivery = Literal["at-least-once", "at-most-once"]
@@ -193,7 +193,7 @@ class Finalization(NamedTuple):
     fire_id: str | None = None
     blocks: bool = False
     run_id: str = ""
-    reason: FireReason = "delay"
+    reason: FireReason = FireReason.DELAY
 
 
 class OwnedWindow(NamedTuple):

@@ -29,18 +29,17 @@ import bisect
 import math
 from typing import Any, Final
 
-from ._events import FireReason
 from ._options import COLLECT, DEFAULT, FIRE_EARLY, FIRST, LAST, InitialFactory, Reducer
 from ._options import WindowOptions as WindowOptions
-from ._types import Mode
+from ._types import FireReason, Mode
 
 INF: Final = math.inf
 
 #: Why a window is due (:func:`due_reason`): the reasons of a trailing fire in
 #: :class:`~trio_debounce.FireStarted`.
-DUE_DELAY: Final[FireReason] = "delay"
-DUE_CAP: Final[FireReason] = "max-delay"
-DUE_COUNT: Final[FireReason] = "max-count"
+DUE_DELAY: Final = FireReason.DELAY
+DUE_CAP: Final = FireReason.MAX_DELAY
+DUE_COUNT: Final = FireReason.MAX_COUNT
 
 
 class WindowState:
@@ -160,7 +159,7 @@ def trailing_reason(
     ``max_count``, :data:`DUE_CAP` when the due time is the cap (``cap``: :data:`INF`
     without a ``max_delay``), :data:`DUE_DELAY` otherwise."""
     if fired_at < deadline:
-        return "flush"
+        return FireReason.FLUSH
     if max_count is not None and count >= max_count:
         return DUE_COUNT
     if deadline >= cap:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-from ._types import DebounceResult, Fire
+from ._types import DebounceResult, Fire, FireReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,16 +78,6 @@ class PingFailedOpen:
     at: float
 
 
-#: Why a fire fired: ``"leading"`` (a leading edge: the window's first ping);
-#: ``"delay"`` (a trailing edge after ``delay`` seconds of silence); ``"max-delay"``
-#: (a trailing edge at the window's cap, ``max_delay`` after its first ping, before
-#: the silence came); ``"max-count"`` (a trailing edge at the ping that reached
-#: ``max_count``); ``"flush"`` (:meth:`~trio_debounce.Coordinator.flush`, an exit's
-#: ``on_exit="flush"``, or ``overflow="fire-early"``); ``"re-run"`` (a later attempt of
-#: a fire its process died in, at least once).
-FireReason: TypeAlias = Literal["leading", "delay", "max-delay", "max-count", "flush", "re-run"]
-
-
 @dataclass(frozen=True, slots=True)
 class FireStarted:
     """A fire's handler is about to run (in its own task).
@@ -104,7 +94,7 @@ class FireStarted:
     fire: Fire
     at: float
     lateness: float
-    reason: FireReason = "delay"
+    reason: FireReason = FireReason.DELAY
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +118,7 @@ class FireFinished:
     duration: float
     outcome: Literal["returned", "raised", "cancelled"]
     error: BaseException | None
-    reason: FireReason = "delay"
+    reason: FireReason = FireReason.DELAY
 
 
 @dataclass(frozen=True, slots=True)

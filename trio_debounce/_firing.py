@@ -24,11 +24,10 @@ from ._events import (
     CoordinatorEvent,
     EventHook,
     FireFinished,
-    FireReason,
     FireStarted,
 )
 from ._invoke import invoke
-from ._types import Edge, ErrorCallback, Fire, Handler, InitialFactory, Reducer
+from ._types import Edge, ErrorCallback, Fire, FireReason, Handler, InitialFactory, Reducer
 
 logger = logging.getLogger("trio_debounce")
 
@@ -249,11 +248,11 @@ class Handlers:
         """:meth:`call`, between a :class:`FireStarted` and a :class:`FireFinished`."""
         ledger = self.ledger
         if fire.attempt > 1:
-            reason = "re-run"
+            reason = FireReason.RE_RUN
         elif fire.edge is Edge.LEADING:
-            reason = "leading"
+            reason = FireReason.LEADING
         elif reason is None:
-            reason = "delay"
+            reason = FireReason.DELAY
         started = trio.current_time()
         ledger.emit(FireStarted(fire, started, started - fire.fired_at, reason))
         try:

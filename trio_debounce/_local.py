@@ -22,12 +22,12 @@ import trio
 from trio.lowlevel import enable_ki_protection
 
 from . import _engine, _options, _validate
-from ._events import FireReason
 from ._firing import Handlers, Ledger, closed_error
 from ._types import (
     DebounceResult,
     Edge,
     Fire,
+    FireReason,
     Handler,
     InitialFactory,
     Mode,

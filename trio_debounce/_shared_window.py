@@ -32,9 +32,9 @@ from ._backend import (
     OwnedWindow,
 )
 from ._errors import BackendError, LeaseLapsedError
-from ._events import FireReason, WindowDeletedExternally
+from ._events import WindowDeletedExternally
 from ._firing import Handlers, Ledger
-from ._types import Edge, Fire, Handler, Mode
+from ._types import Edge, Fire, FireReason, Handler, Mode
 from ._wallclock import trio_to_wall, wall_to_trio
 from ._window import CLOSED, FLUSHED, OPEN, Window
 
@@ -354,7 +354,7 @@ class SharedFires:
                         None,
                         shared.mode,
                         payload=shared.payload,
-                        reason="flush" if force else "delay",
+                        reason=FireReason.FLUSH if force else FireReason.DELAY,
                     )
                 finally:
                     shared.finalizing = False

@@ -53,6 +53,49 @@ class Edge(str, enum.Enum):
         return self.value
 
 
+class FireReason(str, enum.Enum):
+    """Why a fire fired (:attr:`Fire.reason`, :class:`FireStarted`). A str enum: each
+    member equals its value (``FireReason.DELAY == "delay"``).
+
+    ``LEADING`` (``"leading"``)
+      A leading edge: a window's first ping (debounce, throttle), or a rate-limit
+      window's ping within its limit.
+    ``DELAY`` (``"delay"``)
+      A trailing edge after ``delay`` seconds of silence.
+    ``MAX_DELAY`` (``"max-delay"``)
+      A trailing edge at the window's cap, ``max_delay`` after its first ping.
+    ``MAX_COUNT`` (``"max-count"``)
+      A trailing edge at the ping that reached ``max_count``.
+    ``MAX_ITEMS`` (``"max-items"``)
+      A batch at its ``max_items``-th item.
+    ``MAX_BYTES`` (``"max-bytes"``)
+      A batch before an item that would take it past ``max_bytes``.
+    ``MAX_WAIT`` (``"max-wait"``)
+      A batch ``max_wait`` after its first item.
+    ``INTERVAL`` (``"interval"``)
+      A throttle's (or audit's) trailing edge at the end of its ``interval``.
+    ``FLUSH`` (``"flush"``)
+      :meth:`~trio_debounce.Coordinator.flush`, an exit's ``on_exit="flush"``,
+      ``overflow="fire-early"``, or ``trio-debounce flush``.
+    ``RE_RUN`` (``"re-run"``)
+      A later attempt of a fire its process died in (at least once).
+    """
+
+    LEADING = "leading"
+    DELAY = "delay"
+    MAX_DELAY = "max-delay"
+    MAX_COUNT = "max-count"
+    MAX_ITEMS = "max-items"
+    MAX_BYTES = "max-bytes"
+    MAX_WAIT = "max-wait"
+    INTERVAL = "interval"
+    FLUSH = "flush"
+    RE_RUN = "re-run"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class Outcome(str, enum.Enum):
     """What one ping did; see :class:`DebounceResult`.
 

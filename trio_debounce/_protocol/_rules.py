@@ -15,10 +15,9 @@ from typing import Any, Generic, TypeVar
 
 from .. import _engine
 from .._backend import Registered, Registration
-from .._events import FireReason
 from .._options import DEFAULT, InitialFactory, Reducer, WindowOptions
 from .._payload import PayloadSerializer
-from .._types import Mode
+from .._types import FireReason, Mode
 from ._documents import AFTER_KEEP, RunMarker, WindowDoc, WindowFull
 
 logger = logging.getLogger("trio_debounce.backend")
