@@ -27,7 +27,7 @@ from ._events import (
     FireStarted,
 )
 from ._invoke import invoke
-from ._types import Edge, ErrorCallback, Fire, FireReason, Handler, InitialFactory, Reducer
+from ._types import ErrorCallback, Fire, Handler, InitialFactory, Reducer
 
 logger = logging.getLogger("trio_debounce")
 
@@ -218,13 +218,10 @@ class Handlers:
         """The handler of a fire: the window's ``on_fire``, else the workflow's now."""
         return on_fire if on_fire is not None else self.by_workflow.get(workflow)
 
-    async def call(
-        self, handler: Handler | None, fire: Fire, reason: FireReason | None = None
-    ) -> None:
+    async def call(self, handler: Handler | None, fire: Fire) -> None:
         """Run ``handler(fire)`` under the error policy (the handler and ``on_error``
-        run without KI protection; see ``_invoke.invoke``). ``reason``: why a trailing
-        fire fired, for the event hook (None: ``"delay"``; a leading edge and a re-run
-        say so themselves).
+        run without KI protection; see ``_invoke.invoke``); the event hook's events
+        carry ``fire.reason``.
 
         Returns once the handler returned or raised an :exc:`Exception` (which is
         logged on the ``trio_debounce`` logger, counted in ``handler_errors`` and
@@ -238,21 +235,14 @@ class Handlers:
         """
         ledger = self.ledger
         if ledger.hook is not None:
-            await self._observed_call(handler, fire, reason)
+            await self._observed_call(handler, fire)
             return
         await self._call(handler, fire)
 
-    async def _observed_call(
-        self, handler: Handler | None, fire: Fire, reason: FireReason | None
-    ) -> None:
+    async def _observed_call(self, handler: Handler | None, fire: Fire) -> None:
         """:meth:`call`, between a :class:`FireStarted` and a :class:`FireFinished`."""
         ledger = self.ledger
-        if fire.attempt > 1:
-            reason = FireReason.RE_RUN
-        elif fire.edge is Edge.LEADING:
-            reason = FireReason.LEADING
-        elif reason is None:
-            reason = FireReason.DELAY
+        reason = fire.reason
         started = trio.current_time()
         ledger.emit(FireStarted(fire, started, started - fire.fired_at, reason))
         try:

@@ -42,6 +42,7 @@ _COALESCE = Outcome.COALESCE
 _SCHEDULE_TRAILING = Outcome.SCHEDULE_TRAILING
 _FIRE_IMMEDIATE = Outcome.FIRE_IMMEDIATE
 _STALE = Outcome.STALE
+_LEADING = FireReason.LEADING
 #: ``DebounceResult`` is a NamedTuple: ``tuple.__new__(DebounceResult, values)`` builds
 #: one without the keyword handling of its constructor (the hot path's way).
 new_tuple = tuple.__new__
@@ -388,7 +389,9 @@ class LocalWindows:
         if order is not None:
             self.keys.note_order(ident, order)
         # A leading fire carries its ping's own payload, whatever the policy.
-        fire = Fire(workflow, key, payload, run_id, 1, now, now, Edge.LEADING, 1, self._token())
+        fire = Fire(
+            workflow, key, payload, run_id, 1, now, now, Edge.LEADING, 1, self._token(), _LEADING
+        )
         ledger.running += 1
         self._nursery.start_soon(self._call, handler, fire)
         return new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1, True, True))
@@ -544,7 +547,7 @@ class LocalWindows:
 
     def _decide_after_abort(
         self, window: Window
-    ) -> tuple[Handler | None, Fire, KeyRun | None, FireReason | None] | None:
+    ) -> tuple[Handler | None, Fire, KeyRun | None] | None:
         """Decide, by time, what an abort does to a window's pending trailing fire.
 
         A fire that was due when the block aborted (its deadline reached) or committed
@@ -567,7 +570,7 @@ class LocalWindows:
 
     def _take_trailing_fire(
         self, window: Window, fired_at: float
-    ) -> tuple[Handler | None, Fire, KeyRun | None, FireReason | None]:
+    ) -> tuple[Handler | None, Fire, KeyRun | None]:
         """Close a window whose trailing fire is pending and turn it into a running fire.
 
         Moves the fire from pending to running in one step (so wait_idle never sees
@@ -595,9 +598,9 @@ class LocalWindows:
             Edge.TRAILING,
             1,
             self._token(),
+            _engine.reason_of(window, fired_at),
         )
-        reason = None if ledger.hook is None else _engine.reason_of(window, fired_at)
-        return handler, fire, None if window.opts is None else window.run, reason
+        return handler, fire, None if window.opts is None else window.run
 
     @enable_ki_protection
     async def _call(
@@ -605,13 +608,12 @@ class LocalWindows:
         handler: Handler | None,
         fire: Fire,
         run: KeyRun | None = None,
-        reason: FireReason | None = None,
     ) -> None:
         """Run a local fire's handler (counted as running by the caller)."""
         # KI-protected, so Ctrl-C cannot land between the counters and the try; the
         # handler and on_error run unprotected (see _invoke.invoke and _firing.report).
         try:
-            await self._handlers.call(handler, fire, reason)
+            await self._handlers.call(handler, fire)
         finally:
             if run is not None:
                 # A "queue-latest" run: the window waiting for it fires now.

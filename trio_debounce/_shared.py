@@ -43,6 +43,7 @@ from ._types import (
     DebounceResult,
     Edge,
     Fire,
+    FireReason,
     Handler,
     InitialFactory,
     Mode,
@@ -475,6 +476,7 @@ class SharedWindows:
                     Edge.LEADING,
                     1,
                     registration.fencing_token,
+                    FireReason.LEADING,
                 )
                 ledger.fires += 1
                 ledger.running += 1

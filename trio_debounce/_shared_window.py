@@ -421,13 +421,12 @@ class SharedFires:
             Edge.TRAILING,
             1,
             result.fencing_token,
+            result.reason,
         )
         ledger.pending -= 1
         ledger.running += 1
         ledger.fires += 1
-        await self.call(
-            handler, fire, result.fire_id, shared_run=result.blocks, reason=result.reason
-        )
+        await self.call(handler, fire, result.fire_id, shared_run=result.blocks)
 
     # ---------------------------------------------------------- taken fires
 
@@ -564,6 +563,7 @@ class SharedFires:
             orphan.edge,
             orphan.attempt,
             orphan.fencing_token,
+            FireReason.RE_RUN,
         )
         ledger = self._ledger
         ledger.refires += 1
@@ -579,19 +579,17 @@ class SharedFires:
         fire_id: str | None = None,
         *,
         shared_run: bool = False,
-        reason: FireReason | None = None,
     ) -> None:
         """Run a shared window's fire (counted as running by the caller), then its
         after-steps: ``fire_id``, an at-least-once fire record, is deleted once the
         handler has returned or raised (not if it was cancelled: a peer runs it again),
         before the handler counts as finished, so an exit cannot cut the delete short;
-        ``shared_run``: a "queue-latest" run, ended in the key's shared record;
-        ``reason``: why it fired (see ``Handlers.call``)."""
+        ``shared_run``: a "queue-latest" run, ended in the key's shared record."""
         # KI-protected, so Ctrl-C cannot land between the counters and the try; the
         # handler and on_error run unprotected (see _invoke.invoke and _firing.report).
         finished = False
         try:
-            await self._handlers.call(handler, fire, reason)
+            await self._handlers.call(handler, fire)
             finished = True
         finally:
             if finished and fire_id is not None:

@@ -187,6 +187,11 @@ class Fire:
         step that committed the fire (a re-run carries its adoption's, higher than the
         attempt it repeats; an unconfirmed fire carries 0); without one it is a counter
         of this coordinator's fires, meaningful only in this process.
+      reason (FireReason): why it fired: ``leading`` for a leading edge, the rule that
+        made a trailing edge due (``delay``, ``max-delay``, ``max-count``, and for the
+        flow-control modes ``interval``, ``max-items``, ``max-bytes``, ``max-wait``),
+        ``flush``, or ``re-run`` for a later attempt (at least once). The same as
+        :attr:`FireStarted.reason`.
     """
 
     workflow: str
@@ -199,6 +204,7 @@ class Fire:
     edge: Edge
     attempt: int = 1
     fencing_token: int = 0
+    reason: FireReason = FireReason.DELAY
 
 
 #: The type of a fire handler: ``async def handler(fire: Fire) -> None``, or any callable

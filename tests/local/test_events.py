@@ -208,9 +208,11 @@ async def test_a_fire_says_why_it_fired(autojump_clock: trio.testing.MockClock) 
         await trio.sleep(5.0)
     started = {e.fire.key: e.reason for e in events if isinstance(e, FireStarted)}
     finished = {e.fire.key: e.reason for e in events if isinstance(e, FireFinished)}
+    carried = {e.fire.key: e.fire.reason for e in events if isinstance(e, FireStarted)}
     assert (
         started
         == finished
+        == carried
         == {
             "silence": "delay",
             "capped": "max-delay",

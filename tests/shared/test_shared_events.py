@@ -242,6 +242,7 @@ async def test_a_shared_fire_says_why_it_fired(autojump_clock: trio.testing.Mock
         await a.flush("wf", "flushed")
         await trio.sleep(5.0)
     reasons = {e.fire.key: e.reason for e in events if isinstance(e, FireStarted)}
+    assert reasons == {e.fire.key: e.fire.reason for e in events if isinstance(e, FireStarted)}
     assert reasons == {
         "silence": "delay",
         "capped": "max-delay",
