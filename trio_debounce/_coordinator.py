@@ -28,6 +28,8 @@ from ._errors import (
 from ._events import EventHook, PingAnswered, PingRejected
 from ._firing import BackendEvents, Handlers, Ledger
 from ._firing import closed_error as _closed_error
+from ._flow_api import FlowControl
+from ._flow_local import FlowWindows
 from ._local import LocalWindows, ping_any
 from ._options import InitialFactory, Reducer
 from ._runs import RunScheduler
@@ -70,7 +72,7 @@ _new_tuple = tuple.__new__
 
 
 @final
-class Coordinator(metaclass=NoPublicConstructor):
+class Coordinator(FlowControl, metaclass=NoPublicConstructor):
     """Debounce windows keyed by ``(workflow, key)``, each a task in a private nursery.
 
     Get one from :func:`open_coordinator`; it cannot be constructed directly. All
@@ -113,6 +115,16 @@ class Coordinator(metaclass=NoPublicConstructor):
         self._local = LocalWindows(
             nursery, self._now, ledger, self._fire_handlers, self._abort, fencing=backend is None
         )
+        #: The flow-control windows (throttle, batch, rate limit): see _flow_api.py.
+        self._flow = FlowWindows(
+            nursery,
+            self._now,
+            ledger,
+            self._fire_handlers,
+            self._local.is_open,
+            fencing=backend is None,
+        )
+        self._local.other_open = self._flow.is_open
         # The tables debounce_nowait's inlined hot path reads (the same objects).
         self._windows = self._local.windows
         self._handlers = self._fire_handlers.by_workflow
@@ -489,7 +501,7 @@ class Coordinator(metaclass=NoPublicConstructor):
             raise _closed_error()
         _validate.name("workflow", workflow)
         _validate.name("key", key)
-        cancelled = self._local.cancel((workflow, key))
+        cancelled = self._local.cancel((workflow, key)) or self._flow.cancel((workflow, key))
         if self._shared is not None:
             cancelled = await self._shared.cancel(workflow, key) or cancelled
         await trio.lowlevel.cancel_shielded_checkpoint()
@@ -523,7 +535,7 @@ class Coordinator(metaclass=NoPublicConstructor):
             raise _closed_error()
         _validate.name("workflow", workflow)
         _validate.name("key", key)
-        flushed = self._local.flush((workflow, key))
+        flushed = self._local.flush((workflow, key)) or self._flow.flush((workflow, key))
         if self._shared is not None:
             flushed = self._shared.flush((workflow, key)) or flushed
         await trio.lowlevel.cancel_shielded_checkpoint()
@@ -553,7 +565,7 @@ class Coordinator(metaclass=NoPublicConstructor):
           TypeError: ``workflow`` or ``key`` is unhashable (so cannot name a window).
         """
         try:
-            if self._local.is_open((workflow, key)):
+            if self._local.is_open((workflow, key)) or self._flow.is_open((workflow, key)):
                 return True
         except TypeError:
             raise TypeError(f"workflow and key must be str, got {workflow!r} and {key!r}") from None
@@ -626,7 +638,8 @@ class Coordinator(metaclass=NoPublicConstructor):
         not run yet (:meth:`has` says False for it). With a backend it counts the
         shared windows this coordinator owns or will take, too.
         """
-        return len(self._windows) + (0 if self._shared is None else len(self._shared))
+        shared = 0 if self._shared is None else len(self._shared)
+        return len(self._windows) + len(self._flow) + shared
 
     def statistics(self) -> CoordinatorStatistics:
         """Return a :class:`CoordinatorStatistics` snapshot. Works after exit too."""
@@ -651,6 +664,7 @@ class Coordinator(metaclass=NoPublicConstructor):
             stale_pings=ledger.stale,
             deleted_externally=ledger.deleted_externally,
             hook_errors=ledger.hook_errors,
+            dropped_pings=ledger.dropped_pings,
         )
 
     async def wait_idle(self) -> None:
@@ -865,10 +879,12 @@ class Coordinator(metaclass=NoPublicConstructor):
         while True:
             if on_exit == "flush":
                 self._local.flush_all()
+                self._flow.flush_all()
                 if shared is not None:
                     shared.flush_all()
             elif on_exit == "cancel":
                 self._local.cancel_all()
+                self._flow.cancel_all()
             if shared is not None:
                 if self._hands_off(on_exit, aborted=False):
                     shared.hand_off_all()
@@ -882,6 +898,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         # the release, so that peers' next pings open fresh windows.
         ledger.closed = True
         self._local.clear()
+        self._flow.clear()
         if shared is not None:
             shared.release_owned()
         self._nursery.cancel_scope.cancel()
@@ -920,6 +937,7 @@ class Coordinator(metaclass=NoPublicConstructor):
         ledger.aborted = True
         ledger.aborted_at = self._now()
         self._local.clear()
+        self._flow.clear()
         if self._shared is not None:
             # Without a hand-off, the release deletes the shared windows open here
             # (their pending fires are dropped).
@@ -1064,9 +1082,9 @@ async def open_coordinator(
         )
     if backend is not None and not isinstance(backend, DebounceBackend):
         raise TypeError(f"backend must be a trio_debounce.abc.DebounceBackend, not {backend!r}")
-    handler_map: dict[str, Handler] = _handler_map("handlers", handlers, "handlers")
+    handler_map: dict[str, Handler] = _validate.handler_map("handlers", handlers, "handlers")
     # Run records leave the process, so run workflow names must be valid Unicode.
-    run_handler_map: dict[str, RunHandler] = _handler_map(
+    run_handler_map: dict[str, RunHandler] = _validate.handler_map(
         "run_handlers", run_handlers, "run handlers", shareable=True
     )
     if run_store is not None and not isinstance(run_store, RunStore):
@@ -1236,33 +1254,6 @@ async def _wait_process_ids_free(
         nursery.start_soon(watch, scheduler.wait_process_id_free, False)
     if failed:
         raise failed[0]
-
-
-def _handler_map(
-    what: str, handlers: Mapping[str, Any] | None, kind: str, *, shareable: bool = False
-) -> dict[str, Any]:
-    """``handlers`` (``open_coordinator(handlers=)`` or ``run_handlers=``) as a checked
-    dict of workflow names to async callables.
-
-    Raises:
-      TypeError: not a mapping, a name that is not a str, a handler that is not an
-        async callable (or None).
-      ValueError: an empty name; with ``shareable``, a name with a lone surrogate.
-    """
-    try:
-        handler_map = dict(handlers or {})
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"{what} must be a mapping of workflow names to {kind}, not {handlers!r}"
-        ) from None
-    for workflow, handler in handler_map.items():
-        _validate.name("workflow", workflow)
-        if shareable:
-            _validate.shareable("workflow", workflow)
-        _validate.handler(f"{what}[{workflow!r}]", handler)
-        if handler is None:
-            raise TypeError(f"{what}[{workflow!r}] must be an async callable, not None")
-    return handler_map
 
 
 def _only_cancellations(exc: BaseException) -> bool:

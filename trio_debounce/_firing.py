@@ -50,6 +50,7 @@ class Ledger:
         "coalesced",
         "deleted_externally",
         "dropped",
+        "dropped_pings",
         "fail_open",
         "fires",
         "handler_errors",
@@ -88,6 +89,7 @@ class Ledger:
         self.refires = 0
         self.dropped = 0
         self.deleted_externally = 0
+        self.dropped_pings = 0
         #: Unparked whenever the coordinator may have become idle (and, while an exit
         #: with on_exit="flush" or "cancel" waits, when a trailing fire becomes pending).
         self.idle_lot = trio.lowlevel.ParkingLot()

@@ -48,6 +48,10 @@ _LEADING = FireReason.LEADING
 new_tuple = tuple.__new__
 
 
+def _never(_: tuple[str, str]) -> bool:
+    return False
+
+
 def _abort_sleep(_: Any) -> trio.lowlevel.Abort:
     """The abort function of a window task's sleep: any cancellation ends it."""
     return trio.lowlevel.Abort.SUCCEEDED
@@ -108,6 +112,9 @@ class LocalWindows:
         self.windows: dict[tuple[str, str], Window] = {}
         #: The queue-latest runs and fired order keys of the keys.
         self.keys = KeyState(self.windows, now, ledger)
+        #: Is another kind of window (a flow-control one) open for a key? Such a key
+        #: cannot open a debounce window.
+        self.other_open: Callable[[tuple[str, str]], bool] = _never
 
     # ------------------------------------------------------------------- pings
 
@@ -356,6 +363,8 @@ class LocalWindows:
         workflow, key = ident
         if on_fire is None and workflow not in self._handlers.by_workflow:
             raise self._handlers.missing(workflow)
+        if self.other_open(ident):
+            raise ValueError(f"{ident!r} has an open throttle, batch or rate-limit window")
         value: Any = None
         reducer = None
         if prepared is not None:

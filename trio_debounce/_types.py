@@ -109,12 +109,17 @@ class Outcome(str, enum.Enum):
       The ping had ``drop_stale=True`` and an ``order_key`` not above the highest one
       already fired for its key: it was dropped, and counted in
       :attr:`CoordinatorStatistics.stale_pings`. Nothing changed.
+    ``Outcome.DROPPED`` (``"dropped"``)
+      The ping was dropped by a flow-control window's rule (a throttle without a
+      trailing edge, a rate limit past its limit), and counted in
+      :attr:`CoordinatorStatistics.dropped_pings`. Nothing changed.
     """
 
     SCHEDULE_TRAILING = "schedule-trailing"
     FIRE_IMMEDIATE = "fire-immediate"
     COALESCE = "coalesce"
     STALE = "stale"
+    DROPPED = "dropped"
 
     def __str__(self) -> str:
         return self.value
@@ -306,6 +311,9 @@ class CoordinatorStatistics:
         outside".
       hook_errors (int): calls of the ``on_event`` hook that raised an
         :class:`Exception` (the first one is also logged); see :doc:`/observability`.
+      dropped_pings (int): pings a flow-control window dropped (outcome ``dropped``:
+        a throttle without a trailing edge, a rate limit past its limit); not counted
+        in ``pings``. (``dropped_fires`` counts something else.)
     """
 
     open_windows: int
@@ -327,6 +335,7 @@ class CoordinatorStatistics:
     stale_pings: int = 0
     deleted_externally: int = 0
     hook_errors: int = 0
+    dropped_pings: int = 0
 
 
 # ------------------------------------------------------------------ window options

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from ._types import Mode
@@ -109,6 +110,9 @@ def max_delay_below_delay(max_delay: float, delay: float) -> ValueError:
     )
 
 
+_shareable = shareable  # for handler_map, whose keyword argument shadows it
+
+
 def name(what: str, value: object) -> str:
     """Return ``value`` if it is a non-empty :class:`str`, else raise.
 
@@ -157,3 +161,30 @@ def handler(what: str, value: Any) -> None:
         return
     if not callable(value) or inspect.isbuiltin(value):
         raise TypeError(f"{what} must be an async callable taking a Fire, not {value!r}")
+
+
+def handler_map(
+    what: str, handlers: Mapping[str, Any] | None, kind: str, *, shareable: bool = False
+) -> dict[str, Any]:
+    """``handlers`` (``open_coordinator(handlers=)`` or ``run_handlers=``) as a checked
+    dict of workflow names to async callables.
+
+    Raises:
+      TypeError: not a mapping, a name that is not a str, a handler that is not an
+        async callable (or None).
+      ValueError: an empty name; with ``shareable``, a name with a lone surrogate.
+    """
+    try:
+        checked = dict(handlers or {})
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{what} must be a mapping of workflow names to {kind}, not {handlers!r}"
+        ) from None
+    for workflow, fn in checked.items():
+        name("workflow", workflow)
+        if shareable:
+            _shareable("workflow", workflow)
+        handler(f"{what}[{workflow!r}]", fn)
+        if fn is None:
+            raise TypeError(f"{what}[{workflow!r}] must be an async callable, not None")
+    return checked

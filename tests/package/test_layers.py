@@ -54,6 +54,7 @@ LAYERS: dict[str, int] = {
     "_codec": VALUES,
     "_events": VALUES,
     "_engine": ENGINE,
+    "_flow": ENGINE,  # the engine's flow-control half
     "_backend": CONTRACTS,
     "_kv": CONTRACTS,
     "_runs._store": CONTRACTS,
@@ -85,6 +86,8 @@ LAYERS: dict[str, int] = {
     "_window": PARTS,
     "_firing": PARTS,
     "_local": PARTS,
+    "_flow_local": PARTS,
+    "_flow_api": PARTS,
     "_shared_window": PARTS,
     "_shared": PARTS,
     "_upkeep": PARTS,

@@ -1,0 +1,212 @@
+"""Hypothesis: random timelines of throttle, audit, batch and rate-limit pings (with
+cancels and flushes) through the real coordinator match the flow reference model
+(``tests/harness/flow_model.py``), result by result and fire by fire, ties included.
+
+Times are drawn on a grid of 1/4 so every float sum is exact: pings land exactly on
+window ends (the tie rule), and are compared to the float.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import trio_debounce
+from tests.harness.flow_model import FlowFire, FlowModel
+from trio_debounce import Fire, OnExit
+
+GRID = 0.25
+KEYS = (("wf", "a"), ("wf", "b"), ("other", "a"))
+KINDS = ("throttle", "audit", "throttle-leading", "batch", "rate")
+
+
+@dataclass(frozen=True)
+class Op:
+    dt: float
+    kind: str  # a KINDS member, "cancel" or "flush"
+    key: int
+    params: tuple[Any, ...]
+
+
+def params(draw: st.DrawFn, kind: str) -> tuple[Any, ...]:
+    span = draw(st.integers(1, 8)) * GRID
+    if kind == "batch":
+        return (span, draw(st.sampled_from((None, 1, 2, 3))), draw(st.sampled_from((None, 2, 4))))
+    if kind == "rate":
+        return (span, draw(st.integers(1, 3)))
+    return (span,)
+
+
+@st.composite
+def timelines(draw: st.DrawFn) -> list[Op]:
+    # Each key has its kind and parameters; a few pings use others and must raise.
+    fixed = {}
+    for i in range(len(KEYS)):
+        kind = draw(st.sampled_from(KINDS))
+        fixed[i] = (kind, params(draw, kind))
+    timeline = []
+    for _ in range(draw(st.integers(0, 40))):
+        key = draw(st.integers(0, len(KEYS) - 1))
+        kind, p = fixed[key]
+        choice = draw(st.integers(0, 19))
+        if choice == 0:
+            kind, p = "cancel", ()
+        elif choice == 1:
+            kind, p = "flush", ()
+        elif choice == 2:  # a clash (or, by chance, the same kind and parameters)
+            kind = draw(st.sampled_from(KINDS))
+            p = params(draw, kind)
+        dt = draw(st.sampled_from((0.0, 0.0, 0.25, 0.5, 1.0, 1.75, 3.0)))
+        timeline.append(Op(dt, kind, key, p))
+    return timeline
+
+
+def size(item: int) -> int:
+    return len(json.dumps(item))
+
+
+def run_model(timeline: list[Op], on_exit: str) -> tuple[list[Any], list[FlowFire], int]:
+    model = FlowModel()
+    results: list[Any] = []
+    t = 0.0
+    for i, op in enumerate(timeline):
+        t += op.dt
+        ident = KEYS[op.key]
+        try:
+            if op.kind == "cancel":
+                results.append(model.cancel(t, ident))
+            elif op.kind == "flush":
+                results.append(model.flush(t, ident))
+            elif op.kind == "batch":
+                span, items, limit = op.params
+                if limit is not None and size(i) > limit:
+                    raise ValueError("too big")
+                results.append(
+                    model.batch(
+                        t, ident, i, size=size(i), max_wait=span, max_items=items, max_bytes=limit
+                    )
+                )
+            elif op.kind == "rate":
+                results.append(
+                    model.rate_limit(t, ident, i, period=op.params[0], limit=op.params[1])
+                )
+            else:
+                leading = op.kind != "audit"
+                trailing = op.kind != "throttle-leading"
+                results.append(
+                    model.throttle(
+                        t, ident, i, interval=op.params[0], leading=leading, trailing=trailing
+                    )
+                )
+        except ValueError:
+            results.append("ValueError")
+    if on_exit == "flush":
+        for ident in KEYS:
+            model.flush(t, ident)
+    elif on_exit == "cancel":
+        for ident in KEYS:
+            if model.pending(t, ident):
+                model.cancel(t, ident)
+    model.advance(math.inf)
+    return results, model.fires, model.dropped
+
+
+def run_real(timeline: list[Op], on_exit: OnExit) -> tuple[list[Any], list[FlowFire], int]:
+    results: list[Any] = []
+    fires: list[Fire] = []
+
+    async def handler(fire: Fire) -> None:
+        fires.append(fire)
+        assert trio.current_time() - fire.fired_at < 1e-9  # it starts on time
+
+    async def main() -> trio_debounce.CoordinatorStatistics:
+        t = 0.0
+        async with trio_debounce.open_coordinator(
+            handlers={"wf": handler, "other": handler}, on_exit=on_exit
+        ) as c:
+            for i, op in enumerate(timeline):
+                t += op.dt
+                await trio.sleep_until(t)
+                workflow, key = KEYS[op.key]
+                try:
+                    if op.kind == "cancel":
+                        results.append(await c.cancel(workflow, key))
+                        continue
+                    if op.kind == "flush":
+                        results.append(await c.flush(workflow, key))
+                        continue
+                    if op.kind == "batch":
+                        span, items, limit = op.params
+                        r = await c.batch(
+                            workflow, key, i, max_wait=span, max_items=items, max_bytes=limit
+                        )
+                    elif op.kind == "rate":
+                        r = await c.rate_limit(
+                            workflow, key, i, period=op.params[0], limit=op.params[1]
+                        )
+                    else:
+                        r = await c.throttle(
+                            workflow,
+                            key,
+                            i,
+                            interval=op.params[0],
+                            leading=op.kind != "audit",
+                            trailing=op.kind != "throttle-leading",
+                        )
+                except ValueError:
+                    results.append("ValueError")
+                else:
+                    results.append(r.outcome.value)
+        return c.statistics()
+
+    stats = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert stats.fires == len(fires)
+    assert stats.pending_trailing_fires == 0
+    assert stats.running_handlers == 0
+    pings = [r for r in results if isinstance(r, str) and r != "ValueError"]
+    assert stats.pings == len(pings) - pings.count("dropped")
+    converted = [
+        FlowFire(
+            f.fired_at,
+            (f.workflow, f.key),
+            f.payload,
+            f.ping_count,
+            f.edge.value,
+            f.reason.value,
+        )
+        for f in fires
+    ]
+    return results, converted, stats.dropped_pings
+
+
+def _order(f: FlowFire) -> tuple[Any, ...]:
+    return (f.fired_at, f.ident, repr(f.payload), f.edge, f.reason)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(timelines(), st.sampled_from(("wait", "wait", "flush", "cancel")))
+def test_coordinator_matches_the_flow_model(timeline: list[Op], on_exit: OnExit) -> None:
+    expected_results, expected_fires, expected_dropped = run_model(timeline, on_exit)
+    results, fires, dropped = run_real(timeline, on_exit)
+    assert results == expected_results
+    assert sorted(fires, key=_order) == sorted(expected_fires, key=_order)
+    assert dropped == expected_dropped
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_known_burst_of_each_kind(kind: str) -> None:
+    # A sanity anchor for the property: pings at 0, 0.5, 1 (the end: a tie) and 1.25.
+    p: tuple[Any, ...] = {"batch": (1.0, 3, None), "rate": (1.0, 2)}.get(kind, (1.0,))
+    timeline = [Op(dt, kind, 0, p) for dt in (0.0, 0.5, 0.5, 0.25)]
+    expected = run_model(timeline, "wait")
+    assert run_real(timeline, "wait") == expected
+    _, fires, _ = expected
+    assert fires  # the anchor fires something in every kind
