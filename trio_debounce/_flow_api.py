@@ -136,11 +136,14 @@ class FlowControl:
         batch or rate-limit window.
 
         Args:
-          workflow (str), key (str): the window, as for :meth:`debounce_nowait`.
+          workflow (str): the window's workflow, as for :meth:`debounce_nowait`.
+          key (str): the window's debounce key.
           payload (Any): what a fire carries: a leading fire its own ping's, a trailing
             fire the latest since the last fire.
           interval (float): seconds > 0, finite.
-          leading (bool), trailing (bool): the edges; not both False.
+          leading (bool): fire a window's first ping at once.
+          trailing (bool): fire the latest later ping at the window's end (leading
+            and trailing cannot both be False).
           run_id (str | None): the run id of the window this ping opens (a uuid4 hex
             when None); the leading and trailing fires of a window share it, each
             cool-down has its own.
