@@ -87,6 +87,17 @@ def test_replay_of_the_reference_log_matches_every_row(
     order = [(f["fired_at"], f["key"]) for f in lines]
     assert order == sorted(order)
     assert all(set(f["payload"]) == {"ts", "key", "id"} for f in lines)
+    # The fields, in a stable order, the reason last.
+    assert all(
+        list(f) == ["key", "fired_at", "first_ping_at", "payload", "pings", "edge", "reason"]
+        for f in lines
+    )
+    assert {(f["edge"], f["reason"]) for f in lines} <= {
+        ("leading", "leading"),
+        ("trailing", "delay"),
+        ("trailing", "max-delay"),
+    }
+    assert summary["dropped_pings"] == 0
     if options[1] == "trailing":
         # every event lands in exactly one window, and every trailing window fires once
         assert sum(f["pings"] for f in lines) == 1321
@@ -131,6 +142,7 @@ def test_jsonl_output_shape_and_order(tmp_path: Path, capsys: pytest.CaptureFixt
             "payload": {"ts": 100, "key": "a", "n": 2},
             "pings": 1,
             "edge": "trailing",
+            "reason": "delay",
         },
         {
             "key": "b",
@@ -139,6 +151,7 @@ def test_jsonl_output_shape_and_order(tmp_path: Path, capsys: pytest.CaptureFixt
             "payload": {"ts": 101, "key": "b", "n": 3},
             "pings": 2,
             "edge": "trailing",
+            "reason": "delay",
         },
         {
             "key": "a",
@@ -147,6 +160,7 @@ def test_jsonl_output_shape_and_order(tmp_path: Path, capsys: pytest.CaptureFixt
             "payload": {"ts": 110, "key": "a", "n": 4},
             "pings": 1,
             "edge": "trailing",
+            "reason": "delay",
         },
     ]
 
@@ -194,6 +208,7 @@ def test_summary_of_empty_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
         "latency_p50": None,
         "latency_p95": None,
         "latency_max": None,
+        "dropped_pings": 0,
     }
 
 

@@ -39,9 +39,9 @@ def test_plain_lines_are_keys_and_payloads() -> None:
     after = time.time()
     assert (proc.returncode, proc.stderr) == (0, "")
     fires = sorted((json.loads(line) for line in proc.stdout.splitlines()), key=lambda f: f["key"])
-    assert [(f["key"], f["payload"], f["pings"], f["edge"]) for f in fires] == [
-        ("a", "a", 2, "trailing"),
-        ("b", "b", 1, "trailing"),
+    assert [(f["key"], f["payload"], f["pings"], f["edge"], f["reason"]) for f in fires] == [
+        ("a", "a", 2, "trailing", "delay"),
+        ("b", "b", 1, "trailing", "delay"),
     ]
     for f in fires:
         # wall-clock epoch seconds
@@ -114,6 +114,82 @@ def test_bad_options_exit_2(options: list[str], message: str) -> None:
     assert proc.returncode == 2
     assert "usage:" in proc.stderr
     assert message in proc.stderr
+
+
+# ------------------------------------------------------------ flow-control modes
+
+
+def test_throttle_fires_a_leading_edge_then_the_latest_at_the_interval() -> None:
+    proc = run(["--mode", "throttle", "--interval", "0.3"], "a\na\na\nb\n")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    fires = sorted(
+        (json.loads(line) for line in proc.stdout.splitlines()),
+        key=lambda f: (f["key"], f["fired_at"]),
+    )
+    assert [(f["key"], f["pings"], f["edge"], f["reason"]) for f in fires] == [
+        ("a", 1, "leading", "leading"),
+        ("a", 2, "trailing", "interval"),  # the pings after the leading fire, at its end
+        ("b", 1, "leading", "leading"),
+    ]
+    # the trailing fire is one interval after the leading one (logical times)
+    assert fires[1]["fired_at"] - fires[0]["fired_at"] == pytest.approx(0.3, abs=1e-3)
+
+
+def test_batch_runs_the_command_with_one_line_per_event(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    lines = [json.dumps({"k": "x", "n": n}) for n in range(3)]
+    script = f'echo "$TRIO_DEBOUNCE_PINGS $TRIO_DEBOUNCE_REASON" >> "{out}"; cat >> "{out}"'
+    args = ["--mode", "batch", "--max-wait", "0.2", "--max-items", "2", "--key-field", "k"]
+    proc = run([*args, "--", "sh", "-c", script], "\n".join(lines) + "\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    # the first two fill the batch; the third waits for --max-wait
+    assert out.read_text().splitlines() == [
+        "2 max-items",
+        lines[0],
+        lines[1],
+        "1 max-wait",
+        lines[2],
+    ]
+
+
+def test_rate_limit_drops_past_the_limit_and_batch_refuses_a_large_event() -> None:
+    proc = run(["--mode", "rate-limit", "--limit", "2", "--period", "60"], "a\na\na\n")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    fires = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(f["payload"], f["edge"], f["reason"]) for f in fires] == [
+        ("a", "leading", "leading")
+    ] * 2
+    # A batch item is the line (a JSON string without --key-field): 18 bytes here.
+    proc = run(
+        ["--mode", "batch", "--max-wait", "0.1", "--max-bytes", "10"], "abcdefghijklmnop\na\n"
+    )
+    assert proc.returncode == 2  # a line was rejected; the stream went on
+    assert "line 1: the event is 18 bytes as JSON, more than --max-bytes 10; skipped" in proc.stderr
+    [fire] = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert (fire["payload"], fire["pings"], fire["reason"]) == (["a"], 1, "max-wait")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            ["--mode", "throttle", "--interval", "1", "--backend", "nats://127.0.0.1:4222"],
+            "--mode throttle is in-process only for now",
+        ),
+        (
+            ["--mode", "audit", "--interval", "1", "--delay", "1"],
+            "--delay is an option of the debounce modes",
+        ),
+        (["--mode", "batch"], "--mode batch needs --max-wait"),
+        (["--delay", "1", "--limit", "2"], "--limit is an option of --mode rate-limit"),
+    ],
+)
+def test_flow_mode_usage_errors_exit_2(options: list[str], message: str) -> None:
+    proc = run(options, "a\n")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert "usage: trio-debounce run" in proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def _unread(fd: int) -> int:

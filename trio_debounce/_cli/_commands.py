@@ -22,7 +22,8 @@ from .._types import Mode
 from ._events import EventError, decode_line
 from ._git_events import GitEventsError, git_events
 from ._live import LiveOptions, run_live
-from ._replay import read_events, replay
+from ._parser import DEBOUNCE_MODES, FLOW_MODES
+from ._replay import FlowOptions, read_events, replay
 
 if TYPE_CHECKING:
     from ..nats import NatsConfig
@@ -32,6 +33,113 @@ EXIT_INTERRUPTED = 130
 
 #: URL schemes ``run --backend`` accepts: NATS over TCP, and over TLS.
 _BACKEND_SCHEMES = ("nats://", "tls://")
+
+
+#: The options of the debounce modes, by ``dest`` (``replay`` has them all, ``run``
+#: the first two), and of the flow-control modes, each with the modes it goes with.
+_DEBOUNCE_OPTIONS = (
+    "delay",
+    "max_delay",
+    "max_count",
+    "payload",
+    "overlap",
+    "run_time",
+    "order_field",
+)
+_FLOW_OPTIONS: dict[str, tuple[str, ...]] = {
+    "interval": ("throttle", "audit"),
+    "no_leading": ("throttle",),
+    "no_trailing": ("throttle",),
+    "max_wait": ("batch",),
+    "max_items": ("batch",),
+    "max_bytes": ("batch",),
+    "limit": ("rate-limit",),
+    "period": ("rate-limit",),
+}
+#: The options each flow-control mode needs.
+_FLOW_REQUIRED: dict[str, tuple[str, ...]] = {
+    "throttle": ("interval",),
+    "audit": ("interval",),
+    "batch": ("max_wait",),
+    "rate-limit": ("limit", "period"),
+}
+#: The option that gives a flow-control window its length.
+_FLOW_SPAN = {
+    "throttle": "interval",
+    "audit": "interval",
+    "batch": "max_wait",
+    "rate-limit": "period",
+}
+
+
+def _option(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _given(args: argparse.Namespace, dest: str) -> bool:
+    """Was the option given? (Every mode option defaults to None, or False for a flag;
+    compared by identity, as ``--delay 0`` is given.)"""
+    value = getattr(args, dest, None)
+    return value is not None and value is not False
+
+
+def mode_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> FlowOptions | None:
+    """Check that the options given go with ``--mode``; return the flow options of a
+    flow-control mode, or None for a debounce mode (whose values
+    :func:`check_durations` and the command check).
+
+    Raises:
+      SystemExit: status 2 with ``parser``'s usage line, naming the option: an option
+        of another mode, a missing one (``--delay`` for a debounce mode, ``--interval``
+        for a throttle...), or a bad value of a flow-control option.
+    """
+    mode = args.mode
+    if mode in DEBOUNCE_MODES:
+        for dest, modes in _FLOW_OPTIONS.items():
+            if _given(args, dest):
+                parser.error(
+                    f"{_option(dest)} is an option of --mode {' and '.join(modes)}, not "
+                    f"of --mode {mode}"
+                )
+        if args.delay is None:
+            parser.error(f"--mode {mode} needs --delay")
+        return None
+    assert mode in FLOW_MODES
+    for dest in _DEBOUNCE_OPTIONS:
+        if _given(args, dest):
+            parser.error(
+                f"{_option(dest)} is an option of the debounce modes "
+                f"({', '.join(DEBOUNCE_MODES)}), not of --mode {mode}"
+            )
+    for dest, modes in _FLOW_OPTIONS.items():
+        if _given(args, dest) and mode not in modes:
+            also = " (--mode audit is throttle --no-leading)" if mode == "audit" else ""
+            parser.error(
+                f"{_option(dest)} is an option of --mode {' and '.join(modes)}, not of "
+                f"--mode {mode}{also}"
+            )
+    for dest in _FLOW_REQUIRED[mode]:
+        if getattr(args, dest) is None:
+            parser.error(f"--mode {mode} needs {_option(dest)}")
+    try:
+        span_dest = _FLOW_SPAN[mode]
+        span = _validate.positive_duration(_option(span_dest), getattr(args, span_dest))
+        for dest in ("max_items", "max_bytes", "limit"):
+            value = getattr(args, dest)
+            if value is not None and value < 1:
+                raise ValueError(f"{_option(dest)} must be >= 1, got {value}")
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    if args.no_leading and args.no_trailing:
+        parser.error("--no-leading and --no-trailing together leave a throttle no edge to fire")
+    return FlowOptions(
+        mode="audit" if args.no_leading else mode,
+        span=span,
+        trailing=not args.no_trailing,
+        max_items=args.max_items,
+        max_bytes=args.max_bytes,
+        limit=1 if args.limit is None else args.limit,
+    )
 
 
 def check_durations(
@@ -69,27 +177,32 @@ def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
       SystemExit: status 2 with the usage line, for a bad option.
       OSError: writing stdout failed.
     """
-    delay, max_delay = check_durations(parser, args)
+    flow = mode_options(parser, args)
     for option in ("key_field", "time_field", "order_field"):
         if getattr(args, option) == "":
             parser.error(f"--{option.replace('_', '-')} must not be empty")
-    try:
-        run_time = _validate.duration("--run-time", args.run_time)
-        if args.max_count is not None and args.max_count < 1:
-            raise ValueError(f"--max-count must be >= 1, got {args.max_count}")
-        window_options(
-            Mode(args.mode),
-            args.max_count,
-            args.payload,
-            None,
-            None,
-            args.overlap,
-            None,
-            args.order_field is not None,
-            {},
-        )
-    except (TypeError, ValueError) as exc:
-        parser.error(str(exc).replace("overlap=", "--overlap ").replace("mode=", "--mode "))
+    delay: float | None = None
+    max_delay: float | None = None
+    run_time = 0.0
+    if flow is None:
+        delay, max_delay = check_durations(parser, args)
+        try:
+            run_time = _validate.duration("--run-time", args.run_time or 0.0)
+            if args.max_count is not None and args.max_count < 1:
+                raise ValueError(f"--max-count must be >= 1, got {args.max_count}")
+            window_options(
+                Mode(args.mode),
+                args.max_count,
+                args.payload or "last",
+                None,
+                None,
+                args.overlap or "allow",
+                None,
+                args.order_field is not None,
+                {},
+            )
+        except (TypeError, ValueError) as exc:
+            parser.error(str(exc).replace("overlap=", "--overlap ").replace("mode=", "--mode "))
     # The whole input is read before the virtual-clock run starts: plain blocking I/O,
     # outside Trio. (A read that blocks on a pipe inside the run is where Ctrl-C would
     # land; read here, it is an ordinary KeyboardInterrupt.) Lines are parsed lazily.
@@ -116,17 +229,20 @@ def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
             time_field=args.time_field,
             sort=args.sort,
         )
-        result = replay(
-            events,
-            delay=delay,
-            max_delay=max_delay,
-            mode=args.mode,
-            max_count=args.max_count,
-            payload_policy=args.payload,
-            overlap=args.overlap,
-            run_time=run_time,
-            order_field=args.order_field,
-        )
+        if flow is not None:
+            result = replay(events, flow=flow)
+        else:
+            result = replay(
+                events,
+                delay=delay,
+                max_delay=max_delay,
+                mode=args.mode,
+                max_count=args.max_count,
+                payload_policy=args.payload or "last",
+                overlap=args.overlap or "allow",
+                run_time=run_time,
+                order_field=args.order_field,
+            )
     except EventError as exc:
         error(f"{_display_name(args.file)}: {exc}")
         return EXIT_USAGE
@@ -149,7 +265,8 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
       SystemExit: status 2 with the usage line, for a bad option.
       OutputError, InputError, BackendStartError: from :func:`run_live`.
     """
-    delay, max_delay = check_durations(parser, args)
+    flow = mode_options(parser, args)
+    delay, max_delay = (0.0, None) if flow is not None else check_durations(parser, args)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.key_field is not None and not args.key_field:
@@ -158,6 +275,11 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         stop_grace = _validate.duration("--stop-grace", args.stop_grace)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
+    if flow is not None and args.backend is not None:
+        parser.error(
+            f"--mode {args.mode} is in-process only for now: the flow-control modes "
+            "(throttle, audit, batch, rate-limit) take no --backend"
+        )
     if args.backend is None:
         for option in ("bucket", "process_id"):
             if getattr(args, option) is not None:
@@ -173,12 +295,13 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options = LiveOptions(
         delay=delay,
         max_delay=max_delay,
-        mode=Mode(args.mode),
+        mode=Mode.TRAILING if flow is not None else Mode(args.mode),
         key_field=args.key_field,
         jobs=args.jobs,
         command=tuple(args.cmd),
         open_backend=open_backend,
         stop_grace=stop_grace,
+        flow=flow,
     )
     return trio.run(run_live, options, sys.stdin.fileno(), sys.stdout, sys.stderr)
 

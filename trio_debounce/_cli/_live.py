@@ -1,4 +1,5 @@
-"""``trio-debounce run``: debounce a live stream of lines from stdin on the real clock."""
+"""``trio-debounce run``: debounce (or throttle, batch, rate-limit) a live stream of
+lines from stdin on the real clock."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from .._errors import BackendError, BackendUnavailableError
 from .._types import Fire, Mode
 from .._wallclock import WallClock
 from ._events import EventError, decode_line, event_key, parse_json_object
-from ._replay import fire_line
+from ._replay import FlowOptions, FlowPing, fire_line, refused_event
 
 logger = logging.getLogger("trio_debounce.cli")
 #: The NATS store's logger (trio_debounce.nats._store), gated by :class:`LogGate`.
@@ -49,6 +50,7 @@ class LiveOptions:
       delay (float): seconds of quiet that end a window (>= 0).
       max_delay (float | None): seconds a window lasts at most from its first ping.
       mode (Mode): the edges that fire.
+      (``delay``, ``max_delay`` and ``mode`` are ignored when ``flow`` is given.)
       key_field (str | None): lines are JSON objects keyed by this field; None: each
         line is its own key and payload.
       jobs (int): commands run at once (>= 1).
@@ -69,6 +71,14 @@ class LiveOptions:
     #: On SIGTERM or SIGHUP: the seconds (float, >= 0) that running commands get to
     #: finish before their SIGTERM.
     stop_grace: float = 10.0
+    #: A flow-control mode (throttle, audit, batch, rate limit) instead of debouncing;
+    #: in-process only (the command line refuses it with a backend).
+    flow: FlowOptions | None = None
+
+    @property
+    def batch(self) -> bool:
+        """Does a fire carry a batch: the list of its events' payloads?"""
+        return self.flow is not None and self.flow.mode == "batch"
 
 
 class InputError(Exception):
@@ -205,17 +215,31 @@ class LogGate(logging.Filter):
         return " ".join(message.split())
 
 
-def _fire_json(fire: Fire, wall: WallClock) -> str:
+def _fire_json(fire: Fire, wall: WallClock, *, batch: bool) -> str:
     return json.dumps(
         fire_line(
             fire.key,
             wall.from_trio(fire.fired_at),
             wall.from_trio(fire.first_ping_at),
-            fire.payload["payload"],
+            # A batch's items are the lines' payloads themselves (see _serve).
+            fire.payload if batch else fire.payload["payload"],
             fire.ping_count,
             fire.edge.value,
+            fire.reason.value,
         )
     )
+
+
+def _command_input(fire: Fire, *, batch: bool) -> bytes:
+    """A fire's COMMAND's stdin: its event line; for a batch, one line per event: the
+    line itself without ``--key-field``, else its JSON object encoded again (the line's
+    own spacing is not kept)."""
+    if not batch:
+        text: str = fire.payload["text"]
+        return (text + "\n").encode("utf-8")
+    return "".join(
+        (item if isinstance(item, str) else json.dumps(item)) + "\n" for item in fire.payload
+    ).encode("utf-8")
 
 
 async def _kill_fast(process: trio.Process, notice: Callable[[str], None] | None = None) -> None:
@@ -396,10 +420,12 @@ async def _serve(
     wall = WallClock.now()
     limiter = trio.CapacityLimiter(options.jobs)
 
+    batch = options.batch
+
     async def print_fire(fire: Fire) -> None:
         nonlocal output_error
         try:
-            stdout.write(_fire_json(fire, wall) + "\n")
+            stdout.write(_fire_json(fire, wall, batch=batch) + "\n")
             stdout.flush()
         except OSError as exc:
             # The fires cannot be written (a closed pipe, a full disk): stop the
@@ -410,10 +436,11 @@ async def _serve(
 
     async def run_command(fire: Fire) -> None:
         nonlocal failed
-        text: str = fire.payload["text"]
+        stdin = _command_input(fire, batch=batch)
         env = dict(os.environ)
         env["TRIO_DEBOUNCE_KEY"] = fire.key
         env["TRIO_DEBOUNCE_PINGS"] = str(fire.ping_count)
+        env["TRIO_DEBOUNCE_REASON"] = fire.reason.value
         key = _show(fire.key)
 
         def notice(text: str) -> None:
@@ -432,7 +459,7 @@ async def _serve(
                 try:
                     result = await trio.run_process(
                         list(options.command),
-                        stdin=(text + "\n").encode("utf-8"),
+                        stdin=stdin,
                         env=env,
                         check=False,
                         deliver_cancel=functools.partial(_kill_fast, notice=notice),
@@ -473,6 +500,9 @@ async def _serve(
                 coordinator = await stack.enter_async_context(
                     open_coordinator(handlers={_WORKFLOW: handler}, on_exit="flush")
                 )
+            flow_ping: FlowPing | None = None
+            if options.flow is not None:
+                flow_ping = options.flow.pinger(coordinator)
             with stop.intake:
                 # aclosing: the reader generator is closed here, not by the GC, if the
                 # stream stops early (Trio's rule for async generators).
@@ -483,6 +513,16 @@ async def _serve(
                     except EventError as exc:
                         rejected += 1
                         stderr.write(f"trio-debounce: {exc}; skipped\n")
+                        continue
+                    if flow_ping is not None:
+                        try:
+                            # A batch item is the line's payload alone, so that
+                            # --max-bytes counts the event's own JSON.
+                            flow_ping(_WORKFLOW, key, line["payload"] if batch else line, None)
+                        except ValueError as exc:  # an event larger than --max-bytes
+                            rejected += 1
+                            reason = refused_event(exc)
+                            stderr.write(f"trio-debounce: line {number}: {reason}; skipped\n")
                         continue
                     if backend is None:
                         coordinator.debounce_nowait(

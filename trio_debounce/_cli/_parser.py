@@ -9,25 +9,92 @@ from collections.abc import Sequence
 from .._types import Mode
 from .._version import __version__
 
-_MODES = [m.value for m in Mode]
+#: The debounce modes (the coordinator's :class:`Mode`), then the flow-control modes
+#: (``throttle``, ``audit``: a throttle with no leading edge, ``batch``, ``rate-limit``).
+DEBOUNCE_MODES = tuple(m.value for m in Mode)
+FLOW_MODES = ("throttle", "audit", "batch", "rate-limit")
 
 
-def _add_debounce_options(parser: argparse.ArgumentParser, unit: str) -> None:
+def _add_mode_options(parser: argparse.ArgumentParser, unit: str) -> None:
+    """``--mode`` and the options of each mode: ``--delay`` and ``--max-delay`` for
+    the debounce modes, the flow-control options for the others. None is required
+    here: which go with which mode is checked by :func:`._commands.mode_options`."""
     parser.add_argument(
+        "--mode",
+        choices=[*DEBOUNCE_MODES, *FLOW_MODES],
+        default="trailing",
+        help="debounce (trailing, leading, both: edges that fire) or flow control "
+        "(throttle, audit, batch, rate-limit) (default: trailing)",
+    )
+    debounce = parser.add_argument_group(
+        "debounce options (--mode trailing, leading, both)",
+        "--delay is required with these modes, and refused with the others.",
+    )
+    debounce.add_argument(
         "--delay",
-        required=True,
         type=float,
         metavar="S",
         help=f"quiet period that ends a window ({unit}; finite, >= 0)",
     )
-    parser.add_argument(
+    debounce.add_argument(
         "--max-delay",
         type=float,
         metavar="S",
         help=f"cap on a window's length from its first ping ({unit}; >= --delay)",
     )
-    parser.add_argument(
-        "--mode", choices=_MODES, default="trailing", help="edges that fire (default: trailing)"
+    flow = parser.add_argument_group(
+        "flow-control options (--mode throttle, audit, batch, rate-limit)",
+        "Each goes with its modes only. --mode throttle and audit need --interval, "
+        "batch needs --max-wait, rate-limit needs --limit and --period.",
+    )
+    flow.add_argument(
+        "--interval",
+        type=float,
+        metavar="S",
+        help=f"throttle, audit: a window's length; fires are at least this far apart "
+        f"({unit}; finite, > 0)",
+    )
+    flow.add_argument(
+        "--no-leading",
+        action="store_true",
+        help="throttle: no leading edge (the same as --mode audit)",
+    )
+    flow.add_argument(
+        "--no-trailing",
+        action="store_true",
+        help="throttle: no trailing edge (the pings after a leading fire are dropped)",
+    )
+    flow.add_argument(
+        "--max-wait",
+        type=float,
+        metavar="S",
+        help=f"batch: a batch fires this long after its first event ({unit}; finite, > 0)",
+    )
+    flow.add_argument(
+        "--max-items",
+        type=int,
+        metavar="N",
+        help="batch: a batch fires at its N-th event (N >= 1; default: 1000)",
+    )
+    flow.add_argument(
+        "--max-bytes",
+        type=int,
+        metavar="B",
+        help="batch: a batch fires before an event that would take it past B bytes, "
+        "each event counting its length as compact JSON in UTF-8 (B >= 1; default: no "
+        "bound)",
+    )
+    flow.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="rate-limit: events that fire per window; the rest are dropped (N >= 1)",
+    )
+    flow.add_argument(
+        "--period",
+        type=float,
+        metavar="S",
+        help=f"rate-limit: a window's length, fixed from its first event ({unit}; finite, > 0)",
     )
 
 
@@ -50,12 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay a JSON-lines event log on a virtual clock",
         description=(
             "Drive every event of a JSON-lines log through the real coordinator on a "
-            "virtual clock (trio.testing.MockClock). Durations are in the input's time "
+            "virtual clock (trio.testing.MockClock): debounce it, or with a flow-control "
+            "--mode throttle, batch or rate-limit it. Durations are in the input's time "
             "unit."
         ),
     )
     rp.add_argument("file", metavar="FILE", help="JSON-lines input, or - for stdin")
-    _add_debounce_options(rp, "input time units")
+    _add_mode_options(rp, "input time units")
     rp.add_argument("--key-field", default="key", metavar="F", help="default: key")
     rp.add_argument("--time-field", default="ts", metavar="F", help="default: ts")
     rp.add_argument(
@@ -67,7 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--sort", action="store_true", help="sort events by time (stable) instead of failing"
     )
-    opts = rp.add_argument_group("window options", "See the semantics page of the docs.")
+    opts = rp.add_argument_group(
+        "window options (--mode trailing, leading, both)",
+        "The debounce window's options; refused with the flow-control modes. See the "
+        "semantics page of the docs.",
+    )
     opts.add_argument(
         "--max-count",
         type=int,
@@ -77,21 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
     opts.add_argument(
         "--payload",
         choices=["last", "first", "collect"],
-        default="last",
         help="what a trailing fire carries: the latest event, the first, or the list of "
         "all (default: last)",
     )
     opts.add_argument(
         "--overlap",
         choices=["allow", "queue-latest"],
-        default="allow",
         help="queue-latest: a window due while its key's run executes waits for the run "
         "to end (trailing mode only; default: allow)",
     )
     opts.add_argument(
         "--run-time",
         type=float,
-        default=0.0,
         metavar="S",
         help="how long each fire's run takes (input time units; default: 0)",
     )
@@ -107,15 +176,17 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="debounce a live stream of lines from stdin",
         description=(
-            "Debounce lines from stdin on the real clock. Each fire prints a JSON line, "
-            "or runs COMMAND with the payload on its stdin and TRIO_DEBOUNCE_KEY and "
-            "TRIO_DEBOUNCE_PINGS in its environment. SIGTERM or SIGHUP stops it: the "
+            "Debounce lines from stdin on the real clock (or with a flow-control --mode, "
+            "in-process only for now: throttle, batch or rate-limit them). Each fire "
+            "prints a JSON line, or runs COMMAND with the payload on its stdin (a batch: "
+            "one line per event) and TRIO_DEBOUNCE_KEY, TRIO_DEBOUNCE_PINGS and "
+            "TRIO_DEBOUNCE_REASON in its environment. SIGTERM or SIGHUP stops it: the "
             "pending windows fire at once (with --backend they are handed off to the "
             "peers), running commands get --stop-grace to finish, and the exit status "
             "is 143."
         ),
     )
-    _add_debounce_options(run, "seconds")
+    _add_mode_options(run, "seconds")
     run.add_argument(
         "--key-field",
         metavar="F",

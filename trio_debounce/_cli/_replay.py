@@ -19,6 +19,11 @@ late also finds its window's deadline moved by more of its pings, so it wakes fe
 times: on a log of 1,000,000 events over 100,000 keys this replays about 40,000 events
 a second on a slow 2-core machine, against 7,000 when sleeping until each event.
 
+The flow-control modes (throttle, audit, batch, rate limit: :class:`FlowOptions`) go
+the same way: their windows settle every end reached by a ping's time before the ping
+(a ping at exactly a window's end belongs to what comes next), so they too replay with
+the tasks behind the clock.
+
 Only a handler's own timing is not stated by time: the end of a run is the handler's
 return, an event. With ``run_time`` or ``overlap="queue-latest"`` the replay therefore
 decides by time itself. Each run ends at its fire time + ``run_time`` (the handler
@@ -34,22 +39,115 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 import trio.testing
 
 from .. import _options, _validate
 from .._coordinator import open_coordinator
-from .._types import Fire, Mode
+from .._types import DebounceResult, Fire, Mode
 from ._events import Event, EventError, parse_event
+
+if TYPE_CHECKING:
+    from .._coordinator import Coordinator
 
 _WORKFLOW = "replay"
 #: Without exact timing, the replay lets the coordinator's tasks run (a checkpoint)
 #: once every this many events.
 _BATCH = 8192
+
+
+#: A flow-control ping: ``(workflow, key, payload, run_id)`` (see :meth:`FlowOptions.pinger`).
+FlowPing = Callable[[str, str, Any, str | None], DebounceResult]
+
+
+@dataclass(frozen=True, slots=True)
+class FlowOptions:
+    """A flow-control mode of ``replay`` and ``run`` and its parameters, checked by
+    the command line (and again by the coordinator).
+
+    Attributes:
+      mode (str): ``"throttle"``, ``"audit"`` (a throttle with no leading edge),
+        ``"batch"`` or ``"rate-limit"``.
+      span (float): a window's length (> 0; the input's time unit, or seconds): the
+        ``interval`` of a throttle or an audit, a batch's ``max_wait``, a rate
+        limit's ``period``.
+      leading, trailing (bool): a throttle's edges.
+      max_items, max_bytes (int | None): a batch's bounds (None: the coordinator's
+        default, 1000 items; no byte bound).
+      limit (int): the fires a rate-limit window allows.
+    """
+
+    mode: str
+    span: float
+    leading: bool = True
+    trailing: bool = True
+    max_items: int | None = None
+    max_bytes: int | None = None
+    limit: int = 1
+
+    @property
+    def span_option(self) -> str:
+        """The option that gave :attr:`span`."""
+        return {"batch": "--max-wait", "rate-limit": "--period"}.get(self.mode, "--interval")
+
+    def pinger(self, coordinator: Coordinator) -> FlowPing:
+        """The coordinator's ``_nowait`` method of this mode, with these parameters."""
+        span = self.span
+        if self.mode == "batch":
+            batch, max_items, max_bytes = coordinator.batch_nowait, self.max_items, self.max_bytes
+
+            def ping_batch(
+                workflow: str, key: str, item: Any, run_id: str | None
+            ) -> DebounceResult:
+                return batch(
+                    workflow,
+                    key,
+                    item,
+                    max_wait=span,
+                    max_items=max_items,
+                    max_bytes=max_bytes,
+                    run_id=run_id,
+                )
+
+            return ping_batch
+        if self.mode == "rate-limit":
+            rate_limit, limit = coordinator.rate_limit_nowait, self.limit
+
+            def ping_rate(
+                workflow: str, key: str, payload: Any, run_id: str | None
+            ) -> DebounceResult:
+                return rate_limit(workflow, key, payload, limit=limit, period=span, run_id=run_id)
+
+            return ping_rate
+        throttle = coordinator.throttle_nowait
+        leading = self.leading and self.mode == "throttle"
+        trailing = self.trailing
+
+        def ping_throttle(
+            workflow: str, key: str, payload: Any, run_id: str | None
+        ) -> DebounceResult:
+            return throttle(
+                workflow,
+                key,
+                payload,
+                interval=span,
+                leading=leading,
+                trailing=trailing,
+                run_id=run_id,
+            )
+
+        return ping_throttle
+
+
+def refused_event(exc: ValueError) -> str:
+    """Why a flow-control ping refused an event (a batch item larger than
+    ``max_bytes``), in the command line's words."""
+    reason = str(exc).replace("the item is", "the event is")
+    return reason.replace("max_bytes=", "--max-bytes ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +160,13 @@ class ReplayFire:
     payload: Any
     pings: int
     edge: str
-    #: Index of the event that opened the window, for a stable output order.
-    window_order: int
+    #: For a stable output order: the index of the event that opened the window (the
+    #: debounce modes), or the fire's rank among the replay's fires, in the order the
+    #: coordinator decided them (the flow-control modes, whose fires of one key at one
+    #: instant, such as a rate limit's, share a window).
+    order: int
+    #: Why it fired (a :class:`~trio_debounce.FireReason` value).
+    reason: str = "delay"
 
     @property
     def latency(self) -> float:
@@ -71,12 +174,24 @@ class ReplayFire:
 
     def to_json(self) -> dict[str, Any]:
         return fire_line(
-            self.key, self.fired_at, self.first_ping_at, self.payload, self.pings, self.edge
+            self.key,
+            self.fired_at,
+            self.first_ping_at,
+            self.payload,
+            self.pings,
+            self.edge,
+            self.reason,
         )
 
 
 def fire_line(
-    key: str, fired_at: float, first_ping_at: float, payload: Any, pings: int, edge: str
+    key: str,
+    fired_at: float,
+    first_ping_at: float,
+    payload: Any,
+    pings: int,
+    edge: str,
+    reason: str,
 ) -> dict[str, Any]:
     """The JSON object the CLI prints for one fire (``replay`` and ``run`` alike)."""
     return {
@@ -86,15 +201,19 @@ def fire_line(
         "payload": payload,
         "pings": pings,
         "edge": edge,
+        "reason": reason,
     }
 
 
 @dataclass(frozen=True, slots=True)
 class ReplayResult:
-    """What a replay produced: the number of events and the fires, in output order."""
+    """What a replay produced: the number of events, the fires in output order, and
+    the events dropped (a throttle with no trailing edge, a rate limit past its
+    limit: ``statistics().dropped_pings``)."""
 
     events: int
     fires: list[ReplayFire]
+    dropped_pings: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The ``--format summary`` object (latencies by nearest rank)."""
@@ -106,6 +225,7 @@ class ReplayResult:
             "latency_p50": json_number(nearest_rank(latencies, 50)),
             "latency_p95": json_number(nearest_rank(latencies, 95)),
             "latency_max": json_number(latencies[-1]) if latencies else None,
+            "dropped_pings": self.dropped_pings,
         }
 
 
@@ -247,7 +367,7 @@ def event_order(event: Event, order_field: str) -> float:
 def replay(
     events: Iterable[Event],
     *,
-    delay: float,
+    delay: float | None = None,
     max_delay: float | None = None,
     mode: Mode | str = Mode.TRAILING,
     max_count: int | None = None,
@@ -255,6 +375,7 @@ def replay(
     overlap: str = "allow",
     run_time: float = 0.0,
     order_field: str | None = None,
+    flow: FlowOptions | None = None,
 ) -> ReplayResult:
     """Drive ``events`` (in time order) through a coordinator on a virtual clock.
 
@@ -262,29 +383,38 @@ def replay(
     order given.
 
     Args:
+      delay (float | None): the debounce delay; required unless ``flow`` is given.
       max_count, payload_policy, overlap: the window options of
         :meth:`Coordinator.debounce`, for every window.
       run_time (float): how long each fire's handler runs (events' unit, >= 0): with
         ``overlap="queue-latest"``, a window due during a run waits for its end.
       order_field (str | None): each event's order key is this field of its object
         (a JSON number); "latest" is then the event with the highest order key.
+      flow (FlowOptions | None): replay a flow-control mode instead of debouncing
+        (the debounce arguments are then ignored); each event is its ping's payload,
+        or its batch item.
 
     Returns:
-      ReplayResult: the event count and every fire, sorted by (fired_at, key, order in
-      which the windows opened, leading before trailing).
+      ReplayResult: the event count, the dropped pings and every fire, sorted by
+      (fired_at, key, order in which the windows opened, leading before trailing), or
+      for ``flow``, by (fired_at, key, order in which the coordinator decided them).
 
     Raises:
-      EventError: from the ``events`` iterable (parsing is lazy), or an event without
-        a numeric ``order_field``.
+      EventError: from the ``events`` iterable (parsing is lazy), an event without
+        a numeric ``order_field``, or an event the coordinator refuses (a batch item
+        larger than ``max_bytes``).
       ValueError, TypeError: bad ``delay``, ``max_delay``, ``mode``, ``run_time`` or
         window options.
     """
     fires: list[Fire] = []
     count = 0
+    dropped = 0
     stream = iter(events)
     first = next(stream, None)
     clock = ReplayClock(0.0 if first is None else first.ts)
     run_seconds = _validate.duration("run_time", run_time)
+    if flow is None and delay is None:
+        raise ValueError("replay needs a delay, or flow options")
     mode = _validate.mode(mode)
     options: dict[str, Any] = {}
     if max_count is not None:
@@ -306,35 +436,41 @@ def replay(
     # waited for it has fired (see the module docstring). Otherwise nothing depends on
     # when a task runs: the clock is set to each event's time directly and the tasks
     # run every _BATCH events.
-    exact = run_seconds > 0 or overlap != _options.ALLOW
+    exact = flow is None and (run_seconds > 0 or overlap != _options.ALLOW)
 
     async def main() -> None:
-        nonlocal count
+        nonlocal count, dropped
         async with open_coordinator(handlers={_WORKFLOW: record}) as coordinator:
-            ping = coordinator.debounce_nowait
-            for event in itertools.chain(() if first is None else (first,), stream):
-                _check_resolution(event, delay, "delay")
-                if max_delay is not None:
-                    _check_resolution(event, max_delay, "max delay")
-                if exact:
-                    await clock.settle(event.ts)
-                else:
-                    clock.advance_to(event.ts)
-                    if count % _BATCH == 0:
-                        await trio.lowlevel.checkpoint()
-                if order_field is not None:
-                    options["order_key"] = event_order(event, order_field)
-                ping(
-                    _WORKFLOW,
-                    event.key,
-                    event.payload,
-                    delay=delay,
-                    max_delay=max_delay,
-                    mode=mode,
-                    run_id=str(count),
-                    **options,
-                )
-                count += 1
+            everything = itertools.chain(() if first is None else (first,), stream)
+            if flow is not None:
+                count = await _replay_flow(coordinator, flow, clock, everything)
+            else:
+                assert delay is not None
+                ping = coordinator.debounce_nowait
+                for event in everything:
+                    _check_resolution(event, delay, "delay")
+                    if max_delay is not None:
+                        _check_resolution(event, max_delay, "max delay")
+                    if exact:
+                        await clock.settle(event.ts)
+                    else:
+                        clock.advance_to(event.ts)
+                        if count % _BATCH == 0:
+                            await trio.lowlevel.checkpoint()
+                    if order_field is not None:
+                        options["order_key"] = event_order(event, order_field)
+                    ping(
+                        _WORKFLOW,
+                        event.key,
+                        event.payload,
+                        delay=delay,
+                        max_delay=max_delay,
+                        mode=mode,
+                        run_id=str(count),
+                        **options,
+                    )
+                    count += 1
+        dropped = coordinator.statistics().dropped_pings
 
     trio.run(main, clock=clock)
     out = [
@@ -345,9 +481,35 @@ def replay(
             payload=f.payload,
             pings=f.ping_count,
             edge=f.edge.value,
-            window_order=int(f.run_id),
+            # A flow window's fires share a run id (a rate limit's have their own);
+            # the coordinator numbers its fires in the order it decides them.
+            order=int(f.run_id) if flow is None else f.fencing_token,
+            reason=f.reason.value,
         )
         for f in fires
     ]
-    out.sort(key=lambda f: (f.fired_at, f.key, f.window_order, f.edge != "leading"))
-    return ReplayResult(count, out)
+    out.sort(key=lambda f: (f.fired_at, f.key, f.order, f.edge != "leading"))
+    return ReplayResult(count, out, dropped)
+
+
+async def _replay_flow(
+    coordinator: Coordinator, flow: FlowOptions, clock: ReplayClock, events: Iterable[Event]
+) -> int:
+    """Ping every event through ``flow``'s method; return the number of events. The
+    clock is set to each event's time and the window tasks run every ``_BATCH``
+    events: a flow ping first settles every end its window has reached (the tie
+    rule), whether or not its task ran."""
+    ping = flow.pinger(coordinator)
+    span, what = flow.span, flow.span_option
+    count = 0
+    for event in events:
+        _check_resolution(event, span, what)
+        clock.advance_to(event.ts)
+        if count % _BATCH == 0:
+            await trio.lowlevel.checkpoint()
+        try:
+            ping(_WORKFLOW, event.key, event.payload, str(count))
+        except ValueError as exc:  # an event larger than --max-bytes: bad input
+            raise EventError(event.line_number, refused_event(exc)) from None
+        count += 1
+    return count
