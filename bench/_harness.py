@@ -264,8 +264,10 @@ class Params:
     rounds: int = 15
     #: ping-local: pings (windows, for the open-window pair) per sample, by variant.
     ping_loops: dict[str, int] = field(default_factory=dict)
-    #: ping-keyed: pings per sample (a multiple of 1,000 windows).
+    #: ping-keyed, flow: pings per sample (a multiple of 1,000 windows).
     keyed_loops: int = 100_000
+    #: flow: pings (each a fire) of the hot key per sample, and tasks of its baseline.
+    flow_hot_fires: int = 20_000
     scale_sizes: tuple[int, ...] = (10, 1_000, 100_000)
     #: The size ``--huge`` adds to the scale item.
     huge_size: int = 1_000_000
@@ -317,6 +319,7 @@ class Params:
             rounds=2,
             ping_loops=dict.fromkeys(Params.full().ping_loops, 20),
             keyed_loops=2_000,
+            flow_hot_fires=20,
             scale_sizes=(10, 1_000, 1_200),
             huge_size=1_500,
             scale_loops=100,

@@ -16,6 +16,7 @@ OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 ORDER = (
     "ping-local",
     "ping-keyed",
+    "flow",
     "scale",
     "fire-lateness",
     "replay",
@@ -187,6 +188,31 @@ DESCRIPTIONS = {
         "attribute writes (deadline, payload, count), a ``min`` against the window's cap "
         "and a result tuple (the clock read once, outside the loop). Both ratios are "
         "taken within each round, in the same rotation."
+    ),
+    "flow": (
+        'The flow-control modes of issue 20 (:doc:`/semantics`, "Throttle, batch and rate '
+        'limit") on the keyed workload of ``ping-keyed``: 1,000 open windows pinged in '
+        "turn, each ping a different key than the last, 100,000 pings per sample, every "
+        "``interval``, ``max_wait`` and ``period`` an hour so that no window ends while "
+        "the clock runs. Before the clock starts, each window is opened (the handler "
+        "tasks of leading fires run) and pinged once more, so every timed ping is the "
+        "mode's absorbing ping: ``throttle_nowait`` (both edges) and "
+        "``throttle_nowait(leading=False)`` (an audit) coalesce, ``batch_nowait`` appends "
+        "an item (``max_bytes=None``: no JSON sizing; 102 items a batch at the end of a "
+        "sample, ``max_items`` far above), ``rate_limit_nowait(limit=1)`` drops. Each is "
+        "compared with ``debounce_nowait`` on the same workload (the ``ping-keyed`` "
+        "ping, measured again in this item's rounds), and the throttle and the audit with "
+        "``throttlebounce.async_throttle(interval, trailing=True)`` (PyPI; unkeyed, on "
+        "asyncio): one instance per key in a dict by ``(workflow, key)``, each called "
+        "twice before the clock starts, so every timed call replaces its pending call "
+        "(throttlebounce has no trailing-only throttle: its absorbed call is the "
+        "audit's nearest too). The hot key: ``rate_limit_nowait`` on one key with a limit "
+        "above the pings, so that each of the 20,000 pings of a sample fires (a "
+        "``Fire`` built, a run id drawn, the handler's task started with "
+        "``nursery.start_soon``), against ``nursery.start_soon`` of as many no-op tasks; "
+        "timed twice: the calls alone (the tasks run after the clock stops), and until "
+        "every task has run and ended (``trio.testing.wait_all_tasks_blocked``). All "
+        "variants share one rotation; the timed functions are ``bench/flow.py``'s."
     ),
     "scale": (
         "Memory: in one process, bytes per window with 1,000 windows open against "

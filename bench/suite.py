@@ -6,7 +6,7 @@
 runs some items only (by name, see :data:`ITEMS`); ``--huge`` adds the scale item's
 1,000,000-window point (minutes, GBs); ``--rounds N`` (default 15) paired rounds per
 figure; ``--tiny`` runs every benchmark with tiny counts (the smoke test's mode: checks
-that it runs, measures nothing); ``--workers`` takes each ping-local and ping-keyed
+that it runs, measures nothing); ``--workers`` takes each ping-local, ping-keyed and flow
 sample in a pyperf worker process; ``--compare REV`` measures the before/after figures
 against git revision REV instead (``bench/compare.py``; ``--only`` then names its
 items).
@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness
 import fire_lateness
+import flow
 import ping_local
 import replay
 from _harness import Context, Params, load, log
@@ -73,6 +74,7 @@ def _runs(ctx: Context) -> dict[str, Any]:
 ITEMS: dict[str, Item] = {
     "ping-local": Item(ping_local.ping_item),
     "ping-keyed": Item(ping_local.keyed_item),
+    "flow": Item(flow.item),
     "scale": Item(ping_local.scale_item),
     "fire-lateness": Item(fire_lateness.item),
     "replay": Item(replay.item),
@@ -86,6 +88,7 @@ ITEMS: dict[str, Item] = {
 RUN_ORDER = (
     "ping-local",
     "ping-keyed",
+    "flow",
     "fire-lateness",
     "nats-requests",
     "owner-ping",
@@ -190,7 +193,7 @@ def main() -> None:
     parser.add_argument(
         "--workers",
         action="store_true",
-        help="ping-local, ping-keyed: each sample a pyperf worker process, not a fresh loop",
+        help="ping-local, ping-keyed, flow: each sample a pyperf worker process, not a fresh loop",
     )
     parser.add_argument("-o", "--output", type=Path, default=None)
     parser.add_argument("--no-report", action="store_true")
