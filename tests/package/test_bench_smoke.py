@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ITEMS = [
     "fire-lateness",
+    "flow",
     "hot-key",
     "nats-requests",
     "owner-ping",
