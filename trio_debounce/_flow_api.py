@@ -56,6 +56,10 @@ def rate_limit_spec(limit: object, period: object) -> FlowSpec:
     return FlowSpec(Flow.RATE_LIMIT, span, limit=_positive_int("limit", limit))
 
 
+# The first item of each method's raw-argument tuple (FlowWindow.params).
+_THROTTLE, _BATCH, _RATE_LIMIT = "throttle", "batch", "rate-limit"
+
+
 class FlowControl:
     """The flow-control methods of :class:`~trio_debounce.Coordinator`."""
 
@@ -63,6 +67,10 @@ class FlowControl:
     _flow: FlowWindows
     _ledger: Ledger
     _backend: DebounceBackend | None
+
+    def _flow_plain(self) -> bool:
+        """May a ping take the fast path (no backend, no event hook)?"""
+        return self._backend is None and self._ledger.hook is None
 
     def _flow_ping(
         self,
@@ -73,6 +81,7 @@ class FlowControl:
         run_id: str | None,
         on_fire: Handler | None,
         size: int = 0,
+        params: tuple[Any, ...] = (),
     ) -> DebounceResult:
         if self._backend is not None:
             raise NotImplementedError(
@@ -81,10 +90,10 @@ class FlowControl:
                 f"batch and rate limit')"
             )
         if self._ledger.hook is None:
-            return self._flow.ping(spec, workflow, key, payload, run_id, on_fire, size)
+            return self._flow.ping(spec, workflow, key, payload, run_id, on_fire, size, params)
         at = trio.current_time()
         try:
-            result = self._flow.ping(spec, workflow, key, payload, run_id, on_fire, size)
+            result = self._flow.ping(spec, workflow, key, payload, run_id, on_fire, size, params)
         except Exception as exc:
             self._ledger.emit(PingRejected(workflow, key, exc, at))
             raise
@@ -164,9 +173,13 @@ class FlowControl:
             are in-process only for now).
           trio.ClosedResourceError: the ``async with`` block has exited.
         """
-        return self._flow_ping(
-            throttle_spec(interval, leading, trailing), workflow, key, payload, run_id, on_fire
-        )
+        params = (_THROTTLE, interval, leading, trailing)
+        if type(interval) is float and self._flow_plain():
+            result = self._flow.ping_open(params, workflow, key, payload, run_id, on_fire)
+            if result is not None:
+                return result
+        spec = throttle_spec(interval, leading, trailing)
+        return self._flow_ping(spec, workflow, key, payload, run_id, on_fire, 0, params)
 
     async def throttle(
         self,
@@ -247,6 +260,16 @@ class FlowControl:
           TypeError, LookupError, NotImplementedError, trio.ClosedResourceError: as
             :meth:`throttle_nowait`.
         """
+        params = (_BATCH, max_wait, max_items, max_bytes)
+        if (
+            max_bytes is None
+            and type(max_wait) is float
+            and (max_items is None or type(max_items) is int)
+            and self._flow_plain()
+        ):
+            result = self._flow.ping_open(params, workflow, key, item, run_id, on_fire)
+            if result is not None:
+                return result
         spec = batch_spec(max_items, max_wait, max_bytes)
         size = 0
         if spec.max_bytes is not None:
@@ -255,7 +278,7 @@ class FlowControl:
                 raise ValueError(
                     f"the item is {size} bytes as JSON, more than max_bytes={spec.max_bytes}"
                 )
-        return self._flow_ping(spec, workflow, key, item, run_id, on_fire, size)
+        return self._flow_ping(spec, workflow, key, item, run_id, on_fire, size, params)
 
     async def batch(
         self,
@@ -322,9 +345,13 @@ class FlowControl:
           TypeError, ValueError, LookupError, NotImplementedError,
           trio.ClosedResourceError: as :meth:`throttle_nowait`.
         """
-        return self._flow_ping(
-            rate_limit_spec(limit, period), workflow, key, payload, run_id, on_fire
-        )
+        params = (_RATE_LIMIT, limit, period)
+        if type(period) is float and type(limit) is int and self._flow_plain():
+            result = self._flow.ping_open(params, workflow, key, payload, run_id, on_fire)
+            if result is not None:
+                return result
+        spec = rate_limit_spec(limit, period)
+        return self._flow_ping(spec, workflow, key, payload, run_id, on_fire, 0, params)
 
     async def rate_limit(
         self,

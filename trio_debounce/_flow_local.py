@@ -29,7 +29,7 @@ _DROPPED: Final = Outcome.DROPPED
 class FlowWindow:
     """One flow window: its rules' state, its parameters, its run id and its task."""
 
-    __slots__ = ("closed", "ident", "on_fire", "run_id", "scope", "spec", "state")
+    __slots__ = ("closed", "ident", "on_fire", "params", "run_id", "scope", "spec", "state")
 
     def __init__(
         self,
@@ -38,9 +38,14 @@ class FlowWindow:
         state: FlowState,
         run_id: str,
         on_fire: Handler | None,
+        params: tuple[Any, ...] = (),
     ) -> None:
         self.ident = ident
         self.spec = spec
+        #: The raw arguments of the ping that opened it, as the coordinator's method
+        #: passed them: a later ping with the very same ones skips building and
+        #: comparing a FlowSpec (see FlowWindows.ping_open).
+        self.params = params
         self.state = state
         #: The run id of the window's fires (a rate-limit fire has its own).
         self.run_id = run_id
@@ -95,9 +100,11 @@ class FlowWindows:
         run_id: str | None,
         on_fire: Handler | None,
         size: int = 0,
+        params: tuple[Any, ...] = (),
     ) -> DebounceResult:
         """A ping of a flow window (``spec`` validated by the caller; ``size``: a batch
-        item's serialized bytes, checked against ``max_bytes`` by the caller)."""
+        item's serialized bytes, checked against ``max_bytes`` by the caller;
+        ``params``: the method's raw arguments, kept by a window it opens)."""
         if self._ledger.closed:
             raise closed_error()
         _validate.name("workflow", workflow)
@@ -117,12 +124,55 @@ class FlowWindows:
         now = self._now()
         window = self._settled(ident, now)
         if window is None:
-            return self._open(ident, spec, now, payload, run_id, on_fire, size)
+            return self._open(ident, spec, now, payload, run_id, on_fire, size, params)
         if window.spec != spec:
             raise ValueError(
                 f"{_describe(spec)} differs from {_describe(window.spec)} of the open "
                 f"window {ident!r} (run {window.run_id})"
             )
+        return self._absorb(window, now, payload, run_id, on_fire, size)
+
+    def ping_open(
+        self,
+        params: tuple[Any, ...],
+        workflow: str,
+        key: str,
+        payload: Any,
+        run_id: str | None,
+        on_fire: Handler | None,
+    ) -> DebounceResult | None:
+        """The fast path of a ping into the open window of ``(workflow, key)`` opened
+        with the very same raw arguments ``params`` (so already validated), before
+        its end; None for any other ping (the caller then takes :meth:`ping`)."""
+        try:
+            window = self.windows.get((workflow, key))
+        except TypeError:
+            return None
+        if (
+            window is None
+            or window.params != params
+            or (run_id is not None and (type(run_id) is not str or not run_id))
+            or self._ledger.closed
+        ):
+            return None
+        now = self._now()
+        if now >= window.state.end:
+            return None  # settled by the slow path first
+        if on_fire is not None:
+            _validate.handler("on_fire", on_fire)
+        return self._absorb(window, now, payload, run_id, on_fire, 0)
+
+    def _absorb(
+        self,
+        window: FlowWindow,
+        now: float,
+        payload: Any,
+        run_id: str | None,
+        on_fire: Handler | None,
+        size: int,
+    ) -> DebounceResult:
+        """A ping at ``now`` into the open ``window`` (checked by the caller)."""
+        spec = window.spec
         state = window.state
         was_pending = state.pending
         absorbed, fire = _flow.absorb_flow(spec, state, now, payload, size)
@@ -135,7 +185,9 @@ class FlowWindows:
             assert fire is not None
             self._close(window)
             self._start(window, fire, window.run_id, pending=True)
-            return self._open(ident, spec, now, payload, run_id, on_fire, size)
+            return self._open(
+                window.ident, spec, now, payload, run_id, on_fire, size, window.params
+            )
         ledger.pings += 1
         if on_fire is not None:
             window.on_fire = on_fire
@@ -164,11 +216,12 @@ class FlowWindows:
         run_id: str | None,
         on_fire: Handler | None,
         size: int,
+        params: tuple[Any, ...],
     ) -> DebounceResult:
         state, fire = _flow.open_flow(spec, now, payload, size)
         if run_id is None:
             run_id = uuid.uuid4().hex
-        window = FlowWindow(ident, spec, state, run_id, on_fire)
+        window = FlowWindow(ident, spec, state, run_id, on_fire, params)
         ledger = self._ledger
         ledger.pings += 1
         if fire is not None:
@@ -354,7 +407,11 @@ def _due(window: FlowWindow) -> float | None:
 
 
 def _result(outcome: Outcome, run_id: str, due: float | None, count: int) -> DebounceResult:
-    return DebounceResult(outcome, run_id, due, count, True, True)
+    # tuple.__new__: a NamedTuple without its constructor's keyword handling.
+    return _new_tuple(DebounceResult, (outcome, run_id, due, count, True, True))
+
+
+_new_tuple = tuple.__new__
 
 
 def _describe(spec: FlowSpec) -> str:
