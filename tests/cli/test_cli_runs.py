@@ -437,3 +437,15 @@ async def test_steering_beside_a_live_coordinator(tmp_path: Path) -> None:
             await trio.sleep(max(0.0, soon.scheduled_at - time.time()) + 1.5)
             assert [c for c in calls if c[0] == "soon"] == []
             release.set()
+
+
+def test_a_table_escapes_control_characters_of_names() -> None:
+    # Found by a review: a run id (or a key, a process id) from untrusted input could
+    # colour the terminal, move the cursor, or break its row in two.
+    now = time.time()
+    run = StoredRun("evil \x1b[31mid\nFAKE ROW", "wf", "null", now + 60.0)
+    out = io.StringIO()
+    print_items("table", [run], _run_row, out)
+    header, row = out.getvalue().splitlines()
+    assert "\x1b" not in out.getvalue()
+    assert row.startswith("evil \\x1b[31mid\\nFAKE ROW")

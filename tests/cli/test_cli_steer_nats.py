@@ -103,21 +103,25 @@ def test_a_flush_of_a_dead_owners_window_is_fired_by_the_survivor(
     env = child_env(TRIO_DEBOUNCE_CONNECT_TIMEOUT="5", TRIO_DEBOUNCE_LEASE=str(LEASE))
     where = ["--backend", nats_server.url, "--bucket", bucket]
     dead = Peer(["--delay", "600", "--key-field", "key", *where, "--process-id", "dead"], env)
-    survivor = Peer(
-        ["--delay", "600", "--key-field", "key", *where, "--process-id", "survivor"], env
-    )
+    survivor: Peer | None = None
     try:
         dead.send({"key": "k", "n": 1})
         dead.send({"key": "k", "n": 2})
         wait_windows(where, env, lambda w: w.get("k", {}).get("ping_count") == 2)
         dead.kill()
-        flushed = cli("flush", "run", "k", *where, env=env)
-        assert flushed.returncode == 0, flushed.stderr
-        fire = survivor.next_fire(timeout=30)  # its lease lapses, the survivor adopts
+        # Nobody alive to fire it: --wait gives up after --timeout, exit status 124.
+        waited = cli("flush", "run", "k", *where, "--wait", "--timeout", "1", env=env)
+        assert waited.returncode == 124, waited.stderr
+        assert "not committed within 1 s (its window is still open" in waited.stderr
+        survivor = Peer(
+            ["--delay", "600", "--key-field", "key", *where, "--process-id", "survivor"], env
+        )
+        fire = survivor.next_fire(timeout=30)  # the lease lapses, the survivor adopts
         assert (fire["key"], fire["pings"], fire["payload"]["n"]) == ("k", 2, 2)
     finally:
         dead.kill()
-        survivor.kill()
+        if survivor is not None:
+            survivor.kill()
 
 
 @pytest.mark.slow

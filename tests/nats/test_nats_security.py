@@ -716,3 +716,20 @@ async def test_a_credential_path_that_is_a_fifo_is_refused_not_opened(
         with trio.fail_after(5), pytest.raises(BackendConfigError, match="readable file"):
             async with open_nats_backend(config):
                 pytest.fail("connected")  # pragma: no cover
+
+
+def test_a_short_secret_is_hidden_only_in_a_url() -> None:
+    # Found by a review: a token "nats" hidden everywhere turned nats-py's "nats: ..."
+    # into "<hidden>: ...", which told the token (and a password "ro" made "connection
+    # error" unreadable). Short secrets are hidden where they are credentials (URLs);
+    # long ones (seeds, real tokens and passwords) wherever a message echoes them.
+    from trio_debounce.nats._errors import redact
+
+    assert redact("nats: unexpected EOF", ("nats",)) == "nats: unexpected EOF"
+    assert redact("NATS connection error at nats://ro:ro@h:4222", ("ro", "ro")) == (
+        "NATS connection error at nats://<hidden>@h:4222"
+    )
+    secret = "s3cret-t0ken-77"
+    assert redact(f"refused {secret}: nats://{secret}@h", (secret,)) == (
+        "refused <hidden>: nats://<hidden>@h"
+    )

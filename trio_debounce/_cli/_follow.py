@@ -22,7 +22,7 @@ import trio
 from .._backend import DebounceBackend, WindowChange
 from .._errors import BackendError
 from ._commands import EXIT_USAGE, _nats_backend, error
-from ._inspect import NONE, STATE_COLOURS, window_row
+from ._inspect import NONE, STATE_COLOURS, printable, window_row
 from ._live import EXIT_STOPPED, STOP_SIGNALS
 
 #: The width of each column of the table (a longer value shifts the rest of its line:
@@ -163,6 +163,7 @@ def _change_cells(change: WindowChange) -> list[str]:
 
 
 def _table_line(cells: list[str], *, colour: bool) -> str:
+    cells = [printable(cell) for cell in cells]
     padded = [cell.ljust(width) for cell, width in zip(cells, _WIDTHS.values(), strict=True)]
     if colour:
         i = list(_WIDTHS).index("STATE")

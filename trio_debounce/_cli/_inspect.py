@@ -125,6 +125,16 @@ def _document(item: Any) -> dict[str, Any]:
     return {k: v.value if isinstance(v, enum.Enum) else v for k, v in doc.items()}
 
 
+def printable(text: str) -> str:
+    """``text`` for a table cell: each character that is not printable (a control
+    character, an escape sequence's ESC, a newline) as its Python escape (``\\x1b``,
+    ``\\n``), so that a key from untrusted input can neither move the cursor, nor
+    colour the terminal, nor break a row in two."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def print_items(
     form: str, items: Sequence[Any], row: Callable[[Any, float], dict[str, str]], out: TextIO
 ) -> None:
@@ -144,7 +154,7 @@ def print_items(
         out.flush()
         return
     header = list(rows[0])
-    table = [header] + [[str(v) for v in r.values()] for r in rows]
+    table = [header] + [[printable(str(v)) for v in r.values()] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     coloured = [(i, _COLOURS[name]) for i, name in enumerate(header) if name in _COLOURS]
     for n, line in enumerate(table):

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .. import _validate
 from .._types import Mode
 from .._version import __version__
 
@@ -304,11 +305,20 @@ def build_parser() -> argparse.ArgumentParser:
             "Make the open window (WORKFLOW, KEY) due now and ask its owner to fire it: "
             "a live owner fires it within one heartbeat interval, a dead owner's "
             "survivor when it adopts it. Exit status 0 requested (with --wait: fired), "
-            "1 no trailing fire pending, 2 the bucket cannot be reached or written."
+            "1 no trailing fire pending, 2 the bucket cannot be reached or written, 124 "
+            "not fired within --timeout."
         ),
     )
     _add_window_arguments(flush)
     flush.add_argument("--wait", action="store_true", help="wait until the fire is committed")
+    flush.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=120.0,
+        metavar="SECONDS",
+        help="with --wait: give up after this long, exit status 124 (default: 120, "
+        "enough for a dead owner's lease of 60 s to lapse and a survivor to adopt it)",
+    )
     flush.set_defaults(job="flush", parser=flush)
     _add_runs(commands)
     return parser
@@ -454,6 +464,14 @@ _SERVERS_HELP = (
     "NATS JetStream servers (nats:// or tls:// URLs, comma-separated); credentials, TLS "
     "and timeouts come from the TRIO_DEBOUNCE_* environment"
 )
+
+
+def _seconds(text: str) -> float:
+    """An option's seconds: a finite number > 0 (argparse reports the error)."""
+    try:
+        return _validate.positive_duration("--timeout", float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_window_arguments(parser: argparse.ArgumentParser) -> None:

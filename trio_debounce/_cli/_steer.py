@@ -23,6 +23,9 @@ from ._inspect import run_on_store
 EXIT_NOT_FOUND: Final = 1
 #: Seconds between the reads of ``flush --wait``.
 WAIT_POLL: Final = 0.2
+#: The exit status of ``flush --wait`` when the fire was not committed in time (as
+#: ``timeout(1)``'s).
+EXIT_TIMED_OUT: Final = 124
 
 
 def _checked(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -59,7 +62,7 @@ def cmd_cancel(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def cmd_flush(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``trio-debounce flush``; return the exit status: 0 requested (with
-    ``--wait``: fired), 1 no trailing fire pending.
+    ``--wait``: fired), 1 no trailing fire pending, 124 not fired within ``--timeout``.
 
     Raises:
       BackendStartError: the bucket cannot be reached or written (exit status 2).
@@ -83,7 +86,7 @@ async def _flush(
             error(f"nothing to flush: {workflow!r}/{key!r} has no trailing fire pending")
             return EXIT_NOT_FOUND
         who = (
-            f"its owner {status.owner!r} fires it within a heartbeat"
+            f"its owner {status.owner!r} (live by its lease) fires it at its next heartbeat"
             if status.owner_live
             else f"its owner {status.owner!r} is not live: a survivor fires it when it "
             "adopts the window"
@@ -92,11 +95,20 @@ async def _flush(
         if not args.wait:
             return 0
         started = time.monotonic()
-        while True:
-            now = await backend.window_status(workflow, key)
-            if now is None or now.run_id != status.run_id:
-                break
-            await trio.sleep(WAIT_POLL)
+        with trio.move_on_after(args.timeout) as waited:
+            while True:
+                now = await backend.window_status(workflow, key)
+                if now is None or now.run_id != status.run_id:
+                    break
+                await trio.sleep(WAIT_POLL)
+        if waited.cancelled_caught:
+            error(
+                f"run {status.run_id} of {workflow!r}/{key!r} not committed within "
+                f"{args.timeout:g} s (its window is still open, owner {status.owner!r}: a "
+                "dead owner's window is fired once its lease lapses, by a live process that "
+                "handles its workflow)"
+            )
+            return EXIT_TIMED_OUT
         _say(
             f"run {status.run_id} of {workflow!r}/{key!r} committed after "
             f"{time.monotonic() - started:.1f} s"

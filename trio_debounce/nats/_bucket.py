@@ -113,7 +113,8 @@ async def open_bucket(
                     if not config.create_bucket:
                         raise BackendConfigError(
                             f"KV bucket {config.bucket!r} does not exist and create_bucket "
-                            "is False: create it (history 1, no TTL) or allow the backend to"
+                            "is False: create it (history 1, no TTL), or let a coordinator "
+                            "create it (create_bucket=True)"
                         ) from None
                     if attempts > 1:  # created (or being created) but not found yet
                         last = exc

@@ -69,11 +69,20 @@ PERMISSION_MARKER = "permissions violation"
 TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
 
 
+#: Secrets shorter than this are hidden only where they are credentials of a URL: a
+#: short one (a token ``nats``, a password ``ro``) is also a part of ordinary words
+#: (``nats: ...``, ``error``), and hiding those would mangle the text and, by what it
+#: hides, tell the secret.
+REDACT_MIN = 8
+
+
 def redact(text: str, secrets: tuple[str, ...]) -> str:
-    """``text`` without URL credentials and without any of ``secrets``."""
+    """``text`` without URL credentials, and without any of ``secrets`` of
+    :data:`REDACT_MIN` characters or more (a seed, a long token or password that a
+    message may echo)."""
     text = hide_userinfo(text)
     for secret in secrets:
-        if secret:
+        if len(secret) >= REDACT_MIN:
             text = text.replace(secret, "<hidden>")
     return text
 
