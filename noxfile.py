@@ -193,7 +193,15 @@ def tests_314(session: nox.Session) -> None:
     """The whole suite on Python 3.14 from Debian sid, in a chroot (.ci/sid-python;
     needs root). Arguments after ``--`` go to pytest instead."""
     # The suite's test_nats_hosts imports trio_debounce.nats under -W error there too.
-    session.run("bash", ".ci/sid-python", "3.14", *session.posargs, external=True)
+    # With the operator commands' longer tests (tests/harness/env.py, OPERATOR_ENV).
+    session.run(
+        "bash",
+        ".ci/sid-python",
+        "3.14",
+        *session.posargs,
+        external=True,
+        env={"TRIO_DEBOUNCE_OPERATOR_TESTS": "1"},
+    )
 
 
 @nox.session(python=False)

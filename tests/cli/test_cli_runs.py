@@ -446,6 +446,6 @@ def test_a_table_escapes_control_characters_of_names() -> None:
     run = StoredRun("evil \x1b[31mid\nFAKE ROW", "wf", "null", now + 60.0)
     out = io.StringIO()
     print_items("table", [run], _run_row, out)
-    header, row = out.getvalue().splitlines()
+    _header, row = out.getvalue().splitlines()
     assert "\x1b" not in out.getvalue()
     assert row.startswith("evil \\x1b[31mid\\nFAKE ROW")

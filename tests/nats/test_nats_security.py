@@ -721,8 +721,8 @@ async def test_a_credential_path_that_is_a_fifo_is_refused_not_opened(
 def test_a_short_secret_is_hidden_only_in_a_url() -> None:
     # Found by a review: a token "nats" hidden everywhere turned nats-py's "nats: ..."
     # into "<hidden>: ...", which told the token (and a password "ro" made "connection
-    # error" unreadable). Short secrets are hidden where they are credentials (URLs);
-    # long ones (seeds, real tokens and passwords) wherever a message echoes them.
+    # error" unreadable). Secrets under 6 characters are hidden where they are
+    # credentials (URLs); longer ones wherever a message echoes them.
     from trio_debounce.nats._errors import redact
 
     assert redact("nats: unexpected EOF", ("nats",)) == "nats: unexpected EOF"

@@ -73,7 +73,7 @@ TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
 #: short one (a token ``nats``, a password ``ro``) is also a part of ordinary words
 #: (``nats: ...``, ``error``), and hiding those would mangle the text and, by what it
 #: hides, tell the secret.
-REDACT_MIN = 8
+REDACT_MIN = 6
 
 
 def redact(text: str, secrets: tuple[str, ...]) -> str:
