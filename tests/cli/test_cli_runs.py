@@ -23,6 +23,7 @@ import trio
 
 from tests.cli.test_cli_replay import run_cli
 from tests.cli.test_cli_run_nats import CLI, child_env
+from tests.harness.env import operator_long
 from trio_debounce import RunFire, RunOptions, open_coordinator, open_sqlite_run_store
 from trio_debounce._cli._inspect import print_items
 from trio_debounce._cli._runs import _run_row
@@ -372,6 +373,7 @@ async def until(read: Callable[[], Awaitable[object]], value: object) -> None:
 
 
 @pytest.mark.slow
+@operator_long  # the library's side: tests/runs/test_runs_steer.py (MockClock)
 async def test_steering_beside_a_live_coordinator(tmp_path: Path) -> None:
     """The live owner has "soon" armed when the CLI cancels it, and never runs it; its
     running handler's run is refused; the run it failed is retried, and its next sweep
