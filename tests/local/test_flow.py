@@ -113,7 +113,7 @@ async def test_a_batch_fires_at_its_nth_item_inside_that_call_as_a_task(
         assert log.fires == []  # committed, but the handler runs as a task
         assert (r.outcome, r.ping_count) == (Outcome.COALESCE, 3)
         assert not c.has(WF, "k")
-        await trio.lowlevel.checkpoint()
+        await trio.testing.wait_all_tasks_blocked()
         assert log.rows() == [(0.0, "k", ["a", "b", "c"], 3, "trailing", "max-items")]
 
 
