@@ -75,9 +75,8 @@ class FlowState:
     """The state of one flow window; times on the caller's clock.
 
     Attributes:
-      opened_at (float): when the window opened (for a cool-down: the trailing fire
-        that opened it).
-      end (float): ``opened_at + span``: when the window is over.
+      end (float): the window's opening (for a cool-down: the trailing fire that
+        opened it) plus ``span``: when the window is over.
       count (int): pings absorbed since the window's last fire (a batch: its items).
       payload (Any): the latest absorbed payload (a batch: the list of its items).
       size (int): a batch's bytes so far.
@@ -85,10 +84,9 @@ class FlowState:
       first_ping_at (float): the time of the first ping counted in ``count``.
     """
 
-    __slots__ = ("count", "end", "fired", "first_ping_at", "opened_at", "payload", "size")
+    __slots__ = ("count", "end", "fired", "first_ping_at", "payload", "size")
 
     def __init__(self, opened_at: float, end: float) -> None:
-        self.opened_at = opened_at
         self.end = end
         self.count = 0
         self.payload: Any = None
@@ -246,7 +244,6 @@ def end_flow(spec: FlowSpec, state: FlowState) -> tuple[FlowFire | None, bool]:
 
 
 def _cool_down(spec: FlowSpec, state: FlowState, at: float) -> None:
-    state.opened_at = at
     state.end = at + spec.span
     state.first_ping_at = at
 
