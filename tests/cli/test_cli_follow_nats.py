@@ -24,6 +24,7 @@ import pytest
 from tests.cli.test_cli_inspect_nats import cli
 from tests.cli.test_cli_run import _FOREGROUND
 from tests.cli.test_cli_run_nats import CLI, Peer, child_env
+from tests.harness.env import operator_long
 from tests.harness.nats_server import NatsServerFactory
 from trio_debounce import WindowChange
 from trio_debounce._cli._follow import change_json, key_prefix
@@ -125,6 +126,7 @@ class Follower:
 
 
 @pytest.mark.slow
+@operator_long  # the library's side: MockClock tests in tests/shared, tests/runs
 def test_follow_a_window_of_a_live_peer(nats_server_factory: NatsServerFactory) -> None:
     bucket = f"follow-{uuid.uuid4().hex[:12]}"
     server = nats_server_factory(conf=read_only_conf(bucket))

@@ -112,6 +112,7 @@ async def live_owner(
         handler.release.set()
 
 
+@operator_long  # the library's side: MockClock tests in tests/shared, tests/runs
 async def test_listing_and_steering_beside_a_live_coordinator(nats_server: NatsServer) -> None:
     bucket = f"runs-{uuid.uuid4().hex[:12]}"
     url = nats_server.url

@@ -51,6 +51,7 @@ def wait_windows(
 
 
 @pytest.mark.slow
+@operator_long  # the library's side: MockClock tests in tests/shared, tests/runs
 def test_flush_and_cancel_steer_a_live_owners_windows(nats_server: NatsServer) -> None:
     bucket = f"steer-{uuid.uuid4().hex[:12]}"
     env = child_env(TRIO_DEBOUNCE_CONNECT_TIMEOUT="5", TRIO_DEBOUNCE_LEASE=str(LEASE))
@@ -99,6 +100,7 @@ def test_flush_and_cancel_steer_a_live_owners_windows(nats_server: NatsServer) -
 
 
 @pytest.mark.slow
+@operator_long  # the library's side: MockClock tests in tests/shared, tests/runs
 def test_a_flush_of_a_dead_owners_window_is_fired_by_the_survivor(
     nats_server: NatsServer,
 ) -> None:
