@@ -16,6 +16,7 @@ from typing import Any, Literal, NamedTuple
 import trio
 
 from ._events import BackendEvent
+from ._flow import FlowSpec
 from ._types import Edge, FireReason, InitialFactory, Mode, Reducer
 
 #: The values of ``open_coordinator(delivery=...)``.
@@ -40,6 +41,13 @@ class Registered(str, enum.Enum):
     ``Registered.STALE`` (``"stale"``)
       A ``drop_stale`` ping whose order key is not above the last one fired for its
       key: dropped, nothing written. ``run_id`` is the open window's (``""`` if none).
+    ``Registered.DROPPED`` (``"dropped"``)
+      A ping of a leading-only throttle or of a rate limit past its limit, in its open
+      window: dropped, nothing written (decided on the window's document as read).
+    ``Registered.FIRED`` (``"fired"``)
+      A rate-limit ping within the limit of the open window: this write counted its
+      fire, which the caller runs at once as a leading fire of the ping's own
+      ``run_id`` (the Registration's).
     """
 
     OPENED = "opened"
@@ -47,6 +55,8 @@ class Registered(str, enum.Enum):
     EXTENDED = "extended"
     COALESCED = "coalesced"
     STALE = "stale"
+    DROPPED = "dropped"
+    FIRED = "fired"
 
     def __str__(self) -> str:
         return self.value
@@ -554,6 +564,9 @@ class DebounceBackend(abc.ABC):
         overlap: str = "allow",
         run_timeout: float | None = None,
         drop_stale: bool = False,
+        flow: FlowSpec | None = None,
+        size: int = 0,
+        now: float | None = None,
     ) -> Registration:
         """Register one ping of ``(workflow, key)``, with its payload.
 
@@ -579,7 +592,16 @@ class DebounceBackend(abc.ABC):
         makes a window that comes due while its key's run executes wait (``waiting``).
         ``drop_stale``: a ping whose order key is not above the last fired one for the
         key is dropped (outcome ``stale``). The coordinator passes each of these only
-        when it is not the default.
+        when it is not the default. ``flow`` (a throttle, audit, batch or rate-limit
+        window's :class:`~trio_debounce._flow.FlowSpec`, fixed by the first ping; passed
+        with the debounce mode, delay and max_delay it is shared as) and ``size`` (a
+        batch item's serialized length, bytes) too: a ping of such a window may be
+        ``dropped`` (nothing written) or ``fired`` (a rate-limit fire of its own run), a
+        throttle's trailing fire keeps a cool-down in its tombstone, and a batch item
+        that would take the batch past ``max_bytes`` finds it ``overflowed`` (see
+        :doc:`/protocol`, "Flow-control windows"), its ``scheduled_at`` its own time:
+        the caller takes that fire at that time, then registers the item again with
+        ``now`` (wall clock), so that it opens the next batch at its own time.
 
         Atomic: the ping is applied to the window's record by one compare-and-swap
         (retried on conflict, with jittered backoff, until the operation deadline), or
@@ -623,6 +645,7 @@ class DebounceBackend(abc.ABC):
         force: bool = False,
         delivery: Delivery = "at-least-once",
         early: bool = False,
+        fire_at: float | None = None,
     ) -> Finalization:
         """Decide a window that is due on this process's clock.
 
@@ -641,6 +664,9 @@ class DebounceBackend(abc.ABC):
             its handler runs again elsewhere; ``"at-most-once"`` commits the fire by one
             compare-and-swap that marks the window fired, and fires only when that is
             proven.
+          fire_at: with ``force``, the fire's logical time (wall clock) instead of now:
+            the time of the batch item that found the window full. Passed only when
+            set, so a backend that predates it keeps working.
           early: fire even while the key's ``queue-latest`` run blocks (a window that
             overflowed under ``"fire-early"``). Without it, a ``queue-latest`` window
             that is due (or forced) while its key's run blocks is not fired: the result

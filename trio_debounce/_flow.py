@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
-from ._types import FireReason
+from ._types import FireReason, Mode
 
 #: The default ``max_items`` of a batch: a batch is always bounded.
 DEFAULT_BATCH_ITEMS: Final = 1000
@@ -69,6 +69,35 @@ class FlowSpec:
     max_items: int = DEFAULT_BATCH_ITEMS
     max_bytes: int | None = None
     limit: int = 1
+
+
+def describe(spec: FlowSpec | None) -> str:
+    """A window's parameters, for a clash's message (None: a debounce window)."""
+    if spec is None:
+        return "debounce()"
+    flow = spec.flow
+    if flow is Flow.BATCH:
+        return (
+            f"batch(max_items={spec.max_items}, max_wait={spec.span!r}, "
+            f"max_bytes={spec.max_bytes!r})"
+        )
+    if flow is Flow.RATE_LIMIT:
+        return f"rate_limit(limit={spec.limit}, period={spec.span!r})"
+    return f"throttle(interval={spec.span!r}, leading={spec.leading}, trailing={spec.trailing})"
+
+
+def stored_as(spec: FlowSpec) -> Mode:
+    """The debounce mode a flow window is shared as, with ``delay`` and ``max_delay``
+    both ``spec.span`` (so it ends at its opening plus ``span``, whatever its pings do):
+    a both-edges throttle as ``both``, a leading-only throttle and a rate limit as
+    ``leading`` (their later pings fire or drop, never extend), an audit and a batch as
+    ``trailing``. A throttle's cool-down is a ``trailing`` window (see
+    :doc:`/protocol`, "Flow-control windows")."""
+    if spec.flow is Flow.THROTTLE:
+        return Mode.BOTH if spec.trailing else Mode.LEADING
+    if spec.flow is Flow.RATE_LIMIT:
+        return Mode.LEADING
+    return Mode.TRAILING
 
 
 class FlowState:

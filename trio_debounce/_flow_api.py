@@ -12,14 +12,15 @@ from trio.lowlevel import enable_ki_protection
 
 from . import _validate
 from ._events import PingAnswered, PingRejected
-from ._flow import DEFAULT_BATCH_ITEMS, Flow, FlowSpec
+from ._flow import DEFAULT_BATCH_ITEMS, Flow, FlowSpec, stored_as
 from ._payload import JsonSerializer
-from ._types import DebounceResult, Handler
+from ._types import DebounceResult, Handler, Outcome
 
 if TYPE_CHECKING:
     from ._backend import DebounceBackend
     from ._firing import Ledger
     from ._flow_local import FlowWindows
+    from ._shared import SharedWindows
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -50,6 +51,21 @@ def batch_spec(max_items: object, max_wait: object, max_bytes: object) -> FlowSp
     return FlowSpec(Flow.BATCH, span, max_items=items, max_bytes=limit)
 
 
+def item_size(spec: FlowSpec, item: Any) -> int:
+    """A batch item's size against ``max_bytes``: its JSON length in UTF-8 bytes (0
+    without a byte bound).
+
+    Raises:
+      ValueError: the item alone is larger than ``max_bytes``.
+    """
+    if spec.max_bytes is None:
+        return 0
+    size = len(JsonSerializer().dumps(item).encode("utf-8"))
+    if size > spec.max_bytes:
+        raise ValueError(f"the item is {size} bytes as JSON, more than max_bytes={spec.max_bytes}")
+    return size
+
+
 def rate_limit_spec(limit: object, period: object) -> FlowSpec:
     """The :class:`FlowSpec` of ``rate_limit(limit=, period=)``, checked."""
     span = _validate.positive_duration("period", period)
@@ -67,6 +83,7 @@ class FlowControl:
     _flow: FlowWindows
     _ledger: Ledger
     _backend: DebounceBackend | None
+    _shared: SharedWindows | None
 
     def _flow_plain(self) -> bool:
         """May a ping take the fast path (no backend, no event hook)?"""
@@ -84,10 +101,9 @@ class FlowControl:
         params: tuple[Any, ...] = (),
     ) -> DebounceResult:
         if self._backend is not None:
-            raise NotImplementedError(
-                f"{spec.flow.value} windows are in-process only for now: open the "
-                f"coordinator without a backend (see docs/semantics.rst, 'Throttle, "
-                f"batch and rate limit')"
+            raise RuntimeError(
+                f"{spec.flow.value}_nowait() cannot reach the backend (it does no I/O); "
+                f"with a backend, await the {spec.flow.value.replace('-', '_')}() method"
             )
         if self._ledger.hook is None:
             return self._flow.ping(spec, workflow, key, payload, run_id, on_fire, size, params)
@@ -98,6 +114,47 @@ class FlowControl:
             self._ledger.emit(PingRejected(workflow, key, exc, at))
             raise
         self._ledger.emit(PingAnswered(workflow, key, result, at))
+        return result
+
+    async def _flow_await(
+        self,
+        spec: FlowSpec,
+        workflow: str,
+        key: str,
+        payload: Any,
+        run_id: str | None,
+        on_fire: Handler | None,
+        size: int = 0,
+    ) -> DebounceResult:
+        """A flow ping with a backend: registered in the shared window, shielded, as
+        :meth:`Coordinator.debounce` registers one (see :doc:`/protocol`, "Flow-control
+        windows")."""
+        shared = self._shared
+        assert shared is not None
+        at = trio.current_time()
+        span = spec.span
+        call = shared.ping(
+            workflow, key, payload, span, span, stored_as(spec), run_id, on_fire, None, spec, size
+        )
+        try:
+            if shared.register_uncancellable:
+                result = await call
+            else:
+                with trio.CancelScope(shield=True):
+                    result = await call
+        except Exception as exc:
+            if self._ledger.hook is not None:
+                self._ledger.emit(PingRejected(workflow, key, exc, at))
+            raise
+        if result.outcome is Outcome.SCHEDULE_TRAILING:
+            if spec.flow is Flow.THROTTLE:
+                # It opened a cool-down window: absorbed, as in one process.
+                result = result._replace(outcome=Outcome.COALESCE)
+            elif spec.flow is Flow.BATCH and spec.max_items <= 1:
+                # A batch of one item: due at once, fired by its owner's task.
+                result = result._replace(outcome=Outcome.FIRE_IMMEDIATE, scheduled_at=None)
+        if self._ledger.hook is not None:
+            self._ledger.emit(PingAnswered(workflow, key, result, at))
         return result
 
     # ---------------------------------------------------------------- throttle
@@ -169,8 +226,8 @@ class FlowControl:
           TypeError, ValueError: a bad argument (named), or parameters that differ
             from the open window's.
           LookupError: no ``on_fire`` and no handler for ``workflow``.
-          NotImplementedError: the coordinator has a backend (flow-control windows
-            are in-process only for now).
+          RuntimeError: the coordinator has a backend (a ``_nowait`` call does no
+            I/O: await :meth:`throttle`).
           trio.ClosedResourceError: the ``async with`` block has exited.
         """
         params = (_THROTTLE, interval, leading, trailing)
@@ -194,8 +251,25 @@ class FlowControl:
         on_fire: Handler | None = None,
     ) -> DebounceResult:
         """:meth:`throttle_nowait`, as a checkpoint (a cancelled caller raises
-        :exc:`trio.Cancelled` before any state changes)."""
+        :exc:`trio.Cancelled` before any state changes).
+
+        With a backend (``open_coordinator(backend=...)``) the ping is registered in the
+        key's shared window, one window across processes whoever pings it (see
+        :doc:`/protocol`, "Flow-control windows"), shielded from cancellation and within
+        the backend's operation deadline, as :meth:`debounce` registers one;
+        ``DebounceResult.owner`` and ``stored`` as for :meth:`debounce`. The same goes
+        for :meth:`batch` and :meth:`rate_limit`.
+
+        Raises:
+          trio_debounce.BackendUnavailableError: with a backend, the ping was not taken
+            (whatever ``on_backend_error``: a flow window never fails open).
+          TypeError, ValueError, LookupError, trio.ClosedResourceError: as
+            :meth:`throttle_nowait`.
+        """
         await trio.lowlevel.checkpoint_if_cancelled()
+        if self._shared is not None:
+            spec = throttle_spec(interval, leading, trailing)
+            return await self._flow_await(spec, workflow, key, payload, run_id, on_fire)
         result = self.throttle_nowait(
             workflow,
             key,
@@ -257,7 +331,7 @@ class FlowControl:
         Raises:
           ValueError: also for an item alone larger than ``max_bytes`` (nothing
             changes), and parameters that differ from the open batch's.
-          TypeError, LookupError, NotImplementedError, trio.ClosedResourceError: as
+          TypeError, LookupError, RuntimeError, trio.ClosedResourceError: as
             :meth:`throttle_nowait`.
         """
         params = (_BATCH, max_wait, max_items, max_bytes)
@@ -271,13 +345,7 @@ class FlowControl:
             if result is not None:
                 return result
         spec = batch_spec(max_items, max_wait, max_bytes)
-        size = 0
-        if spec.max_bytes is not None:
-            size = len(JsonSerializer().dumps(item).encode("utf-8"))
-            if size > spec.max_bytes:
-                raise ValueError(
-                    f"the item is {size} bytes as JSON, more than max_bytes={spec.max_bytes}"
-                )
+        size = item_size(spec, item)
         return self._flow_ping(spec, workflow, key, item, run_id, on_fire, size, params)
 
     async def batch(
@@ -292,8 +360,14 @@ class FlowControl:
         run_id: str | None = None,
         on_fire: Handler | None = None,
     ) -> DebounceResult:
-        """:meth:`batch_nowait`, as a checkpoint."""
+        """:meth:`batch_nowait`, as a checkpoint; with a backend, shared as
+        :meth:`throttle` says (a batch's items are kept in its document, bounded by
+        ``max_items``, ``max_bytes`` and the store's size limit)."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        if self._shared is not None:
+            spec = batch_spec(max_items, max_wait, max_bytes)
+            size = item_size(spec, item)
+            return await self._flow_await(spec, workflow, key, item, run_id, on_fire, size)
         result = self.batch_nowait(
             workflow,
             key,
@@ -342,8 +416,8 @@ class FlowControl:
           DebounceResult: ``fire-immediate`` or ``dropped``.
 
         Raises:
-          TypeError, ValueError, LookupError, NotImplementedError,
-          trio.ClosedResourceError: as :meth:`throttle_nowait`.
+          TypeError, ValueError, LookupError, RuntimeError, trio.ClosedResourceError:
+            as :meth:`throttle_nowait`.
         """
         params = (_RATE_LIMIT, limit, period)
         if type(period) is float and type(limit) is int and self._flow_plain():
@@ -364,8 +438,13 @@ class FlowControl:
         run_id: str | None = None,
         on_fire: Handler | None = None,
     ) -> DebounceResult:
-        """:meth:`rate_limit_nowait`, as a checkpoint."""
+        """:meth:`rate_limit_nowait`, as a checkpoint; with a backend, shared as
+        :meth:`throttle` says (the window's fires are counted in its document, so the
+        limit holds across processes)."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        if self._shared is not None:
+            spec = rate_limit_spec(limit, period)
+            return await self._flow_await(spec, workflow, key, payload, run_id, on_fire)
         result = self.rate_limit_nowait(
             workflow, key, payload, limit=limit, period=period, run_id=run_id, on_fire=on_fire
         )

@@ -127,7 +127,7 @@ class FlowWindows:
             return self._open(ident, spec, now, payload, run_id, on_fire, size, params)
         if window.spec != spec:
             raise ValueError(
-                f"{_describe(spec)} differs from {_describe(window.spec)} of the open "
+                f"{_flow.describe(spec)} differs from {_flow.describe(window.spec)} of the open "
                 f"window {ident!r} (run {window.run_id})"
             )
         return self._absorb(window, now, payload, run_id, on_fire, size)
@@ -412,16 +412,3 @@ def _result(outcome: Outcome, run_id: str, due: float | None, count: int) -> Deb
 
 
 _new_tuple = tuple.__new__
-
-
-def _describe(spec: FlowSpec) -> str:
-    """A flow window's parameters, for a clash's message."""
-    flow = spec.flow
-    if flow is _flow.Flow.BATCH:
-        return (
-            f"batch(max_items={spec.max_items}, max_wait={spec.span!r}, "
-            f"max_bytes={spec.max_bytes!r})"
-        )
-    if flow is _flow.Flow.RATE_LIMIT:
-        return f"rate_limit(limit={spec.limit}, period={spec.span!r})"
-    return f"throttle(interval={spec.span!r}, leading={spec.leading}, trailing={spec.trailing})"

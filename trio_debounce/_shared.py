@@ -37,6 +37,7 @@ from ._errors import (
 )
 from ._events import PingFailedOpen, WindowTakenOver
 from ._firing import Handlers, Ledger, closed_error
+from ._flow import Flow, FlowSpec
 from ._local import LocalWindows, ping_any
 from ._shared_window import SharedFires, SharedWindow, owner_pending, trailing_pending
 from ._types import (
@@ -65,6 +66,7 @@ _COALESCE = Outcome.COALESCE
 _SCHEDULE_TRAILING = Outcome.SCHEDULE_TRAILING
 _FIRE_IMMEDIATE = Outcome.FIRE_IMMEDIATE
 _STALE = Outcome.STALE
+_DROPPED = Outcome.DROPPED
 _new_tuple = tuple.__new__
 
 
@@ -128,6 +130,23 @@ def _backend_options(
         extra["order_key"] = order
     if drop_stale:
         extra["drop_stale"] = True
+    return extra
+
+
+def _flow_options(spec: FlowSpec, size: int) -> dict[str, Any]:
+    """The register options of a flow-control window's ping: a batch is a ``collect``
+    window that comes due at its ``max_items``-th item and fires before an item that
+    would overflow it (see :doc:`/protocol`, "Flow-control windows")."""
+    extra: dict[str, Any] = {"flow": spec}
+    if spec.flow is Flow.BATCH:
+        extra.update(
+            payload_policy=_options.COLLECT,
+            max_count=spec.max_items,
+            max_items=spec.max_items,
+            overflow=_options.FIRE_EARLY,
+        )
+        if spec.max_bytes is not None:
+            extra["size"] = size
     return extra
 
 
@@ -226,9 +245,14 @@ class SharedWindows:
         run_id: str | None,
         on_fire: Handler | None,
         options: Mapping[str, Any] | None = None,
+        flow: FlowSpec | None = None,
+        size: int = 0,
     ) -> DebounceResult:
         """A ping of a shared window (arguments as :meth:`Coordinator.debounce`'s;
-        ``options``: the ping's window options as given)."""
+        ``options``: the ping's window options as given). ``flow``: a flow-control
+        window's spec (``mode``, ``delay`` and ``max_delay`` then as
+        :func:`~._flow.stored_as` gives them, ``options`` None), ``size`` a batch
+        item's serialized length."""
         if self._ledger.closed:
             raise closed_error()
         delay = _validate.shared_duration("delay", _validate.duration("delay", delay))
@@ -246,6 +270,8 @@ class SharedWindows:
         _validate.name("key", key)
         mode = _validate.mode(mode)
         extra = {} if options is None else _backend_options(options, mode, self._handlers.reducers)
+        if flow is not None:
+            extra = _flow_options(flow, size)
         ident = (workflow, key)
         local = self._local.windows.get(ident)
         if local is not None and not _engine.is_due(local, self._now()):
@@ -308,7 +334,8 @@ class SharedWindows:
                 # Bad input (a document too large) or misconfiguration: never failed open.
                 raise
             self._ledger.backend_errors += 1
-            if self._on_backend_error == "raise":
+            if self._on_backend_error == "raise" or flow is not None:
+                # A flow-control window never fails open (docs/semantics.rst).
                 if isinstance(exc, BackendUnavailableError):
                     raise
                 raise BackendUnavailableError(f"the backend failed: {exc}") from exc
@@ -396,7 +423,12 @@ class SharedWindows:
         for _ in range(_OVERFLOW_ROUNDS):
             if not registration.overflowed:
                 return registration
-            await self._fires.take_fire(ident, registration.run_id, early=True)
+            # A batch fires at the time of the item it could not hold, which opens the
+            # next batch at that time.
+            fire_at = registration.scheduled_at if "flow" in extra else None
+            await self._fires.take_fire(ident, registration.run_id, early=True, fire_at=fire_at)
+            if fire_at is not None:
+                extra["now"] = fire_at
             # Not stale: judged by the register that found the window full.
             extra.pop("drop_stale", None)
             registration = await register()
@@ -429,7 +461,15 @@ class SharedWindows:
             if not run_id:
                 pending_at = None  # no window open
             return _new_tuple(DebounceResult, (_STALE, run_id, pending_at, count, False, True))
+        if registration.outcome is Registered.DROPPED:
+            ledger.dropped_pings += 1
+            return _new_tuple(DebounceResult, (_DROPPED, run_id, pending_at, count, False, True))
         ledger.pings += 1
+        if registration.outcome is Registered.FIRED:
+            # A rate-limit fire: a leading fire of the ping's own run.
+            if not ledger.closed:
+                _start_leading(self, ident, registration, on_fire, own_payload)
+            return _new_tuple(DebounceResult, (_FIRE_IMMEDIATE, run_id, None, 1, False, True))
         if ledger.closed:
             # The block ended while the ping was in flight: release() gives the window
             # up (if it became ours) so peers open a fresh one.
@@ -455,34 +495,13 @@ class SharedWindows:
                     return _new_tuple(
                         DebounceResult, (_SCHEDULE_TRAILING, run_id, pending_at, count, True, True)
                     )
-                workflow, key = ident
-                handler = self._handlers.of(on_fire, workflow)
-                # The ping's time (the window's first ping), kept through its retries.
-                now = to_trio(registration.first_ping_at)
                 leading_payload = registration.payload
                 if policy == _options.COLLECT:
                     # A leading fire carries its ping's own payload, the list's first.
                     leading_payload = leading_payload[0]
                 elif policy != _options.LAST and policy != _options.FIRST:
                     leading_payload = own_payload  # not the reducer's value
-                fire = Fire(
-                    workflow,
-                    key,
-                    leading_payload,  # as every process reads it back
-                    run_id,
-                    1,
-                    now,
-                    now,
-                    Edge.LEADING,
-                    1,
-                    registration.fencing_token,
-                    FireReason.LEADING,
-                )
-                ledger.fires += 1
-                ledger.running += 1
-                # Under at-least-once its record (written before the opening write) is
-                # completed once the handler returns; a survivor runs it again if not.
-                self._nursery.start_soon(self._fires.call, handler, fire, registration.fire_id)
+                _start_leading(self, ident, registration, on_fire, leading_payload)
                 return _new_tuple(
                     DebounceResult, (_FIRE_IMMEDIATE, run_id, pending_at, count, True, True)
                 )
@@ -696,3 +715,38 @@ class SharedWindows:
                 takes_fire=False,
             )
         fires.closed_runs = {run: at for run, at in fires.closed_runs.items() if at >= listed_at}
+
+
+def _start_leading(
+    windows: SharedWindows,
+    ident: tuple[str, str],
+    registration: Registration,
+    on_fire: Handler | None,
+    payload: Any,
+) -> None:
+    """Start the leading fire of ``registration``'s ping (its run, its time) as a task
+    in the coordinator's nursery."""
+    workflow, key = ident
+    fires = windows._fires
+    handler = windows._handlers.of(on_fire, workflow)
+    # The ping's time (the window's first ping), kept through its retries.
+    now = fires.to_trio(registration.first_ping_at)
+    fire = Fire(
+        workflow,
+        key,
+        payload,  # as every process reads it back
+        registration.run_id,
+        1,
+        now,
+        now,
+        Edge.LEADING,
+        1,
+        registration.fencing_token,
+        FireReason.LEADING,
+    )
+    ledger = windows._ledger
+    ledger.fires += 1
+    ledger.running += 1
+    # Under at-least-once its record (written before the opening write) is completed
+    # once the handler returns; a survivor runs it again if not.
+    windows._nursery.start_soon(fires.call, handler, fire, registration.fire_id)

@@ -430,11 +430,14 @@ class SharedFires:
 
     # ---------------------------------------------------------- taken fires
 
-    async def take_fire(self, ident: tuple[str, str], run_id: str, *, early: bool) -> None:
+    async def take_fire(
+        self, ident: tuple[str, str], run_id: str, *, early: bool, fire_at: float | None = None
+    ) -> None:
         """Take the fire of the shared window ``run_id`` now, from whoever owns it (a
         compare-and-swap): an overflowing window under ``overflow="fire-early"``
         (``early``: even while its key's run blocks), or a window that waited for a
-        ``queue-latest`` run that ended here. Its handler runs as a task.
+        ``queue-latest`` run that ended here. Its handler runs as a task. ``fire_at``:
+        the fire's logical time (wall clock; a batch's: the item it could not hold).
 
         Raises:
           BackendError: with ``early``, if the store failed (the ping is not stored).
@@ -449,6 +452,7 @@ class SharedFires:
                 force=True,
                 delivery=self._delivery,
                 early=early,
+                **({} if fire_at is None else {"fire_at": fire_at}),
             )
         except BackendError as exc:
             self._ledger.backend_errors += 1

@@ -21,7 +21,6 @@ from trio_debounce import (
     PingRejected,
     open_coordinator,
 )
-from trio_debounce.testing import MemoryBackend, MemoryStore
 
 WF = "wf"
 
@@ -295,11 +294,3 @@ async def test_flow_pings_reach_the_event_hook(autojump_clock: trio.testing.Mock
     answered = [e.result.outcome.value for e in events if isinstance(e, PingAnswered)]
     assert answered == ["fire-immediate", "dropped"]
     assert [type(e.error) for e in events if isinstance(e, PingRejected)] == [ValueError]
-
-
-async def test_with_a_backend_the_flow_modes_are_refused_for_now(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with open_coordinator(handlers={WF: Log()}, backend=MemoryBackend(MemoryStore())) as c:
-        with pytest.raises(NotImplementedError, match="in-process only for now"):
-            await c.throttle(WF, "k", interval=1.0)

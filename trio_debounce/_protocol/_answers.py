@@ -74,6 +74,10 @@ class Answers:
         :func:`~._rules.opening_landed`)."""
         if doc is not None and not doc.fired and write == doc.write:
             return True  # its revision, or pings of this process's since
+        if any(outcome is Registered.FIRED for _, outcome in sent.pings):
+            # A rate-limit fire: writing it again could fire its run twice, and no
+            # later document tells whether it landed (see docs/protocol.rst).
+            return None
         if sent.doc.opened_by != write:
             # A write into an open window (or a takeover): if its window has fired
             # since, writing its pings again opens a window of their own run id, never
@@ -166,10 +170,12 @@ class Answers:
             if result is None:
                 result = results[outcome] = Registration(
                     outcome,
-                    doc.run_id,
+                    # A rate-limit fire is a run of its own (alone in its write).
+                    ping.run_id if outcome is Registered.FIRED else doc.run_id,
                     doc.mode,
                     doc.at if waits is None else waits,
-                    doc.first,
+                    # A rate-limit fire's time is its own ping's.
+                    (ping.now or doc.last) if outcome is Registered.FIRED else doc.first,
                     doc.count,
                     True,
                     take_at if outcome is Registered.COALESCED else None,

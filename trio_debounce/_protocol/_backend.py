@@ -44,6 +44,7 @@ from .._backend import (
     WindowStatus,
 )
 from .._events import BackendEvent
+from .._flow import FlowSpec
 from .._keys import process_key, window_prefix
 from .._kv import KvStore
 from .._options import InitialFactory, Reducer
@@ -252,6 +253,9 @@ class KvDebounceBackend(DebounceBackend):
         overlap: str = "allow",
         run_timeout: float | None = None,
         drop_stale: bool = False,
+        flow: FlowSpec | None = None,
+        size: int = 0,
+        now: float | None = None,
     ) -> Registration:
         return await self._registrar.register(
             workflow,
@@ -270,6 +274,9 @@ class KvDebounceBackend(DebounceBackend):
             overlap=overlap,
             run_timeout=run_timeout,
             drop_stale=drop_stale,
+            flow=flow,
+            size=size,
+            now=now,
         )
 
     async def finalize(
@@ -282,9 +289,17 @@ class KvDebounceBackend(DebounceBackend):
         force: bool = False,
         delivery: Delivery = "at-least-once",
         early: bool = False,
+        fire_at: float | None = None,
     ) -> Finalization:
         return await self._finalizer.finalize(
-            workflow, key, run_id, take=take, force=force, delivery=delivery, early=early
+            workflow,
+            key,
+            run_id,
+            take=take,
+            force=force,
+            delivery=delivery,
+            early=early,
+            fire_at=fire_at,
         )
 
     async def end_run(self, workflow: str, key: str, run_id: str) -> str | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import _codec, _validate
+from .._flow import Flow, FlowSpec
 from .._keys import WINDOW_PREFIX
 from .._types import Mode
 
@@ -27,6 +28,10 @@ WINDOW_SCHEMA_OPTIONS = 2
 #: runs), or the last fired order key that ``drop_stale`` reads. A version-2 reader
 #: would misread those, so they are written as version 3; readers take 1, 2 and 3.
 WINDOW_SCHEMA_RUNS = 3
+#: The version of a flow-control window's document (throttle, audit, batch, rate limit:
+#: its ``flow`` object). A version-3 reader would take it for a debounce window and
+#: fire it by the wrong rules, so it refuses it (ValueError) instead; readers take 1-4.
+WINDOW_SCHEMA_FLOW = 4
 _BUILTIN_POLICIES = ("last", "first", "collect")
 SWEEPER_KEY = "s.sweeper"
 LEASE_PREFIX = "p."
@@ -113,6 +118,18 @@ class WindowDoc:
     #: ignores the field and takes the tombstone for a peer's fire: it abandons the
     #: window, no fire either way). Any schema version.
     cancelled: bool = False
+    #: The flow-control window's parameters (version 4), None for a debounce window.
+    flow: FlowSpec | None = None
+    #: A rate-limit window's fires so far (its opening's leading fire included).
+    flow_fires: int = 0
+    #: A batch's size, bytes: the sum of its items' serialized lengths.
+    size: int = 0
+    #: A throttle's cool-down, kept in the tombstone of a trailing fire: until when
+    #: (wall clock) a ping opens a window without a leading fire.
+    cool_until: float | None = None
+    #: A both-edges throttle's first ping after its leading fire (its trailing fire's
+    #: ``first_ping_at``).
+    since: float | None = None
 
     @property
     def has_options(self) -> bool:
@@ -198,7 +215,10 @@ class WindowDoc:
             extra["after"] = [list(proof) for proof in self.after]
         if self.cancelled:
             extra["cancelled"] = True
-        if v3:
+        if self.flow is not None:
+            extra["flow"] = _encode_flow(self)
+            version = WINDOW_SCHEMA_FLOW
+        elif v3:
             version = WINDOW_SCHEMA_RUNS
         elif self.has_options:
             version = WINDOW_SCHEMA_OPTIONS
@@ -231,11 +251,11 @@ class WindowDoc:
 
     @classmethod
     def decode(cls, raw: bytes) -> WindowDoc:
-        """Parse a document; raises ValueError for anything but a valid version 1, 2 or 3."""
+        """Parse a document; raises ValueError for anything but a valid version 1 to 4."""
         obj = _codec.strict_loads(raw)
-        versions = (SCHEMA_VERSION, WINDOW_SCHEMA_OPTIONS, WINDOW_SCHEMA_RUNS)
+        versions = (SCHEMA_VERSION, WINDOW_SCHEMA_OPTIONS, WINDOW_SCHEMA_RUNS, WINDOW_SCHEMA_FLOW)
         if not isinstance(obj, dict) or obj.get("v") not in versions:
-            raise ValueError("not a version 1, 2 or 3 window document")
+            raise ValueError("not a version 1, 2, 3 or 4 window document")
         max_count = None
         policy = "last"
         ordered = False
@@ -244,7 +264,7 @@ class WindowDoc:
         ranks: tuple[tuple[float, int], ...] = ()
         extra: dict[str, Any] = {}
         if obj["v"] >= WINDOW_SCHEMA_OPTIONS:
-            v3 = obj["v"] == WINDOW_SCHEMA_RUNS
+            v3 = obj["v"] >= WINDOW_SCHEMA_RUNS
             max_count = obj.get("max_count")
             if max_count is not None and (
                 isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1
@@ -306,6 +326,8 @@ class WindowDoc:
             extra["after"] = tuple(proofs)
         if obj.get("cancelled", False) is True:
             extra["cancelled"] = True
+        if obj["v"] == WINDOW_SCHEMA_FLOW:
+            extra.update(_decode_flow(obj.get("flow")))
         doc = cls(
             owner=_str(obj, "owner"),
             epoch=_str(obj, "epoch"),
@@ -334,6 +356,75 @@ class WindowDoc:
         if doc.count < 1:
             raise ValueError("count < 1")
         return doc
+
+
+def _encode_flow(doc: WindowDoc) -> dict[str, Any]:
+    spec = doc.flow
+    assert spec is not None
+    obj: dict[str, Any] = {"kind": spec.flow.value, "span": spec.span}
+    if spec.flow is Flow.THROTTLE:
+        obj["trailing"] = spec.trailing
+        if doc.since is not None:
+            obj["since"] = doc.since
+        if doc.cool_until is not None:
+            obj["cool_until"] = doc.cool_until
+    elif spec.flow is Flow.BATCH:
+        obj["max_items"] = spec.max_items
+        if spec.max_bytes is not None:
+            obj["max_bytes"] = spec.max_bytes
+            obj["size"] = doc.size
+    elif spec.flow is Flow.RATE_LIMIT:
+        obj["limit"] = spec.limit
+        obj["fires"] = doc.flow_fires
+    return obj
+
+
+def _decode_flow(obj: Any) -> dict[str, Any]:
+    """The WindowDoc fields of a version-4 document's ``flow`` object."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"bad flow {obj!r}")
+    kind = Flow(obj["kind"])
+    span = _num(obj, "span")
+    if not span > 0:
+        raise ValueError(f"bad flow span {span!r}")
+    fields: dict[str, Any] = {}
+    if kind is Flow.THROTTLE:
+        trailing = obj["trailing"]
+        if not isinstance(trailing, bool):
+            raise ValueError(f"bad flow trailing {trailing!r}")
+        spec = FlowSpec(kind, span, leading=True, trailing=trailing)
+        for name in ("since", "cool_until"):
+            if obj.get(name) is not None:
+                fields[name] = _num(obj, name)
+    elif kind is Flow.AUDIT:
+        spec = FlowSpec(kind, span, leading=False, trailing=True)
+    elif kind is Flow.BATCH:
+        max_bytes = obj.get("max_bytes")
+        spec = FlowSpec(
+            kind,
+            span,
+            max_items=_positive(obj.get("max_items")),
+            max_bytes=None if max_bytes is None else _positive(max_bytes),
+        )
+        if max_bytes is not None:
+            fields["size"] = _count(obj.get("size"))
+    else:
+        spec = FlowSpec(kind, span, limit=_positive(obj.get("limit")))
+        fields["flow_fires"] = _count(obj.get("fires"))
+    fields["flow"] = spec
+    return fields
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"bad count {value!r}")
+    return value
+
+
+def _positive(value: Any) -> int:
+    if _count(value) < 1:
+        raise ValueError(f"bad count {value!r}")
+    return int(value)
 
 
 def _order(value: Any) -> float:

@@ -133,12 +133,13 @@ class Finalizer:
         force: bool = False,
         delivery: Delivery = "at-least-once",
         early: bool = False,
+        fire_at: float | None = None,
     ) -> Finalization:
         kv_key = window_key(workflow, key)
         try:
             async with self._turns.turn(kv_key):
                 return await self.finalize_in_turn(
-                    workflow, key, kv_key, run_id, take, force, delivery, early
+                    workflow, key, kv_key, run_id, take, force, delivery, early, fire_at=fire_at
                 )
         except BackendUnavailableError:
             if delivery != "at-most-once" or not self._sent.pending(kv_key, run_id):
@@ -163,6 +164,7 @@ class Finalizer:
         early: bool,
         deadline: float = math.inf,
         read: tuple[int, WindowDoc | None] | None = None,
+        fire_at: float | None = None,
     ) -> Finalization:
         """Finalize run ``run_id`` of ``kv_key`` while holding the key's turn.
 
@@ -211,7 +213,7 @@ class Finalizer:
                         if delivery == "at-most-once":
                             proof = self._sent.proof(kv_key, run_id, entry, doc)
                             if proof is not None:
-                                return self._finalization(kv_key, *proof, None)
+                                return self._finalization(kv_key, *proof, None, early)
                         if doc is None and not take:
                             self._view.note_deleted(
                                 kv_key, entry, self._wall(), self._leases.seconds
@@ -281,6 +283,8 @@ class Finalizer:
                     # out (at its `until`), or whose process died or whose end was
                     # recorded late (noticed now).
                     fired_at = _rules.fire_time(doc, now, force)
+                    if force and fire_at is not None:
+                        fired_at = min(fired_at, fire_at)
                     write = uuid.uuid4().hex
                     fire_id = FIRE_PREFIX + write
                     committing = (doc, write, fired_at, fire_id)
@@ -295,7 +299,7 @@ class Finalizer:
                         self._sent.forget(kv_key, run_id)
                         self._view.remember(kv_key, revision, tombstone)
                         return self._finalization(
-                            kv_key, doc, fired_at, self._view.token(revision), None
+                            kv_key, doc, fired_at, self._view.token(revision), None, early
                         )
                     record = self._records.new(workflow, key, doc, fired_at, 1, write)
                     record_revision = await self._view.put(fire_id, record.encode(), last=0)
@@ -310,7 +314,7 @@ class Finalizer:
                     # The token of the commit: the record's revision, later than every
                     # write of the window (its leading fire's included).
                     return self._finalization(
-                        kv_key, doc, fired_at, self._view.token(record_revision), fire_id
+                        kv_key, doc, fired_at, self._view.token(record_revision), fire_id, early
                     )
                 except RevisionConflict:
                     self._view.lost_race(kv_key)
@@ -516,21 +520,25 @@ class Finalizer:
         fired_at: float,
         token: int,
         fire_id: str | None,
+        early: bool = False,
     ) -> Finalization:
+        """The fire of ``doc`` at ``fired_at``; ``early``: by a ping that found the
+        window full (``overflow="fire-early"``, a batch's ``max_bytes``)."""
         self._view.disown(kv_key, doc.run_id)
+        mode, count, first = _rules.fire_shape(doc)
         return Finalization(
             Finalized.FIRE,
             fired_at,
-            doc.count,
-            doc.first,
-            doc.mode,
+            count,
+            first,
+            mode,
             doc.last,
             _rules.load_payload(self._me.serializer, doc.payload),
             token,
             fire_id,
             doc.queue,
             doc.run_id,
-            _rules.fire_reason(doc, fired_at),
+            _rules.fire_reason(doc, fired_at, early=early),
         )
 
     async def end_run(self, workflow: str, key: str, run_id: str) -> str | None:

@@ -199,6 +199,8 @@ class Housekeeping:
                     and doc.last > now - _ORDER_LEASES * self._lease_seconds
                 ):
                     continue  # drop_stale still reads its last fired order key
+                if doc.cool_until is not None and doc.cool_until > now:
+                    continue  # a throttle's cool-down: the next ping reads it
                 if item.key in recorded:
                     continue  # the proof that decides a fire record of the key
                 if doc.running is not None and await self._leases.run_blocks_until(

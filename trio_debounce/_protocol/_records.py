@@ -77,6 +77,7 @@ class FireRecords:
     ) -> FireRecord:
         """The record of this process's fire of ``doc`` at ``fired_at``, committed by
         write ``write``."""
+        _, count, first = _rules.fire_shape(doc)
         return FireRecord(
             self._me.process_id,
             self._me.epoch,
@@ -84,8 +85,8 @@ class FireRecords:
             key,
             doc.run_id,
             doc.payload,
-            doc.count,
-            doc.first,
+            count,
+            first,
             fired_at,
             attempt,
             write,

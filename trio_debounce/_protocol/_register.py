@@ -14,6 +14,7 @@ import trio
 
 from .._backend import Delivery, Finalization, Registered, Registration
 from .._errors import BackendError, BackendUnavailableError, DocumentTooLargeError, RevisionConflict
+from .._flow import FlowSpec
 from .._keys import window_key
 from .._options import InitialFactory, Reducer
 from .._payload import JsonSerializer
@@ -121,9 +122,13 @@ class Registrar:
         overlap: str = "allow",
         run_timeout: float | None = None,
         drop_stale: bool = False,
+        flow: FlowSpec | None = None,
+        size: int = 0,
+        now: float | None = None,
     ) -> Registration:
         self._leases.check_not_taken()
-        now = self._wall()  # the ping's time, kept through merges and retries
+        if now is None:
+            now = self._wall()  # the ping's time, kept through merges and retries
         try:
             kv_key = self._window_keys[workflow, key]
         except (KeyError, TypeError):  # TypeError: unhashable, window_key names it
@@ -170,6 +175,8 @@ class Registrar:
             queue=overlap == "queue-latest",
             run_timeout=run_timeout,
             drop_stale=drop_stale,
+            flow=flow,
+            size=size,
             now=now,
             deadline=deadline,
         )
@@ -424,6 +431,10 @@ class Registrar:
                         in_flight = False
                         self._view.lost_race(kv_key)
                         logger.debug("register %s: revision conflict, retrying", kv_key)
+                        if known is not None:
+                            # Written on a remembered document, now stale: read it at
+                            # once (no backoff: no peer contends with this write yet).
+                            continue
                     except DocumentTooLargeError as exc:
                         in_flight = False
                         assert sent is not None

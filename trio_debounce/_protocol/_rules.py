@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from .. import _engine
 from .._backend import Registered, Registration
+from .._flow import Flow, FlowSpec, describe
 from .._options import DEFAULT, InitialFactory, Reducer, WindowOptions
 from .._payload import PayloadSerializer
 from .._types import FireReason, Mode
@@ -68,6 +69,11 @@ class Ping:
     #: (its record would be too large for the store), so this ping does as pings did
     #: before the due-time rule, rather than fail.
     joins_due: bool = False
+    #: The flow-control window this ping is for (throttle, audit, batch, rate
+    #: limit; see :func:`flow_mode`), None for a debounce ping.
+    flow: FlowSpec | None = None
+    #: A batch item's serialized length, bytes (counted against ``max_bytes``).
+    size: int = 0
     #: No window option beyond mode, delay and max_delay: merged by fold_plain.
     plain: bool = field(init=False)
 
@@ -82,6 +88,7 @@ class Ping:
             and not self.queue
             and self.run_timeout is None
             and not self.drop_stale
+            and self.flow is None
         )
 
 
@@ -236,6 +243,7 @@ def is_plain_window(doc: WindowDoc | None, mode: Mode) -> bool:
         and doc.overflow is None
         and not doc.queue
         and doc.run_timeout is None
+        and doc.flow is None
     )
 
 
@@ -265,6 +273,13 @@ def window_state(
 
 def _check_same_options(doc: WindowDoc, ping: Ping) -> None:
     """Raise ValueError if ``ping``'s options differ from the open window's."""
+    if doc.flow != ping.flow:
+        raise ValueError(
+            f"{describe(ping.flow)} differs from {describe(doc.flow)} of the open window "
+            f"(run {doc.run_id})"
+        )
+    if doc.flow is not None:
+        return  # the spec is all of a flow window's parameters (its mode may be a cool-down's)
     if doc.mode is not ping.mode:
         raise ValueError(
             f"mode {ping.mode.value!r} differs from the mode {doc.mode.value!r} of the open "
@@ -316,6 +331,10 @@ def _open(
         return Registered.STALE, doc, None
     serializer = me.serializer
     payload = ping.text
+    mode = ping.mode
+    cool_until = cooling(doc, ping, now)
+    if cool_until is not None:
+        mode = Mode.TRAILING  # a throttle's cool-down: no leading fire
     window_opts = WindowOptions(
         max_count=ping.max_count,
         payload_policy=ping.payload_policy,
@@ -338,7 +357,7 @@ def _open(
         first,
         delay=ping.delay,
         max_delay=ping.max_delay,
-        mode=ping.mode,
+        mode=mode,
         opts=None if window_opts == DEFAULT else window_opts,
         order=ping.order_key,
         value=value,
@@ -351,16 +370,18 @@ def _open(
     elif ping.reducer is not None:
         payload = serializer.dumps(state.acc)
         held = state.held
-    if _engine.leading(ping.mode):
+    if _engine.leading(mode):
         # The leading fire happens with this write: its order key is fired.
         fired_order = _engine.fired_order_after(fired_order, ping.order_key)
     at = state.deadline
     cap = None if state.cap == _engine.INF else state.cap
+    if cool_until is not None:
+        at = cap = cool_until  # the cool-down's end, not a span from this ping
     new = WindowDoc(
         me.process_id,
         me.epoch,
         ping.run_id,
-        ping.mode,
+        mode,
         ping.delay,
         ping.max_delay,
         now,
@@ -386,8 +407,85 @@ def _open(
         max_order=ping.order_key,
         fired_order=fired_order,
         after=() if doc is None else ((doc.run_id, doc.write), *doc.after)[:AFTER_KEEP],
+        flow=ping.flow,
+        flow_fires=1 if mode is Mode.LEADING else 0,
+        size=ping.size,
     )
     return Registered.OPENED, new, None
+
+
+# ----------------------------------------------------------------- flow control
+
+
+def cooling(doc: WindowDoc | None, ping: Ping, now: float) -> float | None:
+    """The end of the cool-down a both-edges throttle ping at ``now`` opens its window
+    in (the tombstone ``doc`` of its key's last trailing fire keeps it), or None.
+
+    Raises:
+      ValueError: the ping is not one of that throttle (a mode clash, as with an open
+        window).
+    """
+    if doc is None or not doc.fired or doc.cancelled:
+        return None
+    if doc.cool_until is not None and now < doc.cool_until:
+        if doc.flow != ping.flow:
+            # The cool-down is the throttle's window, open until its end.
+            raise ValueError(
+                f"{describe(ping.flow)} differs from {describe(doc.flow)} of the window "
+                f"(run {doc.run_id}) cooling down until its end"
+            )
+        return doc.cool_until
+    if late_into(doc, ping, now) and doc.mode is Mode.BOTH:
+        # It landed after its window closed with no trailing fire: the trailing fire
+        # it would have made, at that window's end (due already).
+        return doc.at
+    return None
+
+
+def late_into(doc: WindowDoc, ping: Ping, now: float) -> bool:
+    """Does ``ping``, at ``now``, belong to the window whose tombstone ``doc`` is (its
+    time is before that window's end, but its write came after the window closed: a
+    compare-and-swap it lost, then a backoff)? A flow window's rules then apply to it
+    as if it had landed in time (a cancel's tombstone excepted)."""
+    return (
+        doc.fired
+        and not doc.cancelled
+        and doc.flow is not None
+        and doc.flow == ping.flow
+        and now < doc.at
+    )
+
+
+def _apply_flow(doc: WindowDoc, ping: Ping, now: float, write: str) -> tuple[Registered, WindowDoc]:
+    """A ping of an open leading-only throttle or rate-limit window (``doc``, not due
+    at ``now``): its fire within the limit (a write that counts it), or a drop (nothing
+    written: ``doc`` as read)."""
+    spec = doc.flow
+    assert spec is not None
+    if spec.flow is Flow.RATE_LIMIT and doc.flow_fires < spec.limit:
+        new = replace(
+            doc,
+            flow_fires=doc.flow_fires + 1,
+            count=doc.count + 1,
+            last=max(now, doc.last),
+            write=write,
+        )
+        return Registered.FIRED, new
+    return Registered.DROPPED, doc
+
+
+def dropped_result(doc: WindowDoc) -> Registration:
+    """The result of a ping that was dropped (nothing written)."""
+    return Registration(Registered.DROPPED, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
+
+
+def fire_shape(doc: WindowDoc) -> tuple[Mode, int, float]:
+    """The mode, ping count and first ping time of ``doc``'s trailing fire: a
+    both-edges throttle's trailing fire counts the pings after its leading fire (from
+    ``since``), a trailing fire of their own; any other window's, its own."""
+    if doc.flow is not None and doc.mode is Mode.BOTH and doc.count >= 2:
+        return Mode.TRAILING, doc.count - 1, doc.first if doc.since is None else doc.since
+    return doc.mode, doc.count, doc.first
 
 
 def apply_ping(
@@ -416,13 +514,23 @@ def apply_ping(
         under ``overflow="fire-early"``: nothing to write; it fires first.
       Exception: whatever the reducer or the serializer raise.
     """
+    if doc is not None and doc.mode is Mode.LEADING and late_into(doc, ping, now):
+        # A drop or a rate-limit fire of the closed window, as if it had landed in time.
+        outcome, new = _apply_flow(doc, ping, now, write)
+        return outcome, new, None
     if doc is None or doc.fired:
         return _open(doc, ping, me, now, write, blocked_until)
     _check_same_options(doc, ping)
     if ping.drop_stale and is_stale(ping.order_key, doc.fired_order):
         return Registered.STALE, doc, None
+    spec = doc.flow
+    if spec is not None and doc.mode is Mode.LEADING:
+        outcome, new = _apply_flow(doc, ping, now, write)
+        return outcome, new, None
     if doc.overflow == "fire-early" and doc.items >= (doc.max_items or 0):
         raise WindowFull(doc)
+    if spec is not None and spec.max_bytes is not None and doc.size + ping.size > spec.max_bytes:
+        raise WindowFull(doc)  # the batch fires before this item
     serializer = me.serializer
     reducer = ping.reducer
     payload = ping.text
@@ -475,6 +583,10 @@ def apply_ping(
         "max_order": state.max_order if opts is not None else doc.max_order,
         "running": doc.running if blocked_until is not None else None,
     }
+    if spec is not None:
+        changes["size"] = doc.size + ping.size
+        if doc.mode is Mode.BOTH and doc.count == 1:
+            changes["since"] = now  # the first ping after the leading fire
     if doc.accumulates:
         # Bounded by the store's size limit too: "fire-early" fires what the window
         # holds, "drop-oldest" drops more of the lowest items.
@@ -568,7 +680,8 @@ def apply_batch(
                         Registered.COALESCED,
                         full.doc.run_id,
                         full.doc.mode,
-                        full.doc.at,
+                        # A batch's fire: at this item's time (it could not hold it).
+                        full.doc.at if full.doc.flow is None else at,
                         full.doc.first,
                         full.doc.count,
                         stored=False,
@@ -587,11 +700,22 @@ def apply_batch(
                 return None
             answers.append((ping, stale_result(new, blocked, at)))
             continue
+        if outcome is Registered.DROPPED:
+            if remembered:
+                return None  # decided on a fresh read
+            answers.append((ping, dropped_result(new)))
+            continue
+        if outcome is Registered.FIRED:
+            if applied:
+                return Applied(applied, doc, take_at, list(pending[index:]), answers)
+            # Alone in its write: its result names its own run.
+            applied.append((ping, outcome))
+            return Applied(applied, new, None, list(pending[index + 1 :]), answers)
         applied.append((ping, outcome))
         doc, take_at = new, take
         if outcome is not Registered.COALESCED:
             live = True  # ours from now on
-        if ping.alone or (outcome is Registered.OPENED and ping.mode is not Mode.TRAILING):
+        if ping.alone or (outcome is Registered.OPENED and new.mode is not Mode.TRAILING):
             return Applied(applied, doc, take_at, list(pending[index + 1 :]), answers)
     return Applied(applied, doc, take_at, [], answers)
 
@@ -721,16 +845,27 @@ def fire_time(doc: WindowDoc, now: float, force: bool) -> float:
     return max(doc.at, released)
 
 
-def fire_reason(doc: WindowDoc, fired_at: float) -> FireReason:
+def fire_reason(doc: WindowDoc, fired_at: float, *, early: bool = False) -> FireReason:
     """Why the trailing fire of ``doc`` at ``fired_at`` fired
     (:func:`~trio_debounce._engine.trailing_reason`), judged against the due time its
     pings set: a due time that a flush from outside moved earlier
-    (``_control.Control.request_flush``) makes a ``"flush"`` fire."""
+    (``_control.Control.request_flush``) makes a ``"flush"`` fire, and so does an
+    ``early`` one (``overflow="fire-early"``), except a batch's (``"max-bytes"``). A
+    flow window's fire gives its mode's reason (``"interval"``, ``"max-wait"``,
+    ``"max-items"``)."""
+    if early and doc.flow is not None and doc.flow.flow is Flow.BATCH:
+        return FireReason.MAX_BYTES
     cap = _engine.INF if doc.cap is None else doc.cap
     due = doc.at
     if doc.max_count is None or doc.count < doc.max_count:
         due = max(due, _engine.deadline_of(doc.last, doc.delay, cap))
-    return _engine.trailing_reason(fired_at, due, cap, doc.count, doc.max_count)
+    reason = _engine.trailing_reason(fired_at, due, cap, doc.count, doc.max_count)
+    spec = doc.flow
+    if spec is None or reason is FireReason.FLUSH:
+        return reason
+    if spec.flow is Flow.BATCH:
+        return FireReason.MAX_ITEMS if reason is FireReason.MAX_COUNT else FireReason.MAX_WAIT
+    return FireReason.INTERVAL
 
 
 def tombstone(doc: WindowDoc, write: str, fired_at: float, me: Identity) -> WindowDoc:
@@ -747,4 +882,15 @@ def tombstone(doc: WindowDoc, write: str, fired_at: float, me: Identity) -> Wind
     if doc.queue and pending:
         until = None if doc.run_timeout is None else fired_at + doc.run_timeout
         running = RunMarker(me.process_id, me.epoch, doc.run_id, until)
-    return replace(doc, fired=True, write=write, running=running, fired_order=fired_order)
+    cool_until = None
+    spec = doc.flow
+    if spec is not None and spec.flow is Flow.THROTTLE and spec.trailing and pending:
+        cool_until = fired_at + spec.span  # the next fire of the key waits for it
+    return replace(
+        doc,
+        fired=True,
+        write=write,
+        running=running,
+        fired_order=fired_order,
+        cool_until=cool_until,
+    )

@@ -1,0 +1,240 @@
+"""Throttle, audit, batch and rate limit across processes: coordinators that share a
+``MemoryBackend`` store (MockClock), one window per key whoever pings it (see
+docs/protocol.rst, "Flow-control windows"). ``test_flow_shared_properties.py`` checks
+random timelines against the reference model; these are the cases by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from tests.harness.fires import Fires
+from tests.harness.memory import LEASE, WF, near, process, processes
+from trio_debounce import Outcome
+from trio_debounce.testing import MemoryStore
+
+
+def fired(fires: Fires, key: str = "k") -> list[tuple[str, Any, int, str, str]]:
+    """(process, payload, ping count, edge, reason) of the key's fires."""
+    return [(p, f.payload, f.ping_count, f.edge.value, f.reason.value) for p, f in fires.of(key)]
+
+
+async def test_a_throttle_fires_the_leading_edge_where_it_opened_and_the_trailing_at_its_end(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A", "B"]) as (a, b):
+        t0 = trio.current_time()
+        first = await a.throttle(WF, "k", 1, interval=10.0)
+        assert first.outcome is Outcome.FIRE_IMMEDIATE
+        await trio.sleep(1.0)
+        second = await b.throttle(WF, "k", 2, interval=10.0)
+        await trio.sleep(1.0)
+        third = await b.throttle(WF, "k", 3, interval=10.0)
+        assert (second.outcome, third.outcome) == (Outcome.COALESCE, Outcome.COALESCE)
+        assert third.scheduled_at == near(t0 + 10.0)
+        await trio.sleep(9.0)  # t=11
+        assert fired(fires) == [
+            ("A", 1, 1, "leading", "leading"),
+            ("A", 3, 2, "trailing", "interval"),
+        ]
+        [_, (_, trailing)] = fires.of("k")
+        assert trailing.first_ping_at == near(t0 + 1.0)  # the first ping after the leading fire
+        assert trailing.fired_at == near(t0 + 10.0)
+        # The cool-down [10, 20): a ping in it fires no leading edge, but the next
+        # trailing one at its end.
+        fourth = await b.throttle(WF, "k", 4, interval=10.0)
+        assert fourth.outcome is Outcome.COALESCE
+        await trio.sleep(10.0)  # t=21
+        assert fired(fires)[2:] == [("B", 4, 1, "trailing", "interval")]
+        assert fires.of("k")[2][1].fired_at == near(t0 + 20.0)
+        # Nothing in [20, 30): the cool-down ends with no fire; a ping after it fires
+        # at once.
+        await trio.sleep(10.0)  # t=31
+        assert len(fires.of("k")) == 3
+        fifth = await a.throttle(WF, "k", 5, interval=10.0)
+        assert fifth.outcome is Outcome.FIRE_IMMEDIATE
+        await trio.sleep(0.1)
+        assert fired(fires)[3:] == [("A", 5, 1, "leading", "leading")]
+
+
+async def test_a_cool_down_longer_than_a_lease_outlives_the_sweeper(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    interval = 20 * LEASE
+    async with processes(store, fires, ["A", "B"]) as (a, b):
+        t0 = trio.current_time()
+        await a.throttle(WF, "k", 1, interval=interval)
+        await b.throttle(WF, "k", 2, interval=interval)
+        await trio.sleep(interval + 1.0)
+        assert len(fires.of("k")) == 2
+        await trio.sleep(interval / 2)  # many sweeps later, inside the cool-down
+        late = await b.throttle(WF, "k", 3, interval=interval)
+        assert late.outcome is Outcome.COALESCE  # no leading fire: cooling down
+        await trio.sleep(interval)
+        assert fired(fires)[2:] == [("B", 3, 1, "trailing", "interval")]
+        assert fires.of("k")[2][1].fired_at == near(t0 + 2 * interval)
+
+
+async def test_a_leading_only_throttle_drops_the_pings_of_its_window_in_every_process(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A", "B"]) as (a, b):
+        t0 = trio.current_time()
+        assert (await a.throttle(WF, "k", 1, interval=5.0, trailing=False)).outcome is (
+            Outcome.FIRE_IMMEDIATE
+        )
+        await trio.sleep(1.0)
+        dropped = await b.throttle(WF, "k", 2, interval=5.0, trailing=False)
+        assert dropped.outcome is Outcome.DROPPED
+        assert (await a.throttle(WF, "k", 3, interval=5.0, trailing=False)).outcome is (
+            Outcome.DROPPED
+        )
+        assert (a.statistics().dropped_pings, b.statistics().dropped_pings) == (1, 1)
+        await trio.sleep_until(t0 + 5.0)  # exactly the window's end: the next window
+        again = await b.throttle(WF, "k", 4, interval=5.0, trailing=False)
+        assert again.outcome is Outcome.FIRE_IMMEDIATE
+        await trio.sleep(10.0)
+        assert fired(fires) == [
+            ("A", 1, 1, "leading", "leading"),
+            ("B", 4, 1, "leading", "leading"),
+        ]
+
+
+async def test_an_audit_fires_the_latest_payload_at_its_interval(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A", "B"]) as (a, b):
+        t0 = trio.current_time()
+        opened = await a.throttle(WF, "k", 1, interval=10.0, leading=False)
+        assert opened.outcome is Outcome.SCHEDULE_TRAILING
+        for t, payload in ((3.0, 2), (9.0, 3)):
+            await trio.sleep_until(t0 + t)
+            assert (await b.throttle(WF, "k", payload, interval=10.0, leading=False)).outcome is (
+                Outcome.COALESCE
+            )
+        await trio.sleep_until(t0 + 11.0)
+        assert fired(fires) == [("A", 3, 3, "trailing", "interval")]
+        assert fires.of("k")[0][1].fired_at == near(t0 + 10.0)
+
+
+async def test_a_batch_fires_at_its_nth_item_wherever_it_comes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A", "B"]) as (a, b):
+        t0 = trio.current_time()
+        await a.batch(WF, "k", "x", max_wait=60.0, max_items=3)
+        await trio.sleep(1.0)
+        await b.batch(WF, "k", "y", max_wait=60.0, max_items=3)
+        await trio.sleep(1.0)
+        third = await b.batch(WF, "k", "z", max_wait=60.0, max_items=3)
+        assert (third.outcome, third.ping_count) == (Outcome.COALESCE, 3)
+        await trio.sleep(0.5)
+        assert [f[1:] for f in fired(fires)] == [(["x", "y", "z"], 3, "trailing", "max-items")]
+        assert fires.of("k")[0][1].fired_at == near(t0 + 2.0)  # that item's instant
+        # The next item opens the next batch, fired by max_wait.
+        nxt = await a.batch(WF, "k", "w", max_wait=60.0, max_items=3)
+        assert nxt.outcome is Outcome.SCHEDULE_TRAILING
+        await trio.sleep(61.0)
+        assert [f[1:] for f in fired(fires)][1:] == [(["w"], 1, "trailing", "max-wait")]
+
+
+async def test_a_batch_fires_before_an_item_that_would_pass_max_bytes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A", "B"]) as (a, b):
+        await a.batch(WF, "k", "aaaa", max_wait=60.0, max_bytes=10)  # 6 bytes as JSON
+        await trio.sleep(1.0)
+        over = await b.batch(WF, "k", "bbbb", max_wait=60.0, max_bytes=10)  # 6 more
+        assert over.outcome is Outcome.SCHEDULE_TRAILING  # it opened the next batch
+        await trio.sleep(0.5)
+        assert [f[1:] for f in fired(fires)] == [(["aaaa"], 1, "trailing", "max-bytes")]
+        with pytest.raises(ValueError, match="13 bytes as JSON, more than max_bytes=10"):
+            await a.batch(WF, "k", "x" * 11, max_wait=60.0, max_bytes=10)
+        await trio.sleep(61.0)
+        assert [f[1] for f in fired(fires)] == [["aaaa"], ["bbbb"]]
+
+
+async def test_a_rate_limit_counts_the_fires_of_every_process(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A", "B"]) as (a, b):
+        t0 = trio.current_time()
+        one = await a.rate_limit(WF, "k", 1, limit=2, period=10.0)
+        await trio.sleep(1.0)
+        two = await b.rate_limit(WF, "k", 2, limit=2, period=10.0)
+        three = await a.rate_limit(WF, "k", 3, limit=2, period=10.0)
+        assert [r.outcome for r in (one, two, three)] == [
+            Outcome.FIRE_IMMEDIATE,
+            Outcome.FIRE_IMMEDIATE,
+            Outcome.DROPPED,
+        ]
+        assert len({one.active_run_id, two.active_run_id}) == 2  # each fire its own run
+        await trio.sleep_until(t0 + 10.0)
+        four = await b.rate_limit(WF, "k", 4, limit=2, period=10.0)
+        assert four.outcome is Outcome.FIRE_IMMEDIATE
+        await trio.sleep(1.0)
+        assert fired(fires) == [
+            ("A", 1, 1, "leading", "leading"),
+            ("B", 2, 1, "leading", "leading"),
+            ("B", 4, 1, "leading", "leading"),
+        ]
+        assert [f.fired_at for _, f in fires.of("k")] == [near(t0), near(t0 + 1.0), near(t0 + 10.0)]
+        assert [f.run_id for _, f in fires.of("k")][:2] == [one.active_run_id, two.active_run_id]
+        assert a.statistics().dropped_pings == 1
+
+
+async def test_a_ping_of_another_mode_or_parameters_raises_and_changes_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A", "B"]) as (a, b):
+        await a.throttle(WF, "k", 1, interval=10.0)
+        with pytest.raises(ValueError, match=r"throttle\(interval=5.0.*differs from throttle"):
+            await b.throttle(WF, "k", 2, interval=5.0)
+        with pytest.raises(ValueError, match=r"debounce\(\) differs from throttle"):
+            await b.debounce(WF, "k", 2, delay=10.0, max_delay=10.0, mode="both")
+        with pytest.raises(ValueError, match=r"rate_limit\(limit=1, period=10.0\) differs"):
+            await b.rate_limit(WF, "k", 2, limit=1, period=10.0)
+        await b.debounce(WF, "d", 1, delay=10.0)
+        with pytest.raises(ValueError, match=r"batch\(.*\) differs from debounce\(\)"):
+            await a.batch(WF, "d", 2, max_wait=10.0)
+        await trio.sleep(11.0)
+        assert fired(fires) == [("A", 1, 1, "leading", "leading")]
+        assert [f.payload for _, f in fires.of("d")] == [1]
+
+
+async def test_nowait_forms_need_no_backend(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A"]) as (a,):
+        with pytest.raises(RuntimeError, match=r"await the throttle\(\) method"):
+            a.throttle_nowait(WF, "k", interval=1.0)
+        with pytest.raises(RuntimeError, match=r"await the rate_limit\(\) method"):
+            a.rate_limit_nowait(WF, "k", limit=1, period=1.0)
+        with pytest.raises(RuntimeError, match=r"await the batch\(\) method"):
+            a.batch_nowait(WF, "k", 1, max_wait=1.0)
+
+
+async def test_a_dead_owners_throttle_fires_its_trailing_edge_at_a_survivor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with process(store, fires, "B") as (b, _, _):
+        async with process(store, fires, "A") as (a, _, a_scope):
+            await a.throttle(WF, "k", 1, interval=30.0)
+            await b.throttle(WF, "k", 2, interval=30.0)
+            a_scope.cancel()  # A dies: no exit, no hand-off
+        await trio.sleep(30.0 + 2 * LEASE)
+        assert fired(fires) == [
+            ("A", 1, 1, "leading", "leading"),
+            ("B", 2, 1, "trailing", "interval"),
+        ]

@@ -1,0 +1,152 @@
+"""Hypothesis: random timelines of throttle, audit, batch and rate-limit pings, each
+made by one of two processes that share a ``MemoryBackend`` store, match the flow
+reference model (``tests/harness/flow_model.py``) of one process: the same results,
+and the same fires (times within the wall clock's rounding), ties included. Whoever
+pings, a key has one window (see docs/protocol.rst, "Flow-control windows").
+
+The timelines are those of ``tests/local/test_flow_properties.py`` without its cancels
+and flushes (steering across processes is tested by name in ``test_flow_shared.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.harness.fires import Fires
+from tests.harness.flow_model import FlowFire, FlowModel
+from tests.harness.memory import processes
+from tests.local.test_flow_properties import KEYS, Op, size, timelines
+from trio_debounce.testing import MemoryStore
+
+#: The store's wall-clock epoch (Trio's clock at 0).
+EPOCH = 1_000.0
+
+
+def run_model(timeline: list[Op], times: list[float]) -> tuple[list[Any], list[FlowFire], int]:
+    """The model's results and fires for ``timeline``, each op at its time in ``times``
+    (as the shared run made it: a ping that follows pings of the same instant may come a
+    little later, after their writes; wall clock, as the backend decides)."""
+    model = FlowModel()
+    results: list[Any] = []
+    for i, (op, t) in enumerate(zip(timeline, times, strict=True)):
+        ident = KEYS[op.key]
+        try:
+            if op.kind == "batch":
+                span, items, limit = op.params
+                if limit is not None and size(i) > limit:
+                    raise ValueError("too big")
+                results.append(
+                    model.batch(
+                        t, ident, i, size=size(i), max_wait=span, max_items=items, max_bytes=limit
+                    )
+                )
+            elif op.kind == "rate":
+                results.append(
+                    model.rate_limit(t, ident, i, period=op.params[0], limit=op.params[1])
+                )
+            else:
+                results.append(
+                    model.throttle(
+                        t,
+                        ident,
+                        i,
+                        interval=op.params[0],
+                        leading=op.kind != "audit",
+                        trailing=op.kind != "throttle-leading",
+                    )
+                )
+        except ValueError:
+            results.append("ValueError")
+    model.advance(math.inf)
+    return results, model.fires, model.dropped
+
+
+def run_shared(
+    timeline: list[Op], who: list[int]
+) -> tuple[list[Any], list[FlowFire], int, list[float]]:
+    results: list[Any] = []
+    times: list[float] = []
+    fires = Fires()
+
+    async def main() -> int:
+        store = MemoryStore(epoch=EPOCH)
+        async with processes(store, fires, ["A", "B"]) as coordinators:
+            for name, c in zip("AB", coordinators, strict=True):
+                c.set_handler("other", fires.handler(name))
+            t0 = trio.current_time()
+            t = 0.0
+            for i, op in enumerate(timeline):
+                t += op.dt
+                await trio.sleep_until(t0 + t)
+                c = coordinators[who[i % len(who)]]
+                # The ping's time as the backend reads it: the model then decides ties
+                # on the same floats (wall clock, the store's epoch on Trio's clock).
+                times.append(EPOCH + trio.current_time())
+                workflow, key = KEYS[op.key]
+                try:
+                    if op.kind == "batch":
+                        span, items, limit = op.params
+                        r = await c.batch(
+                            workflow, key, i, max_wait=span, max_items=items, max_bytes=limit
+                        )
+                    elif op.kind == "rate":
+                        r = await c.rate_limit(
+                            workflow, key, i, period=op.params[0], limit=op.params[1]
+                        )
+                    else:
+                        r = await c.throttle(
+                            workflow,
+                            key,
+                            i,
+                            interval=op.params[0],
+                            leading=op.kind != "audit",
+                            trailing=op.kind != "throttle-leading",
+                        )
+                except ValueError:
+                    results.append("ValueError")
+                else:
+                    results.append(r.outcome.value)
+            await trio.sleep(100.0)  # every window's end (spans are at most 2 s)
+            for c in coordinators:
+                assert c.statistics().pending_trailing_fires == 0
+            return sum(c.statistics().dropped_pings for c in coordinators)
+
+    dropped = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    converted = [
+        FlowFire(
+            EPOCH + f.fired_at,
+            (f.workflow, f.key),
+            f.payload,
+            f.ping_count,
+            f.edge.value,
+            f.reason.value,
+        )
+        for _, f in fires.log
+    ]
+    return results, converted, dropped, times
+
+
+def _key(f: FlowFire) -> tuple[Any, ...]:
+    # Fire times come back through the wall clock to Trio's and back: within 1e-6.
+    return (round(f.fired_at, 6), f.ident, repr(f.payload), f.ping_count, f.edge, f.reason)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    timelines().map(lambda ops: [op for op in ops if op.kind not in ("cancel", "flush")]),
+    st.lists(st.booleans(), min_size=1, max_size=8),
+)
+def test_two_processes_match_the_flow_model_of_one(timeline: list[Op], who: list[bool]) -> None:
+    results, fires, dropped, times = run_shared(timeline, [int(w) for w in who])
+    expected_results, expected_fires, expected_dropped = run_model(timeline, times)
+    assert results == expected_results
+    assert [_key(f) for f in sorted(fires, key=_key)] == [
+        _key(f) for f in sorted(expected_fires, key=_key)
+    ]
+    assert dropped == expected_dropped
