@@ -238,3 +238,52 @@ async def test_a_dead_owners_throttle_fires_its_trailing_edge_at_a_survivor(
             ("A", 1, 1, "leading", "leading"),
             ("B", 2, 1, "trailing", "interval"),
         ]
+
+
+async def test_a_flush_fires_a_throttle_now_and_starts_its_cool_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A", "B"]) as (a, b):
+        t0 = trio.current_time()
+        await a.throttle(WF, "k", 1, interval=10.0)
+        await b.throttle(WF, "k", 2, interval=10.0)
+        await trio.sleep(3.0)
+        # A owns the window; its ping alone gave it no trailing fire, so the flush says
+        # False (none *known*: docs/protocol.rst, "Modes across processes") and fires
+        # what B's ping left pending.
+        assert not await a.flush(WF, "k")
+        await trio.sleep(0.1)
+        assert fired(fires) == [
+            ("A", 1, 1, "leading", "leading"),
+            ("A", 2, 1, "trailing", "flush"),
+        ]
+        assert fires.of("k")[1][1].fired_at == near(t0 + 3.0)
+        # The cool-down runs from the flush: a ping at 12 (past the old end, 10) is
+        # still in it, and fires at 13.
+        await trio.sleep_until(t0 + 12.0)
+        assert (await b.throttle(WF, "k", 3, interval=10.0)).outcome is Outcome.COALESCE
+        await trio.sleep_until(t0 + 14.0)
+        assert fired(fires)[2:] == [("A", 3, 1, "trailing", "interval")] or fired(fires)[2:] == [
+            ("B", 3, 1, "trailing", "interval")
+        ]
+        assert fires.of("k")[2][1].fired_at == near(t0 + 13.0)
+
+
+async def test_a_cancel_drops_the_pending_trailing_fire_and_keeps_no_cool_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A", "B"]) as (a, b):
+        await a.throttle(WF, "k", 1, interval=10.0)
+        await b.throttle(WF, "k", 2, interval=10.0)
+        assert await b.cancel(WF, "k")  # a peer's window: closed by a cancel tombstone
+        await trio.sleep(1.0)
+        # No cool-down: the next ping fires at once, closer than the interval.
+        assert (await b.throttle(WF, "k", 3, interval=10.0)).outcome is Outcome.FIRE_IMMEDIATE
+        await trio.sleep(30.0)
+        assert fired(fires) == [
+            ("A", 1, 1, "leading", "leading"),
+            ("B", 3, 1, "leading", "leading"),
+        ]
+        assert a.statistics().pending_trailing_fires == 0
