@@ -35,6 +35,12 @@ async def test_each_mode_keeps_one_window_per_key_across_processes(
             for i, who in enumerate((b, c, b), start=1):
                 r = await who.throttle("wf", "t", i, interval=1.0)
                 assert r.outcome is Outcome.COALESCE
+            # Audit: the first ping opens the window; the latest fires at its end.
+            opened = await c.throttle("wf", "au", "p", interval=1.0, leading=False)
+            assert opened.outcome is Outcome.SCHEDULE_TRAILING
+            for payload, who in (("q", a), ("r", b)):
+                r = await who.throttle("wf", "au", payload, interval=1.0, leading=False)
+                assert r.outcome is Outcome.COALESCE
             # Batch: the third item fires the batch, whoever sends it.
             for item, who in (("x", a), ("y", b), ("z", c)):
                 await who.batch("wf", "b", item, max_wait=30.0, max_items=3)
@@ -67,6 +73,9 @@ async def test_each_mode_keeps_one_window_per_key_across_processes(
     times = [f.fired_at for _, f in fires.of("t")]
     assert times[1] - times[0] == pytest.approx(1.0, abs=0.05)
     assert times[2] - times[1] == pytest.approx(1.0, abs=0.05)  # the cool-down's end
+    assert [(f.payload, f.ping_count, f.reason.value) for _, f in fires.of("au")] == [
+        ("r", 3, "interval")
+    ]
     assert [(f.payload, f.reason.value) for _, f in fires.of("b")] == [
         (["x", "y", "z"], "max-items")
     ]
