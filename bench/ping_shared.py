@@ -343,6 +343,94 @@ async def hot_key(
     }
 
 
+#: The pings of the flow hot key's variants: each awaits one ping of key "hot" by one
+#: coordinator (a debounce window: the baseline; a throttle, whose pings are absorbed
+#: as the debounce's are; a rate limit whose every ping fires, a write of its own).
+FLOW_HOT: dict[str, Any] = {
+    "debounce": lambda c, i: c.debounce(WF, "hot", i, delay=3600.0),
+    "throttle": lambda c, i: c.throttle(WF, "hot", i, interval=3600.0),
+    "rate-limit": lambda c, i: c.rate_limit(WF, "hot", i, limit=10**9, period=3600.0),
+}
+
+
+async def flow_hot_key(
+    url: str, variant: str, tasks: int, pings: int, cap: float
+) -> dict[str, Any]:
+    """``tasks`` tasks of one coordinator pinging one key with ``FLOW_HOT[variant]``
+    (``pings`` in all), for at most ``cap`` seconds: acknowledged pings (for the rate
+    limit, fires) per second of the time taken."""
+    ping = FLOW_HOT[variant]
+    per_task = max(1, pings // tasks)
+    acked = errors = fired = 0
+    async with (
+        open_nats_backend(config(url)) as backend,
+        trio_debounce.open_coordinator(
+            handlers={WF: _noop}, backend=backend, on_exit="cancel", on_backend_error="raise"
+        ) as coordinator,
+    ):
+        await ping(coordinator, -1)  # opens the window (and the connection's caches)
+
+        async def worker(w: int) -> None:
+            nonlocal acked, errors, fired
+            for i in range(per_task):
+                try:
+                    result = await ping(coordinator, w * per_task + i)
+                except trio_debounce.BackendError:
+                    errors += 1
+                    continue
+                acked += result.stored
+                fired += result.outcome is trio_debounce.Outcome.FIRE_IMMEDIATE
+
+        t0 = time.perf_counter()
+        with trio.move_on_after(cap):
+            async with trio.open_nursery() as nursery:
+                for w in range(tasks):
+                    nursery.start_soon(worker, w)
+        elapsed = time.perf_counter() - t0
+    return {"per_s": acked / elapsed, "errors": errors, "fired": fired, "seconds": elapsed}
+
+
+def flow_hot_key_item(ctx: Context) -> dict[str, Any]:
+    """100 tasks on one key over NATS: a throttle's and a rate limit's pings against a
+    debounce's (the baseline), paired in each round (issue 20)."""
+    variants = list(FLOW_HOT)
+    tasks = 100 if 100 in ctx.params.hot_tasks else max(ctx.params.hot_tasks)
+    pings = max(ctx.params.hot_pings, 2 * tasks)
+    got: dict[str, list[dict[str, Any]]] = {}
+
+    def one(r: int) -> None:
+        k = r % len(variants)
+        for name in variants[k:] + variants[:k]:
+            result = trio.run(flow_hot_key, ctx.url, name, tasks, pings, ctx.params.hot_cap)
+            got.setdefault(name, []).append(result)
+
+    n = run_rounds(ctx, "flow-hot-key", one)
+    base = [g["per_s"] for g in got["debounce"]]
+    rows = []
+    for name in variants[1:]:
+        rates = [g["per_s"] for g in got[name]]
+        errors = sum(g["errors"] for g in got[name])
+        fired = sum(g["fired"] for g in got[name])
+        rows.append(
+            row(
+                f"hot key, {name}, {tasks} tasks: acknowledged pings/s ({fired} fires, "
+                f"{errors} errors in all rounds)",
+                quantiles(rates)["median"],
+                "pings/s",
+                baseline=f"debounce on the same key, {tasks} tasks",
+                base=quantiles(base)["median"],
+                stats=ratio(rates, base),
+                ratio_label="ours / baseline",
+            )
+        )
+    return {
+        "title": "Flow-control hot key over NATS",
+        "rows": rows,
+        "rounds": n,
+        "rates": {k: [g["per_s"] for g in v] for k, v in got.items()},
+    }
+
+
 def _hot_proc(url: str, bucket: str, tasks: int, pings: int, start: float, cap: float) -> None:
     print(json.dumps(trio.run(hot_key, url, tasks, pings, bucket, start, cap)))
 

@@ -81,6 +81,7 @@ ITEMS: dict[str, Item] = {
     "nats-requests": Item(_ping_shared("requests_item"), nats=True),
     "owner-ping": Item(_ping_shared("owner_ping_item"), nats=True),
     "hot-key": Item(_ping_shared("hot_key_item"), nats=True, dbos=True),
+    "flow-hot-key": Item(_ping_shared("flow_hot_key_item"), nats=True),
     "runs": Item(_runs, nats=True, dbos=True),
 }
 #: The default run order: the slowest last (what is done is written after each item);
@@ -93,6 +94,7 @@ RUN_ORDER = (
     "nats-requests",
     "owner-ping",
     "hot-key",
+    "flow-hot-key",
     "runs",
     "replay",
     "scale",
