@@ -217,9 +217,106 @@ def draw_options(
     plt.close(fig)
 
 
+# ------------------------------------------------------------------ flow control
+
+#: (name, title, ping times, the coordinator method, its keyword arguments)
+FLOW_PINGS = [0.0, 0.5, 1.5, 2.5, 3.0, 4.5, 8.0, 8.5]
+FLOW_SCENARIOS: list[tuple[str, str, str, dict[str, Any]]] = [
+    (
+        "throttle",
+        "throttle(interval=2): a leading fire, then trailing fires 2 s apart (cool-downs)",
+        "throttle",
+        {"interval": 2.0},
+    ),
+    (
+        "throttle-leading",
+        "throttle(interval=2, trailing=False): the pings inside a window are dropped (x)",
+        "throttle",
+        {"interval": 2.0, "trailing": False},
+    ),
+    (
+        "audit",
+        "throttle(interval=2, leading=False) (audit): the latest ping, 2 s after the first",
+        "throttle",
+        {"interval": 2.0, "leading": False},
+    ),
+    (
+        "batch",
+        "batch(max_items=3, max_wait=2): at the 3rd item, or 2 s after the first",
+        "batch",
+        {"max_items": 3, "max_wait": 2.0},
+    ),
+    (
+        "rate-limit",
+        "rate_limit(limit=2, period=2): the first 2 pings of each window fire, the rest drop",
+        "rate_limit",
+        {"limit": 2, "period": 2.0},
+    ),
+]
+
+
+def simulate_flow(
+    method: str, kwargs: dict[str, Any]
+) -> tuple[list[tuple[float, str, trio_debounce.DebounceResult]], list[Any]]:
+    results = []
+    fires: list[trio_debounce.Fire] = []
+
+    async def record(fire: trio_debounce.Fire) -> None:
+        fires.append(fire)
+
+    async def main() -> None:
+        async with trio_debounce.open_coordinator(handlers={"wf": record}) as c:
+            for i, t in enumerate(FLOW_PINGS):
+                await trio.sleep_until(t)
+                payload = f"p{i}"
+                results.append((t, payload, await getattr(c, method)("wf", "k", payload, **kwargs)))
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return results, fires
+
+
+def draw_flow(name: str, title: str, method: str, kwargs: dict[str, Any]) -> None:
+    results, fires = simulate_flow(method, kwargs)
+    fig, ax = plt.subplots(figsize=(8, 2.4))
+    span = kwargs.get("interval", kwargs.get("max_wait", kwargs.get("period", 0.0)))
+    letters = {"schedule-trailing": "S", "fire-immediate": "F", "coalesce": "c", "dropped": "x"}
+    opened = [
+        t for t, _, r in results if r.outcome.value in ("schedule-trailing", "fire-immediate")
+    ]
+    for t in opened:  # each window from its opening, span long
+        ax.axvspan(t, t + span, ymin=0.25, ymax=0.85, color="tab:blue", alpha=0.10)
+    for f in fires:  # a throttle's cool-down after a trailing fire
+        if method == "throttle" and f.edge.value == "trailing" and kwargs.get("leading", True):
+            ax.axvspan(f.fired_at, f.fired_at + span, ymin=0.25, ymax=0.85, color="tab:gray",
+                       alpha=0.10, hatch="//")  # fmt: skip
+    for t, payload, r in results:
+        ax.plot([t, t], [0.35, 0.75], color="black", lw=1.5)
+        ax.text(
+            t, 0.8, f"{letters[r.outcome.value]} {payload}", ha="center", va="bottom", fontsize=7
+        )
+    for f in fires:
+        color = "tab:red" if f.edge.value == "trailing" else "tab:green"
+        ax.plot(f.fired_at, 0.55, marker="*", markersize=14, color=color)
+        payload = "[" + ", ".join(f.payload) + "]" if isinstance(f.payload, list) else f.payload
+        ax.text(f.fired_at, 0.22, f"{payload}\n{f.reason.value}", ha="center", va="top",
+                fontsize=7, color=color)  # fmt: skip
+    ax.set_ylim(-0.3, 1.05)
+    ax.set_xlim(-0.5, 11.0)
+    ax.set_yticks([])
+    ax.set_xlabel("time (s)")
+    ax.set_title(title + "; fires (*) with their reason", fontsize=8.5)
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(OUT / f"timeline-{name}.svg", metadata={"Date": None})
+    plt.close(fig)
+
+
 if __name__ == "__main__":
     OUT.mkdir(exist_ok=True)
     for scenario in SCENARIOS:
         draw(*scenario)
     for option_scenario in OPTION_SCENARIOS:
         draw_options(*option_scenario)
+    for flow_scenario in FLOW_SCENARIOS:
+        draw_flow(*flow_scenario)
