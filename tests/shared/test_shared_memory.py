@@ -613,6 +613,36 @@ async def test_contention_until_the_deadline_coalesces_without_storing(
     assert [(p, f.ping_count) for p, f in fires.log] == [("A", 1)]
 
 
+@pytest.mark.parametrize("ping", ["both-edges", "throttle"])
+async def test_contention_never_absorbs_unstored_a_ping_no_fire_would_carry(
+    autojump_clock: trio.testing.MockClock, ping: str
+) -> None:
+    # A both-edges window with one ping has no trailing fire to come: B's ping, not
+    # stored, would be in no fire. A flow window counts each accepted ping in a fire.
+    # Either way B's ping raises (it never fails open into a lost ping).
+    store, fires = MemoryStore(), Fires()
+    b_backend = backend(store, "B", op_timeout=1.0)
+    async with (
+        processes(store, fires, "A") as (a,),
+        open_coordinator(
+            handlers={"wf": fires.handler("B")}, backend=b_backend, on_backend_error="raise"
+        ) as b,
+    ):
+        if ping == "both-edges":
+            await a.debounce("wf", "k", "a", delay=5.0, mode="both")
+        else:
+            await a.throttle("wf", "k", "a", interval=5.0)
+            await a.throttle("wf", "k", "a2", interval=5.0)  # a trailing fire pending
+        b_backend.faults.conflict_next(1000)
+        with pytest.raises(BackendUnavailableError, match=r"did not complete within 1\.0 s"):
+            if ping == "both-edges":
+                await b.debounce("wf", "k", "b", delay=5.0, mode="both")
+            else:
+                await b.throttle("wf", "k", "b", interval=5.0)
+        assert b_backend.unstored_coalesces == 0
+        b_backend.faults.clear()
+
+
 async def test_contention_without_a_live_owner_is_a_backend_error(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -796,14 +796,18 @@ def absorbs_unstored(
 ) -> bool:
     """After a batch found no write within its deadline (contention, not an outage):
     may its ``pings`` be coalesced into ``doc`` without being stored? Yes when a live
-    peer owns the open window and has a fire pending that comes after their arrival."""
+    peer owns the open window and has a trailing fire pending that comes after their
+    arrival (a both-edges window with one ping has none: stored, the ping would have
+    made one), and the window is not a flow window (each of whose accepted pings is
+    counted in a fire)."""
     return (
         doc is not None
         and not doc.fired
         and live
         and not me.owns(doc)
-        and doc.mode is not Mode.LEADING
+        and _engine.trailing_pending(doc.mode, doc.count)
         and not doc.accumulates
+        and doc.flow is None
         and all(ping.now is None or ping.now < doc.at for ping in pings)
     )
 
