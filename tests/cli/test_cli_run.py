@@ -173,10 +173,6 @@ def test_rate_limit_drops_past_the_limit_and_batch_refuses_a_large_event() -> No
     ("options", "message"),
     [
         (
-            ["--mode", "throttle", "--interval", "1", "--backend", "nats://127.0.0.1:4222"],
-            "--mode throttle is in-process only for now",
-        ),
-        (
             ["--mode", "audit", "--interval", "1", "--delay", "1"],
             "--delay is an option of the debounce modes",
         ),

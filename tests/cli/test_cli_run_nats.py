@@ -209,6 +209,52 @@ def test_refused_credentials_exit_2_with_one_line_at_once(
 
 
 @pytest.mark.slow
+def test_two_processes_share_a_rate_limit_and_a_throttle(nats_server: NatsServer) -> None:
+    # --mode with --backend: one window per key across both processes. The rate limit
+    # lets 2 fires through among the 6 events; the throttle fires B's first event as
+    # its leading edge, A's later ones once as the trailing edge.
+    bucket = f"cli-{uuid.uuid4().hex[:12]}"
+    env = child_env(TRIO_DEBOUNCE_CONNECT_TIMEOUT="5")
+    common = ["--key-field", "key", "--backend", nats_server.url, "--bucket", bucket]
+    rate = ["--mode", "rate-limit", "--limit", "2", "--period", "60", *common]
+    throttle = ["--mode", "throttle", "--interval", "1", *common]
+    peers: list[Peer] = []
+    try:
+        peers = [
+            Peer([*rate, "--process-id", "rate-a"], env),
+            Peer([*rate, "--process-id", "rate-b"], env),
+            Peer([*throttle, "--process-id", "thr-a"], env),
+            Peer([*throttle, "--process-id", "thr-b"], env),
+        ]
+        ra, rb, ta, tb = peers
+        # Each is connected once a key of its own has fired (at once: a leading edge).
+        for index, peer in enumerate(peers):
+            peer.send({"key": f"ready-{index}"})
+        for index, peer in enumerate(peers):
+            assert peer.next_fire(timeout=10)["key"] == f"ready-{index}"
+        ra.send({"key": "r", "n": 0})
+        assert ra.next_fire(timeout=10)["payload"]["n"] == 0  # the window's first fire
+        for n in range(1, 6):
+            (rb, ra)[n % 2].send({"key": "r", "n": n})
+        tb.send({"key": "t", "n": 0})
+        assert tb.next_fire(timeout=10)["reason"] == "leading"
+        for n in (1, 2):
+            ta.send({"key": "t", "n": n})
+        time.sleep(2.0)  # the throttle's interval has ended; every rate event is in
+        printed = [fire for peer in peers for fire in peer.finish(10)]
+        for peer in peers:
+            assert peer.proc.returncode == 0, peer.stderr
+    finally:
+        for peer in peers:
+            peer.kill()
+    rated = [f for f in printed if f["key"] == "r"]
+    assert len(rated) == 1  # the second of the window's two fires (the first read above)
+    assert rated[0]["reason"] == "leading"
+    throttled = [(f["payload"]["n"], f["pings"], f["reason"]) for f in printed if f["key"] == "t"]
+    assert throttled == [(2, 2, "interval")]
+
+
+@pytest.mark.slow
 def test_a_key_the_bucket_cannot_hold_is_a_bad_line(nats_server: NatsServer) -> None:
     lines = [
         json.dumps({"k": "x" * 2000}),  # too long once encoded as a KV key

@@ -275,11 +275,6 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         stop_grace = _validate.duration("--stop-grace", args.stop_grace)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
-    if flow is not None and args.backend is not None:
-        parser.error(
-            f"--mode {args.mode} is in-process only for now: the flow-control modes "
-            "(throttle, audit, batch, rate-limit) take no --backend"
-        )
     if args.backend is None:
         for option in ("bucket", "process_id"):
             if getattr(args, option) is not None:

@@ -71,8 +71,8 @@ class LiveOptions:
     #: On SIGTERM or SIGHUP: the seconds (float, >= 0) that running commands get to
     #: finish before their SIGTERM.
     stop_grace: float = 10.0
-    #: A flow-control mode (throttle, audit, batch, rate limit) instead of debouncing;
-    #: in-process only (the command line refuses it with a backend).
+    #: A flow-control mode (throttle, audit, batch, rate limit) instead of debouncing
+    #: (with a backend: shared across processes, as debounce windows are).
     flow: FlowOptions | None = None
 
     @property
@@ -501,7 +501,7 @@ async def _serve(
                     open_coordinator(handlers={_WORKFLOW: handler}, on_exit="flush")
                 )
             flow_ping: FlowPing | None = None
-            if options.flow is not None:
+            if options.flow is not None and backend is None:
                 flow_ping = options.flow.pinger(coordinator)
             with stop.intake:
                 # aclosing: the reader generator is closed here, not by the GC, if the
@@ -513,6 +513,24 @@ async def _serve(
                     except EventError as exc:
                         rejected += 1
                         stderr.write(f"trio-debounce: {exc}; skipped\n")
+                        continue
+                    if options.flow is not None and backend is not None:
+                        # A round trip, one at a time (each key's pings in input
+                        # order); a flow window never fails open: a ping the backend
+                        # did not take is reported and skipped.
+                        try:
+                            item = line["payload"] if batch else line
+                            await options.flow.call(coordinator, _WORKFLOW, key, item)
+                        except ValueError as exc:
+                            rejected += 1
+                            reason = refused_event(exc)
+                            stderr.write(f"trio-debounce: line {number}: {reason}; skipped\n")
+                        except BackendError as exc:
+                            rejected += 1
+                            stderr.write(
+                                f"trio-debounce: line {number}: not taken by the backend "
+                                f"({exc}); skipped\n"
+                            )
                         continue
                     if flow_ping is not None:
                         try:

@@ -177,8 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="debounce a live stream of lines from stdin",
         description=(
-            "Debounce lines from stdin on the real clock (or with a flow-control --mode, "
-            "in-process only for now: throttle, batch or rate-limit them). Each fire "
+            "Debounce lines from stdin on the real clock (or with a flow-control --mode: "
+            "throttle, batch or rate-limit them). Each fire "
             "prints a JSON line, or runs COMMAND with the payload on its stdin (a batch: "
             "one line per event) and TRIO_DEBOUNCE_KEY, TRIO_DEBOUNCE_PINGS and "
             "TRIO_DEBOUNCE_REASON in its environment. SIGTERM or SIGHUP stops it: the "

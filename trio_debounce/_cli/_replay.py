@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +141,35 @@ class FlowOptions:
             )
 
         return ping_throttle
+
+
+    def call(
+        self, coordinator: Coordinator, workflow: str, key: str, payload: Any
+    ) -> Awaitable[DebounceResult]:
+        """The coordinator's async method of this mode, called for one event (with a
+        backend, where a ping is a round trip and :meth:`pinger`'s ``_nowait`` methods
+        raise)."""
+        if self.mode == "batch":
+            return coordinator.batch(
+                workflow,
+                key,
+                payload,
+                max_wait=self.span,
+                max_items=self.max_items,
+                max_bytes=self.max_bytes,
+            )
+        if self.mode == "rate-limit":
+            return coordinator.rate_limit(
+                workflow, key, payload, limit=self.limit, period=self.span
+            )
+        return coordinator.throttle(
+            workflow,
+            key,
+            payload,
+            interval=self.span,
+            leading=self.leading and self.mode == "throttle",
+            trailing=self.trailing,
+        )
 
 
 def refused_event(exc: ValueError) -> str:
