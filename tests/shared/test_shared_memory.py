@@ -634,11 +634,12 @@ async def test_contention_never_absorbs_unstored_a_ping_no_fire_would_carry(
             await a.throttle("wf", "k", "a", interval=5.0)
             await a.throttle("wf", "k", "a2", interval=5.0)  # a trailing fire pending
         b_backend.faults.conflict_next(1000)
+        if ping == "both-edges":
+            call = b.debounce("wf", "k", "b", delay=5.0, mode="both")
+        else:
+            call = b.throttle("wf", "k", "b", interval=5.0)
         with pytest.raises(BackendUnavailableError, match=r"did not complete within 1\.0 s"):
-            if ping == "both-edges":
-                await b.debounce("wf", "k", "b", delay=5.0, mode="both")
-            else:
-                await b.throttle("wf", "k", "b", interval=5.0)
+            await call
         assert b_backend.unstored_coalesces == 0
         b_backend.faults.clear()
 
