@@ -152,12 +152,22 @@ def due_reason(state: WindowState, t: float) -> str | None:
 
 
 def trailing_reason(
-    fired_at: float, deadline: float, cap: float, count: int, max_count: int | None
+    fired_at: float,
+    deadline: float,
+    cap: float,
+    count: int,
+    max_count: int | None,
+    cause: FireReason | None = None,
 ) -> FireReason:
     """Why a trailing fire at ``fired_at`` of a window due at ``deadline`` fired:
-    ``"flush"`` before its due time; else :data:`DUE_COUNT` once ``count`` reached
-    ``max_count``, :data:`DUE_CAP` when the due time is the cap (``cap``: :data:`INF`
-    without a ``max_delay``), :data:`DUE_DELAY` otherwise."""
+    ``cause`` when the caller gives one (what made the fire, known where it was
+    made: :data:`~FireReason.OVERFLOW`, :data:`~FireReason.EXIT`,
+    :data:`~FireReason.RUN_END`...); else ``"flush"`` before its due time;
+    else :data:`DUE_COUNT` once ``count`` reached ``max_count``, :data:`DUE_CAP` when
+    the due time is the cap (``cap``: :data:`INF` without a ``max_delay``),
+    :data:`DUE_DELAY` otherwise."""
+    if cause is not None:
+        return cause
     if fired_at < deadline:
         return FireReason.FLUSH
     if max_count is not None and count >= max_count:
@@ -167,11 +177,27 @@ def trailing_reason(
     return DUE_DELAY
 
 
-def reason_of(state: WindowState, fired_at: float) -> FireReason:
+def reason_of(state: WindowState, fired_at: float, cause: FireReason | None = None) -> FireReason:
     """:func:`trailing_reason` of the window's trailing fire at ``fired_at``."""
     opts = state.opts
     max_count = None if opts is None else opts.max_count
-    return trailing_reason(fired_at, state.deadline, state.cap, state.count, max_count)
+    return trailing_reason(fired_at, state.deadline, state.cap, state.count, max_count, cause)
+
+
+#: Causes that name a fire only if it came before its due time (:func:`caused`).
+EARLY_CAUSES: Final = frozenset((FireReason.FLUSH, FireReason.EXIT))
+
+
+def caused(reason: FireReason, cause: FireReason | None) -> FireReason:
+    """The reason of a fire that another layer judged by time (``reason``: a
+    backend's, see ``_protocol._rules.fire_reason``), given what its caller knows made
+    it (``cause``, or None). An exit's flush (:data:`~FireReason.EXIT`) names only a
+    fire that came before its due time (judged ``"flush"``): one that was due anyway
+    keeps its reason. A later cause (:data:`~FireReason.RUN_END`,
+    :data:`~FireReason.ADOPTION`) names the fire whatever its time says."""
+    if cause is None or (cause in EARLY_CAUSES and reason is not FireReason.FLUSH):
+        return reason
+    return cause
 
 
 def scheduled_at(state: WindowState) -> float | None:

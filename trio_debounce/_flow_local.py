@@ -21,7 +21,7 @@ from trio.lowlevel import enable_ki_protection
 from . import _flow, _validate
 from ._firing import Handlers, Ledger, closed_error
 from ._flow import Absorbed, FlowFire, FlowSpec, FlowState
-from ._types import DebounceResult, Edge, Fire, Handler, Outcome
+from ._types import DebounceResult, Edge, Fire, FireReason, Handler, Outcome
 
 _DROPPED: Final = Outcome.DROPPED
 
@@ -363,9 +363,10 @@ class FlowWindows:
             self._ledger.pending_dropped()
         return True
 
-    def flush(self, ident: tuple[str, str]) -> bool:
+    def flush(self, ident: tuple[str, str], cause: FireReason = FireReason.FLUSH) -> bool:
         """Fire what the window ``ident`` has pending now (a throttle then starts its
-        cool-down); True if a fire was pending."""
+        cool-down); True if a fire was pending. ``cause``: the fire's reason,
+        ``"flush"`` or, for the exit's flush, ``"exit"``."""
         now = self._now()
         window = self._settled(ident, now)
         if window is None:
@@ -373,6 +374,8 @@ class FlowWindows:
         fire, goes_on = _flow.flush_flow(window.spec, window.state, now)
         if fire is None:
             return False
+        if cause is not fire.reason:
+            fire = fire._replace(reason=cause)
         self._start(window, fire, window.run_id, pending=True)
         if goes_on:
             window.run_id = uuid.uuid4().hex
@@ -383,9 +386,10 @@ class FlowWindows:
         return True
 
     def flush_all(self) -> None:
-        """The exit's ``on_exit="flush"``: every pending fire happens now."""
+        """The exit's ``on_exit="flush"``: every pending fire happens now (reason
+        ``"exit"``)."""
         for ident in list(self.windows):
-            self.flush(ident)
+            self.flush(ident, FireReason.EXIT)
 
     def cancel_all(self) -> None:
         """The exit's ``on_exit="cancel"``: every pending fire is dropped."""

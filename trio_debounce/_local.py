@@ -43,6 +43,10 @@ _SCHEDULE_TRAILING = Outcome.SCHEDULE_TRAILING
 _FIRE_IMMEDIATE = Outcome.FIRE_IMMEDIATE
 _STALE = Outcome.STALE
 _LEADING = FireReason.LEADING
+_FLUSH = FireReason.FLUSH
+_EXIT = FireReason.EXIT
+_OVERFLOW = FireReason.OVERFLOW
+_RUN_END = FireReason.RUN_END
 #: ``DebounceResult`` is a NamedTuple: ``tuple.__new__(DebounceResult, values)`` builds
 #: one without the keyword handling of its constructor (the hot path's way).
 new_tuple = tuple.__new__
@@ -447,14 +451,14 @@ class LocalWindows:
     def flush(self, ident: tuple[str, str]) -> bool:
         """Fire the open window ``ident`` now; True if a trailing fire was pending."""
         found = self._open_now(ident)
-        return found is not None and self._flush(*found)
+        return found is not None and self._flush(*found, _FLUSH)
 
     def flush_all(self) -> None:
         """The exit's ``on_exit="flush"``: every pending trailing fire happens now."""
         now = self._now()
         for window in list(self.windows.values()):
             if window.trailing and not _engine.is_due(window, now):
-                self._flush(window, now)
+                self._flush(window, now, _EXIT)
 
     def cancel_all(self) -> None:
         """The exit's ``on_exit="cancel"``: every pending trailing fire is dropped."""
@@ -478,16 +482,18 @@ class LocalWindows:
         if window.scope is not None:
             window.scope.cancel()
 
-    def _flush(self, window: Window, now: float) -> bool:
-        """Detach an open window; its task fires it at ``now`` if a fire is pending.
+    def _flush(self, window: Window, now: float, cause: FireReason) -> bool:
+        """Detach an open window; its task fires it at ``now`` if a fire is pending,
+        with reason ``cause`` (``"flush"``, or ``"exit"`` for the exit's flush).
 
         A "queue-latest" window is made due at ``now`` instead: it fires at once, or
-        waits for its key's run (it stays in the table, absorbing pings).
+        waits for its key's run (it stays in the table, absorbing pings, and fires
+        with ``"run-end"`` when the run ends).
         """
         if window.opts is not None:
             if window.opts.queue:
                 if not window.waiting:
-                    self.keys.queue_due(window, now)
+                    self.keys.queue_due(window, now, cause)
                 return True
             if window.trailing:
                 self.keys.note_fired(window)
@@ -495,6 +501,7 @@ class LocalWindows:
         if window.trailing:
             window.state = FLUSHED
             window.flushed_at = now
+            window.cause = cause
         else:
             window.state = CLOSED
         if window.scope is not None:
@@ -607,7 +614,7 @@ class LocalWindows:
             Edge.TRAILING,
             1,
             self._token(),
-            _engine.reason_of(window, fired_at),
+            _engine.reason_of(window, fired_at, window.cause),
         )
         return handler, fire, None if window.opts is None else window.run
 
@@ -667,11 +674,13 @@ class KeyState:
             self.note_order(window.ident, window.max_order)
 
     def due_now(self, window: Window, now: float) -> None:
-        """Make an open window with options due at ``now`` (overflow="fire-early")."""
+        """Make an open window with options due at ``now`` (overflow="fire-early"):
+        its fire says ``"overflow"``."""
         assert window.opts is not None
         if window.opts.queue:
-            self._commit_queued_fire(window, now)
+            self._commit_queued_fire(window, now, _OVERFLOW)
             return
+        window.cause = _OVERFLOW
         if window.trailing:
             self.note_fired(window)
         if window.scope is not None:
@@ -685,9 +694,10 @@ class KeyState:
             while window.state == OPEN and _engine.is_due(window, now):
                 self.queue_due(window, window.deadline)
 
-    def queue_due(self, window: Window, at: float) -> None:
+    def queue_due(self, window: Window, at: float, cause: FireReason | None = None) -> None:
         """A "queue-latest" window is due at ``at``: it waits while a run of its key
-        blocks (absorbing pings until the run ends or times out), else it fires."""
+        blocks (absorbing pings until the run ends or times out), else it fires
+        (``cause``: what made it due, a flush or the exit; None: its due time)."""
         run = self._runs.get(window.ident)
         if run is not None and _engine.wait_for_run(window, at, run.block_until):
             run.waiter = window
@@ -697,12 +707,21 @@ class KeyState:
                 # to: wake it at the block's end.
                 scope.deadline = window.deadline
             return
-        self._commit_queued_fire(window, at)
+        self._commit_queued_fire(window, at, cause)
 
-    def _commit_queued_fire(self, window: Window, at: float) -> None:
+    def _commit_queued_fire(
+        self, window: Window, at: float, cause: FireReason | None = None
+    ) -> None:
         """Commit a "queue-latest" window's fire at ``at``: its run blocks the key's
-        next fire from now on, even before the window's task starts the handler."""
+        next fire from now on, even before the window's task starts the handler.
+
+        Its reason is ``cause`` if given; else ``"run-end"`` for a window that waited
+        for its key's run (it fires when the run stopped blocking: its end, or its
+        ``run_timeout``), and its due time's reason otherwise."""
         assert window.opts is not None
+        if cause is None and window.waiting:
+            cause = _RUN_END
+        window.cause = cause
         ident = window.ident
         if self._windows.get(ident) is window:
             del self._windows[ident]
@@ -731,7 +750,7 @@ class KeyState:
             and waiter.waiting
             and not self._ledger.aborted
         ):
-            self._commit_queued_fire(waiter, self._now())
+            self._commit_queued_fire(waiter, self._now(), _RUN_END)
 
 
 def ping_any(

@@ -26,6 +26,7 @@ from ._backend import (
     DebounceBackend,
     Delivery,
     Finalization,
+    OwnedWindow,
     Registered,
     Registration,
 )
@@ -581,7 +582,8 @@ class SharedWindows:
     def flush_all(self) -> None:
         """The exit's ``on_exit="flush"``: every pending trailing fire is finalized now."""
         for shared in list(self.windows.values()):
-            if shared.pending_trailing:
+            if shared.pending_trailing and shared.state == OPEN:
+                shared.cause = FireReason.EXIT  # if it fires before its due time
                 self._flush(shared)
 
     def hand_off_all(self) -> None:
@@ -629,10 +631,11 @@ class SharedWindows:
         if orphans.deferred:
             self.reconcile_soon = True  # again at the next heartbeat, until adopted
         ledger.takeovers += len(orphans.windows)
+        adopted_at = self._now()
+        adopted_runs = {adopted.run_id for adopted in orphans.windows}
         if ledger.hook is not None:
-            now = self._now()
             for adopted in orphans.windows:
-                ledger.emit(WindowTakenOver(adopted.workflow, adopted.key, "adoption", now))
+                ledger.emit(WindowTakenOver(adopted.workflow, adopted.key, "adoption", adopted_at))
         for orphan in orphans.fires:
             self._nursery.start_soon(fires.refire, orphan)
         owned_windows = orphans.owned
@@ -676,6 +679,7 @@ class SharedWindows:
                     shared.deadline = deadline
                     shared.confirmed_at = self._now()
                     fires.set_pending(shared, owner_pending(shared))
+                    _note_adoption(shared, owned, adopted_runs, adopted_at, to_trio)
                 continue
             local = self._fail_open_runs.pop(owned.run_id, None)
             payload: Any = None
@@ -703,7 +707,7 @@ class SharedWindows:
                 owned.key,
                 owned.run_id,
             )
-            self._fires.arm(
+            armed = self._fires.arm(
                 ident,
                 owned.run_id,
                 owned.mode,
@@ -714,7 +718,22 @@ class SharedWindows:
                 on_fire,
                 takes_fire=False,
             )
+            _note_adoption(armed, owned, adopted_runs, adopted_at, to_trio)
         fires.closed_runs = {run: at for run, at in fires.closed_runs.items() if at >= listed_at}
+
+
+def _note_adoption(
+    shared: SharedWindow,
+    owned: OwnedWindow,
+    adopted_runs: set[str],
+    adopted_at: float,
+    to_trio: Callable[[float], float],
+) -> None:
+    """A window this process adopted from its dead owner at ``adopted_at`` (Trio's
+    clock) when it was due already fires late because of the adoption: its reason is
+    ``"adoption"``. One adopted before its due time keeps its usual reason."""
+    if owned.run_id in adopted_runs and to_trio(owned.scheduled_at) <= adopted_at:
+        shared.cause = FireReason.ADOPTION
 
 
 def _start_leading(

@@ -54,6 +54,7 @@ class SharedWindow:
     """
 
     __slots__ = (
+        "cause",
         "confirmed_at",
         "count",
         "deadline",
@@ -101,6 +102,10 @@ class SharedWindow:
         self.pending_trailing = False
         self.scope: trio.CancelScope | None = None
         self.state = OPEN
+        #: What this process knows made the fire (the exit's flush, the end of the
+        #: run it waited for, an adoption past its due time), or None; the backend's
+        #: reason is judged by time (see :func:`_engine.caused`).
+        self.cause: FireReason | None = None
 
     def __repr__(self) -> str:
         role = "taker" if self.takes_fire else "owner"
@@ -421,7 +426,7 @@ class SharedFires:
             Edge.TRAILING,
             1,
             result.fencing_token,
-            result.reason,
+            _engine.caused(result.reason, shared.cause),
         )
         ledger.pending -= 1
         ledger.running += 1
@@ -431,13 +436,20 @@ class SharedFires:
     # ---------------------------------------------------------- taken fires
 
     async def take_fire(
-        self, ident: tuple[str, str], run_id: str, *, early: bool, fire_at: float | None = None
+        self,
+        ident: tuple[str, str],
+        run_id: str,
+        *,
+        early: bool,
+        fire_at: float | None = None,
+        cause: FireReason | None = None,
     ) -> None:
         """Take the fire of the shared window ``run_id`` now, from whoever owns it (a
         compare-and-swap): an overflowing window under ``overflow="fire-early"``
-        (``early``: even while its key's run blocks), or a window that waited for a
-        ``queue-latest`` run that ended here. Its handler runs as a task. ``fire_at``:
-        the fire's logical time (wall clock; a batch's: the item it could not hold).
+        (``early``: even while its key's run blocks; the backend says ``"overflow"``),
+        or a window that waited for a ``queue-latest`` run that ended here (``cause``
+        ``"run-end"``). Its handler runs as a task. ``fire_at``: the fire's logical
+        time (wall clock; a batch's: the item it could not hold).
 
         Raises:
           BackendError: with ``early``, if the store failed (the ping is not stored).
@@ -470,7 +482,7 @@ class SharedFires:
             return
         if result.outcome is not Finalized.FIRE:
             return
-        self.run_taken(ident, run_id, result)
+        self.run_taken(ident, run_id, result, cause)
 
     def prove_taken(self, ident: tuple[str, str], run_id: str) -> None:
         """Prove, as a task, an at-most-once take of run ``run_id`` whose commit's
@@ -506,11 +518,18 @@ class SharedFires:
         finally:
             self._ledger.pending_dropped()
 
-    def run_taken(self, ident: tuple[str, str], run_id: str, result: Finalization) -> None:
+    def run_taken(
+        self,
+        ident: tuple[str, str],
+        run_id: str,
+        result: Finalization,
+        cause: FireReason | None = None,
+    ) -> None:
         """Run the fire of the shared window ``run_id`` that this process took (a
         ``fire`` finalization it committed as a taker): close its local window, if
         any, and start the trailing fire (if its mode and count call for one) as a
-        task, with the window's ``on_fire`` here, else the workflow's handler."""
+        task, with the window's ``on_fire`` here, else the workflow's handler
+        (``cause``: what made the fire, see :func:`_engine.caused`)."""
         old = self.windows.get(ident)
         on_fire = None
         if old is not None and old.run_id == run_id:
@@ -529,6 +548,7 @@ class SharedFires:
             on_fire,
             takes_fire=True,
         )
+        shared.cause = cause
         self.start_fire(shared, result)
 
     async def end_run(self, ident: tuple[str, str], run_id: str) -> None:
@@ -541,7 +561,7 @@ class SharedFires:
             logger.warning("could not record the end of run %s of %r/%r: %s", run_id, *ident, exc)
             return
         if waiting is not None:
-            await self.take_fire(ident, waiting, early=False)
+            await self.take_fire(ident, waiting, early=False, cause=FireReason.RUN_END)
 
     async def complete(self, fire_id: str | None) -> None:
         """The handler of an at-least-once fire returned: delete its fire record."""

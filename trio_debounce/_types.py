@@ -75,10 +75,25 @@ class FireReason(str, enum.Enum):
     ``INTERVAL`` (``"interval"``)
       A throttle's (or audit's) trailing edge at the end of its ``interval``.
     ``FLUSH`` (``"flush"``)
-      :meth:`~trio_debounce.Coordinator.flush`, an exit's ``on_exit="flush"``,
-      ``overflow="fire-early"``, or ``trio-debounce flush``.
+      :meth:`~trio_debounce.Coordinator.flush` or ``trio-debounce flush``, before the
+      window's due time.
     ``RE_RUN`` (``"re-run"``)
       A later attempt of a fire its process died in (at least once).
+    ``OVERFLOW`` (``"overflow"``)
+      A window under ``overflow="fire-early"`` (``payload_policy="collect"`` or a
+      reducer) fired early: a ping found it holding ``max_items`` payloads. A batch
+      says ``"max-bytes"`` instead.
+    ``EXIT`` (``"exit"``)
+      The coordinator's exit with ``on_exit="flush"`` fired the window before its due
+      time.
+    ``RUN_END`` (``"run-end"``)
+      An ``overlap="queue-latest"`` window came due while its key's run was executing
+      and fired when that run stopped blocking (it returned, or its ``run_timeout``
+      passed). A window no run held back keeps its usual reason.
+    ``ADOPTION`` (``"adoption"``)
+      A shared window whose owner died, fired by the process that adopted it, later
+      than its due time because of the adoption (a window adopted before its due time
+      keeps its usual reason).
     """
 
     LEADING = "leading"
@@ -91,6 +106,10 @@ class FireReason(str, enum.Enum):
     INTERVAL = "interval"
     FLUSH = "flush"
     RE_RUN = "re-run"
+    OVERFLOW = "overflow"
+    EXIT = "exit"
+    RUN_END = "run-end"
+    ADOPTION = "adoption"
 
     def __str__(self) -> str:
         return self.value
@@ -195,7 +214,8 @@ class Fire:
       reason (FireReason): why it fired: ``leading`` for a leading edge, the rule that
         made a trailing edge due (``delay``, ``max-delay``, ``max-count``, and for the
         flow-control modes ``interval``, ``max-items``, ``max-bytes``, ``max-wait``),
-        ``flush``, or ``re-run`` for a later attempt (at least once). The same as
+        ``flush``, ``exit``, ``overflow``, ``run-end``, ``adoption``, or ``re-run``
+        for a later attempt (at least once); see :class:`FireReason`. The same as
         :attr:`FireStarted.reason`.
     """
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import trio
 
     from ._options import InitialFactory, Reducer, WindowOptions
-    from ._types import Handler, Mode
+    from ._types import FireReason, Handler, Mode
 
 # Window states. ``OPEN`` windows fire when their deadline is reached; ``FLUSHED`` ones
 # fire at ``flushed_at`` as soon as their task runs; ``CLOSED`` ones never fire again.
@@ -36,6 +36,7 @@ class Window(WindowState):
     """
 
     __slots__ = (
+        "cause",
         "flushed_at",
         "ident",
         "on_fire",
@@ -53,6 +54,10 @@ class Window(WindowState):
     state: int
     #: The time a flush committed the fire at (state FLUSHED).
     flushed_at: float
+    #: What made the trailing fire, set where it was made (a flush, the exit,
+    #: ``overflow="fire-early"``, the end of a ``queue-latest`` run), or None: judged
+    #: by time (see :func:`_engine.trailing_reason`).
+    cause: FireReason | None
     reducer: tuple[Reducer, InitialFactory | None]  # (fn, initial factory) of a reducer window
     run: KeyRun | None  # the run of a committed "queue-latest" fire
 
@@ -92,6 +97,7 @@ class Window(WindowState):
         window.scope = None
         window.state = OPEN
         window.flushed_at = 0.0
+        window.cause = None
         window.run = None
         return window
 

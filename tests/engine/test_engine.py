@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.harness.model import DEFAULT as MODEL_DEFAULT
 from tests.harness.model import Model, ModelFire, Options
-from trio_debounce import Mode, open_coordinator
+from trio_debounce import FireReason, Mode, open_coordinator
 from trio_debounce import _engine as engine
 from trio_debounce._options import WindowOptions, window_options
 
@@ -378,3 +378,19 @@ def test_the_hot_path_is_taken_by_the_property_test(mode: Mode) -> None:
     # trailing: the second and third pings; both: the third (from the second the
     # window is pending); leading: never (no pending trailing fire).
     assert hot == {Mode.TRAILING: 2, Mode.BOTH: 1, Mode.LEADING: 0}[mode]
+
+
+def test_a_cause_from_the_call_site_names_the_fire() -> None:
+    R = FireReason
+    # Judged by time without a cause; the cause wins when given.
+    assert engine.trailing_reason(1.0, 2.0, math.inf, 1, None) is R.FLUSH
+    assert engine.trailing_reason(2.0, 2.0, math.inf, 1, None) is R.DELAY
+    for cause in (R.OVERFLOW, R.EXIT, R.RUN_END):
+        assert engine.trailing_reason(2.0, 2.0, math.inf, 1, None, cause) is cause
+    # On a reason judged elsewhere: an exit names only a fire before its due time.
+    assert engine.caused(R.FLUSH, R.EXIT) is R.EXIT
+    assert engine.caused(R.DELAY, R.EXIT) is R.DELAY
+    assert engine.caused(R.INTERVAL, None) is R.INTERVAL
+    for late in (R.RUN_END, R.ADOPTION):
+        assert engine.caused(R.DELAY, late) is late
+        assert engine.caused(R.FLUSH, late) is late

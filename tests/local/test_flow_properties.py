@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -109,8 +109,11 @@ def run_model(timeline: list[Op], on_exit: str) -> tuple[list[Any], list[FlowFir
         except ValueError:
             results.append("ValueError")
     if on_exit == "flush":
+        before = len(model.fires)
         for ident in KEYS:
             model.flush(t, ident)
+        # The model's flush says "flush"; the exit's flush says "exit".
+        model.fires[before:] = [replace(f, reason="exit") for f in model.fires[before:]]
     elif on_exit == "cancel":
         for ident in KEYS:
             if model.pending(t, ident):

@@ -12,12 +12,13 @@ import trio
 import trio.testing
 
 from tests.harness.fires import Fires
-from tests.harness.memory import LEASE, SKEW, backend
+from tests.harness.memory import LEASE, SKEW, WF, backend, near, process, processes
 from trio_debounce import (
     BackendUnavailableError,
     CommitProven,
     CoordinatorEvent,
     FireFinished,
+    FireReason,
     FireStarted,
     LeadingReRunSkipped,
     LeaseLapsed,
@@ -250,3 +251,77 @@ async def test_a_shared_fire_says_why_it_fired(autojump_clock: trio.testing.Mock
         "counted": "max-count",
         "led": "leading",
     }
+
+
+# ------------------------------------------------- why a shared fire fired
+
+
+async def test_an_adopted_window_due_before_its_adoption_says_adoption(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    for delay, reason in ((1.0, FireReason.ADOPTION), (1000.0, FireReason.DELAY)):
+        store, fires = MemoryStore(epoch=0.0), Fires()
+        # Due long before B adopts it, or long after (its usual reason then).
+        due = await _dead_owner(store, delay)
+        async with open_coordinator(
+            handlers={"wf": fires.handler("B")}, backend=backend(store, "B")
+        ) as b:
+            with trio.fail_after(2 * delay + 10 * LEASE):
+                await fires.wait_for(1)
+            assert b.statistics().takeovers == 1
+        [(_, fire)] = fires.log
+        assert (fire.payload, fire.fired_at, fire.reason) == ("a", due, reason)
+
+
+async def test_a_shared_fire_early_overflow_says_overflow(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=0.0), Fires()
+    opts: dict[str, Any] = {"payload_policy": "collect", "max_items": 2, "delay": 10.0}
+    async with processes(store, fires, "AB") as (a, b):
+        await a.debounce(WF, "k", 1, **opts)
+        await b.debounce(WF, "k", 2, **opts)
+        await b.debounce(WF, "k", 3, **opts)  # full: B takes the fire at once
+        await trio.sleep(0.5)
+        assert [(p, f.payload, f.reason) for p, f in fires.of("k")] == [
+            ("B", [1, 2], FireReason.OVERFLOW)
+        ]
+    assert [f.reason for _, f in fires.of("k")][1:] == [FireReason.DELAY]
+
+
+async def test_a_shared_exit_flush_says_exit(autojump_clock: trio.testing.MockClock) -> None:
+    store, fires = MemoryStore(epoch=0.0), Fires()
+    async with processes(store, fires, "A", on_exit="flush") as (a,):
+        await a.debounce(WF, "exit", 1, delay=10.0)
+        await a.debounce(WF, "user", 2, delay=10.0)
+        await trio.sleep(1.0)
+        assert await a.flush(WF, "user")
+        await trio.sleep(0.5)
+    assert sorted((f.key, f.reason) for _, f in fires.log) == [
+        ("exit", FireReason.EXIT),
+        ("user", FireReason.FLUSH),
+    ]
+
+
+async def test_a_shared_queue_latest_window_that_waited_for_its_run_says_run_end(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=0.0), Fires()
+    queue: dict[str, Any] = {"overlap": "queue-latest", "delay": 1.0}
+    async with (
+        process(store, fires, "A", hold=5.0) as (a, _, _),
+        process(store, fires, "B", hold=5.0) as (b, _, _),
+    ):
+        t0 = trio.current_time()
+        await a.debounce(WF, "k", 1, **queue)  # fires at 1 on A, runs until 6
+        await trio.sleep(2.0)
+        await b.debounce(WF, "k", 2, **queue)  # due at 3: waits for A's run
+        await trio.sleep_until(t0 + 20.0)
+        await b.debounce(WF, "k", 3, **queue)  # no run blocks it
+        await trio.sleep(8.0)
+    assert [(f.payload, f.reason) for _, f in fires.of("k")] == [
+        (1, FireReason.DELAY),
+        (2, FireReason.RUN_END),
+        (3, FireReason.DELAY),
+    ]
+    assert fires.of("k")[1][1].fired_at == near(t0 + 6.0)

@@ -852,13 +852,22 @@ def fire_time(doc: WindowDoc, now: float, force: bool) -> float:
 def fire_reason(doc: WindowDoc, fired_at: float, *, early: bool = False) -> FireReason:
     """Why the trailing fire of ``doc`` at ``fired_at`` fired
     (:func:`~trio_debounce._engine.trailing_reason`), judged against the due time its
-    pings set: a due time that a flush from outside moved earlier
-    (``_control.Control.request_flush``) makes a ``"flush"`` fire, and so does an
-    ``early`` one (``overflow="fire-early"``), except a batch's (``"max-bytes"``). A
-    flow window's fire gives its mode's reason (``"interval"``, ``"max-wait"``,
-    ``"max-items"``)."""
-    if early and doc.flow is not None and doc.flow.flow is Flow.BATCH:
-        return FireReason.MAX_BYTES
+    pings set: an ``early`` fire (a ping found the window full) is ``"overflow"``
+    (``overflow="fire-early"``), a batch's ``"max-bytes"``; a ``queue-latest`` window
+    that waited for its key's run (:func:`fire_time` put its fire past its due time,
+    when the run stopped blocking) is ``"run-end"``; a due time that a flush moved
+    earlier (a forced finalize, ``_control.Control.request_flush``) makes a
+    ``"flush"`` fire. A flow window's fire gives its mode's reason (``"interval"``,
+    ``"max-wait"``, ``"max-items"``). The caller may name a cause it knows better
+    (an exit's flush, a run's end here, an adoption): see
+    :func:`~trio_debounce._engine.caused`."""
+    if early:
+        if doc.flow is not None and doc.flow.flow is Flow.BATCH:
+            return FireReason.MAX_BYTES
+        if doc.flow is None:
+            return FireReason.OVERFLOW
+    if doc.queue and doc.running is not None and fired_at > doc.at:
+        return FireReason.RUN_END
     cap = _engine.INF if doc.cap is None else doc.cap
     due = doc.at
     if doc.max_count is None or doc.count < doc.max_count:
