@@ -142,7 +142,6 @@ class FlowOptions:
 
         return ping_throttle
 
-
     def call(
         self, coordinator: Coordinator, workflow: str, key: str, payload: Any
     ) -> Awaitable[DebounceResult]:
