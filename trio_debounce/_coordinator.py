@@ -41,7 +41,7 @@ from ._runs._types import (
     RunOptions,
     ScheduledRun,
 )
-from ._shared import SharedWindows
+from ._shared import SharedWindows, await_ping
 from ._types import (
     CoordinatorStatistics,
     DebounceOptions,
@@ -265,27 +265,10 @@ class Coordinator(FlowControl, metaclass=NoPublicConstructor):
         await trio.lowlevel.checkpoint_if_cancelled()
         shared = self._shared
         if shared is not None:
-            at = self._now()
-            # Shielded: the ping is taken or refused as a whole, within the backend's
-            # operation deadline, never half-applied by a cancellation. A backend whose
-            # register cannot be cancelled needs no cancel scope (one per ping costs
-            # more than the rest of a merged ping); SharedWindows.ping shields the rest.
             call = shared.ping(
                 workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options or None
             )
-            try:
-                if shared.register_uncancellable:
-                    result = await call
-                else:
-                    with trio.CancelScope(shield=True):
-                        result = await call
-            except Exception as exc:
-                if self._ledger.hook is not None:
-                    self._ledger.emit(PingRejected(workflow, key, exc, at))
-                raise
-            if self._ledger.hook is not None:
-                self._ledger.emit(PingAnswered(workflow, key, result, at))
-            return result
+            return await await_ping(shared, self._ledger, workflow, key, self._now(), call)
         if options:
             args = (workflow, key, payload, delay, max_delay, mode, run_id, on_fire, options)
             if self._ledger.hook is not None:

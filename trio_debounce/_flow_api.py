@@ -14,7 +14,8 @@ from . import _validate
 from ._events import PingAnswered, PingRejected
 from ._flow import DEFAULT_BATCH_ITEMS, Flow, FlowSpec, stored_as
 from ._payload import JsonSerializer
-from ._types import DebounceResult, Handler, Outcome
+from ._shared import await_ping
+from ._types import DebounceResult, Handler
 
 if TYPE_CHECKING:
     from ._backend import DebounceBackend
@@ -136,26 +137,7 @@ class FlowControl:
         call = shared.ping(
             workflow, key, payload, span, span, stored_as(spec), run_id, on_fire, None, spec, size
         )
-        try:
-            if shared.register_uncancellable:
-                result = await call
-            else:
-                with trio.CancelScope(shield=True):
-                    result = await call
-        except Exception as exc:
-            if self._ledger.hook is not None:
-                self._ledger.emit(PingRejected(workflow, key, exc, at))
-            raise
-        if result.outcome is Outcome.SCHEDULE_TRAILING:
-            if spec.flow is Flow.THROTTLE:
-                # It opened a cool-down window: absorbed, as in one process.
-                result = result._replace(outcome=Outcome.COALESCE)
-            elif spec.flow is Flow.BATCH and spec.max_items <= 1:
-                # A batch of one item: due at once, fired by its owner's task.
-                result = result._replace(outcome=Outcome.FIRE_IMMEDIATE, scheduled_at=None)
-        if self._ledger.hook is not None:
-            self._ledger.emit(PingAnswered(workflow, key, result, at))
-        return result
+        return await await_ping(shared, self._ledger, workflow, key, at, call)
 
     # ---------------------------------------------------------------- throttle
 

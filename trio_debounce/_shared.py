@@ -36,7 +36,7 @@ from ._errors import (
     BackendError,
     BackendUnavailableError,
 )
-from ._events import PingFailedOpen, WindowTakenOver
+from ._events import PingAnswered, PingFailedOpen, PingRejected, WindowTakenOver
 from ._firing import Handlers, Ledger, closed_error
 from ._flow import Flow, FlowSpec
 from ._local import LocalWindows, ping_any
@@ -149,6 +149,45 @@ def _flow_options(spec: FlowSpec, size: int) -> dict[str, Any]:
         if spec.max_bytes is not None:
             extra["size"] = size
     return extra
+
+
+def _flow_result(spec: FlowSpec, result: DebounceResult) -> DebounceResult:
+    """A flow ping's result as in one process, from the debounce window's it is
+    stored as: a throttle ping that opened a cool-down window was absorbed; a batch of
+    one item fired at once (due at once, by its owner's task)."""
+    if spec.flow is Flow.THROTTLE:
+        return result._replace(outcome=_COALESCE)
+    if spec.flow is Flow.BATCH and spec.max_items <= 1:
+        return result._replace(outcome=_FIRE_IMMEDIATE, scheduled_at=None)
+    return result
+
+
+async def await_ping(
+    shared: SharedWindows,
+    ledger: Ledger,
+    workflow: str,
+    key: str,
+    at: float,
+    call: Awaitable[DebounceResult],
+) -> DebounceResult:
+    """Await ``call``, a :meth:`SharedWindows.ping` of ``(workflow, key)`` made at
+    ``at``: shielded, so the ping is taken or refused as a whole, within the backend's
+    operation deadline, never half-applied by a cancellation (a backend whose register
+    cannot be cancelled needs no cancel scope: one per ping costs more than the rest of
+    a merged ping; ``SharedWindows.ping`` shields the rest). Emits the ping's event."""
+    try:
+        if shared.register_uncancellable:
+            result = await call
+        else:
+            with trio.CancelScope(shield=True):
+                result = await call
+    except Exception as exc:
+        if ledger.hook is not None:
+            ledger.emit(PingRejected(workflow, key, exc, at))
+        raise
+    if ledger.hook is not None:
+        ledger.emit(PingAnswered(workflow, key, result, at))
+    return result
 
 
 class _LastMerge(NamedTuple):
@@ -391,6 +430,8 @@ class SharedWindows:
             return merged.result
         policy = extra.get("payload_policy", _options.LAST)
         result = self._apply(ident, registration, on_fire, policy, payload)
+        if flow is not None and result.outcome is _SCHEDULE_TRAILING:
+            result = _flow_result(flow, result)
         if registration.stored and (
             registration.outcome is Registered.EXTENDED
             or registration.outcome is Registered.COALESCED

@@ -73,6 +73,45 @@ def size(item: int) -> int:
     return len(json.dumps(item))
 
 
+def model_ping(model: FlowModel, t: float, ident: tuple[str, str], op: Op, i: int) -> str:
+    """The model's outcome of ping ``op`` (the ``i``-th: its payload) at ``t``.
+
+    Raises:
+      ValueError: the model refuses it (as the coordinator must).
+    """
+    if op.kind == "batch":
+        span, items, limit = op.params
+        if limit is not None and size(i) > limit:
+            raise ValueError("too big")
+        return model.batch(
+            t, ident, i, size=size(i), max_wait=span, max_items=items, max_bytes=limit
+        )
+    if op.kind == "rate":
+        return model.rate_limit(t, ident, i, period=op.params[0], limit=op.params[1])
+    leading = op.kind != "audit"
+    trailing = op.kind != "throttle-leading"
+    return model.throttle(t, ident, i, interval=op.params[0], leading=leading, trailing=trailing)
+
+
+async def real_ping(
+    c: trio_debounce.Coordinator, workflow: str, key: str, op: Op, i: int
+) -> trio_debounce.DebounceResult:
+    """Ping ``op`` (the ``i``-th: its payload) through the coordinator's method."""
+    if op.kind == "batch":
+        span, items, limit = op.params
+        return await c.batch(workflow, key, i, max_wait=span, max_items=items, max_bytes=limit)
+    if op.kind == "rate":
+        return await c.rate_limit(workflow, key, i, period=op.params[0], limit=op.params[1])
+    return await c.throttle(
+        workflow,
+        key,
+        i,
+        interval=op.params[0],
+        leading=op.kind != "audit",
+        trailing=op.kind != "throttle-leading",
+    )
+
+
 def run_model(timeline: list[Op], on_exit: str) -> tuple[list[Any], list[FlowFire], int]:
     model = FlowModel()
     results: list[Any] = []
@@ -85,27 +124,8 @@ def run_model(timeline: list[Op], on_exit: str) -> tuple[list[Any], list[FlowFir
                 results.append(model.cancel(t, ident))
             elif op.kind == "flush":
                 results.append(model.flush(t, ident))
-            elif op.kind == "batch":
-                span, items, limit = op.params
-                if limit is not None and size(i) > limit:
-                    raise ValueError("too big")
-                results.append(
-                    model.batch(
-                        t, ident, i, size=size(i), max_wait=span, max_items=items, max_bytes=limit
-                    )
-                )
-            elif op.kind == "rate":
-                results.append(
-                    model.rate_limit(t, ident, i, period=op.params[0], limit=op.params[1])
-                )
             else:
-                leading = op.kind != "audit"
-                trailing = op.kind != "throttle-leading"
-                results.append(
-                    model.throttle(
-                        t, ident, i, interval=op.params[0], leading=leading, trailing=trailing
-                    )
-                )
+                results.append(model_ping(model, t, ident, op, i))
         except ValueError:
             results.append("ValueError")
     if on_exit == "flush":
@@ -146,24 +166,7 @@ def run_real(timeline: list[Op], on_exit: OnExit) -> tuple[list[Any], list[FlowF
                     if op.kind == "flush":
                         results.append(await c.flush(workflow, key))
                         continue
-                    if op.kind == "batch":
-                        span, items, limit = op.params
-                        r = await c.batch(
-                            workflow, key, i, max_wait=span, max_items=items, max_bytes=limit
-                        )
-                    elif op.kind == "rate":
-                        r = await c.rate_limit(
-                            workflow, key, i, period=op.params[0], limit=op.params[1]
-                        )
-                    else:
-                        r = await c.throttle(
-                            workflow,
-                            key,
-                            i,
-                            interval=op.params[0],
-                            leading=op.kind != "audit",
-                            trailing=op.kind != "throttle-leading",
-                        )
+                    r = await real_ping(c, workflow, key, op, i)
                 except ValueError:
                     results.append("ValueError")
                 else:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.harness.fires import Fires
 from tests.harness.flow_model import FlowFire, FlowModel
 from tests.harness.memory import processes
-from tests.local.test_flow_properties import KEYS, Op, size, timelines
+from tests.local.test_flow_properties import KEYS, Op, model_ping, real_ping, timelines
 from trio_debounce.testing import MemoryStore
 
 #: The store's wall-clock epoch (Trio's clock at 0).
@@ -35,32 +35,8 @@ def run_model(timeline: list[Op], times: list[float]) -> tuple[list[Any], list[F
     model = FlowModel()
     results: list[Any] = []
     for i, (op, t) in enumerate(zip(timeline, times, strict=True)):
-        ident = KEYS[op.key]
         try:
-            if op.kind == "batch":
-                span, items, limit = op.params
-                if limit is not None and size(i) > limit:
-                    raise ValueError("too big")
-                results.append(
-                    model.batch(
-                        t, ident, i, size=size(i), max_wait=span, max_items=items, max_bytes=limit
-                    )
-                )
-            elif op.kind == "rate":
-                results.append(
-                    model.rate_limit(t, ident, i, period=op.params[0], limit=op.params[1])
-                )
-            else:
-                results.append(
-                    model.throttle(
-                        t,
-                        ident,
-                        i,
-                        interval=op.params[0],
-                        leading=op.kind != "audit",
-                        trailing=op.kind != "throttle-leading",
-                    )
-                )
+            results.append(model_ping(model, t, KEYS[op.key], op, i))
         except ValueError:
             results.append("ValueError")
     model.advance(math.inf)
@@ -91,24 +67,7 @@ def run_shared(
                 times.append(EPOCH + trio.current_time())
                 workflow, key = KEYS[op.key]
                 try:
-                    if op.kind == "batch":
-                        span, items, limit = op.params
-                        r = await c.batch(
-                            workflow, key, i, max_wait=span, max_items=items, max_bytes=limit
-                        )
-                    elif op.kind == "rate":
-                        r = await c.rate_limit(
-                            workflow, key, i, period=op.params[0], limit=op.params[1]
-                        )
-                    else:
-                        r = await c.throttle(
-                            workflow,
-                            key,
-                            i,
-                            interval=op.params[0],
-                            leading=op.kind != "audit",
-                            trailing=op.kind != "throttle-leading",
-                        )
+                    r = await real_ping(c, workflow, key, op, i)
                 except ValueError:
                     results.append("ValueError")
                 else:
