@@ -27,6 +27,7 @@ from trio_debounce import (
     open_coordinator,
 )
 from trio_debounce._backend import Registration
+from trio_debounce._flow import Flow, FlowSpec, stored_as
 from trio_debounce._protocol import RunMarker, WindowDoc, _rules
 from trio_debounce._protocol._rules import Identity, Ping
 from trio_debounce.testing import MemoryBackend, MemoryStore
@@ -491,6 +492,11 @@ async def test_merged_pings_of_a_queue_latest_window_that_waits_report_waiting(
 # ------------------------------------------- folding runs of plain pings (_fold_plain)
 
 _MODES = (Mode.TRAILING, Mode.TRAILING, Mode.TRAILING, Mode.LEADING, Mode.BOTH)
+#: The flow windows whose pings fold (a both-edges throttle, an audit), by name.
+_FLOWS = {
+    "throttle": FlowSpec(Flow.THROTTLE, 4.0),
+    "audit": FlowSpec(Flow.AUDIT, 4.0, leading=False),
+}
 
 
 @st.composite
@@ -510,6 +516,10 @@ def _batches(draw: st.DrawFn) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                 "armed_in": st.sampled_from([0.5, 2.0, 10.0]),
                 "running": st.booleans(),
                 "blocked": st.sampled_from([None, 1_000.0]),
+                # A flow window (its mode and times then its flow's): its pings fold too.
+                "flow": st.sampled_from([None, None, None, "throttle", "audit"]),
+                # 1: a both-edges window before its first ping after the leading fire.
+                "count": st.sampled_from([1, 3, 3]),
             }
         )
     )
@@ -518,6 +528,8 @@ def _batches(draw: st.DrawFn) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             "mode": st.sampled_from(_MODES),
             "delay": st.sampled_from([0.0, 1.0, 2.0, 4.0, 8.0]),
             "option": st.sampled_from([None] * 6 + ["max_count", "order_key", "first", "alone"]),
+            # The window's flow (most often), none, or another.
+            "flow": st.sampled_from(["window", "window", "window", None, "throttle", "audit"]),
         }
     )
     return window, draw(st.lists(ping, min_size=1, max_size=12))
@@ -530,12 +542,16 @@ def _apply(window: dict[str, Any], pings: list[dict[str, Any]], fold: bool) -> t
     doc: WindowDoc | None = None
     if window["kind"] != "none":
         options: dict[str, Any] = {"max_count": 50} if window["kind"] == "options" else {}
-        first = Ping(window["mode"], 4.0, window["max_delay"], "r0", "0", None, **options)
+        spec = _FLOWS.get(window["flow"])
+        if spec is None:
+            first = Ping(window["mode"], 4.0, window["max_delay"], "r0", "0", None, **options)
+        else:
+            first = Ping(stored_as(spec), spec.span, spec.span, "r0", "0", None, flow=spec)
         _, doc, _ = _rules.apply_ping(
             None, first, me, now - 2.0, "w0", owner_live=True, takeover=takeover
         )
         assert doc is not None
-        doc = replace(doc, armed=now + window["armed_in"], count=3)
+        doc = replace(doc, armed=now + window["armed_in"], count=window["count"])
         if not window["mine"]:
             doc = replace(doc, owner="B", epoch="e")
         if window["running"]:
@@ -545,6 +561,15 @@ def _apply(window: dict[str, Any], pings: list[dict[str, Any]], fold: bool) -> t
     batch: list[Ping] = []
     for i, p in enumerate(pings):
         option = p["option"]
+        flow = _FLOWS.get(window["flow"] if p["flow"] == "window" else p["flow"])
+        if flow is not None:
+            batch.append(
+                Ping(
+                    stored_as(flow), flow.span, flow.span, f"r{i + 1}", str(i + 1), i + 1, flow=flow
+                )
+            )
+            batch[-1].alone = option == "alone"
+            continue
         batch.append(
             Ping(
                 mode=p["mode"],
@@ -602,11 +627,18 @@ def test_a_run_of_plain_pings_folds_into_what_applying_them_one_by_one_gives(
     assert folded[:5] == one_by_one[:5]
     assert not one_by_one[5]
     # it does fold the common case: plain pings into an open plain window of their mode
+    # (or of their flow)
     if (
         window["kind"] == "open"
         and (window["mine"] or window["live"] or not window["takeover"])
         and pings[0]["option"] is None
-        and pings[0]["mode"] is window["mode"]
+        and (
+            (
+                (window["flow"] is None and pings[0]["flow"] in ("window", None))
+                and pings[0]["mode"] is window["mode"]
+            )
+            or (window["flow"] is not None and pings[0]["flow"] in ("window", window["flow"]))
+        )
     ):
         assert folded[5]
 

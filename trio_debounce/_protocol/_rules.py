@@ -88,7 +88,7 @@ class Ping:
             and not self.queue
             and self.run_timeout is None
             and not self.drop_stale
-            and self.flow is None
+            and (self.flow is None or _absorbs_as_debounce(self.flow))
         )
 
 
@@ -229,9 +229,16 @@ def due_at(doc: WindowDoc | None, now: float, blocked: float | None) -> bool:
     )
 
 
-def is_plain_window(doc: WindowDoc | None, mode: Mode) -> bool:
-    """Is ``doc`` an open window of ``mode`` with no option beyond mode, delay and
-    max_delay (what a run of plain pings can be folded into)?"""
+def _absorbs_as_debounce(spec: FlowSpec) -> bool:
+    """Do the pings of a flow window of ``spec`` absorb as a plain debounce window's
+    do (a both-edges throttle, an audit), so that runs of them fold?"""
+    return spec.trailing and (spec.flow is Flow.THROTTLE or spec.flow is Flow.AUDIT)
+
+
+def is_plain_window(doc: WindowDoc | None, mode: Mode, flow: FlowSpec | None = None) -> bool:
+    """Is ``doc`` an open window of ``mode`` (and ``flow``: a both-edges throttle's or
+    an audit's, or None) with no option beyond mode, delay and max_delay (what a run of
+    plain pings can be folded into)?"""
     return (
         doc is not None
         and not doc.fired
@@ -243,7 +250,7 @@ def is_plain_window(doc: WindowDoc | None, mode: Mode) -> bool:
         and doc.overflow is None
         and not doc.queue
         and doc.run_timeout is None
-        and doc.flow is None
+        and doc.flow == flow
     )
 
 
@@ -652,7 +659,7 @@ def apply_batch(
             return Applied(applied, doc, take_at, list(pending[index:]), answers)
         if applied and ping.alone:
             return Applied(applied, doc, take_at, list(pending[index:]), answers)
-        if ping.plain and not ping.alone and is_plain_window(doc, ping.mode):
+        if ping.plain and not ping.alone and is_plain_window(doc, ping.mode, ping.flow):
             assert doc is not None
             folded = fold_plain(
                 doc, live, now, pending, index, write, blocked, me, takeover=takeover
@@ -733,7 +740,7 @@ def fold_plain(
     takeover: bool,
 ) -> tuple[int, WindowDoc, float | None, Registered] | None:
     """Apply the plain pings ``pending[start:end]`` (a run of them, up to the first
-    ping that is not plain or has another mode) to the open plain window ``doc``
+    ping that is not plain or has another mode or flow) to the open plain window ``doc``
     at once: one document instead of one per ping, the same as :func:`apply_ping`
     for each in turn (tests/protocol/test_group_commit.py checks it against that).
 
@@ -748,13 +755,17 @@ def fold_plain(
     mode = doc.mode
     state = window_state(doc, False, me.serializer)
     latest = doc.last
+    flow = doc.flow
+    since = doc.since
     while end < len(pending):
         ping = pending[end]
-        if not ping.plain or ping.alone or ping.mode is not mode:
+        if not ping.plain or ping.alone or ping.mode is not mode or ping.flow != flow:
             break
         t = now if ping.now is None else ping.now
         if not _engine.absorbs(state, t):
             break  # due at its time (the first ping was checked by the caller)
+        if flow is not None and mode is Mode.BOTH and state.count == 1:
+            since = t  # a throttle's first ping after its leading fire
         # An older ping (landed late) leaves the latest one's time alone.
         _engine.absorb(state, t, ping.text, delay=ping.delay, latest=latest)
         latest = max(latest, t)
@@ -768,6 +779,7 @@ def fold_plain(
         "payload": state.payload,
         "order": None,
         "running": doc.running if blocked is not None else None,
+        "since": since,
     }
     if mine:
         return end, replace(doc, armed=at, **changes), None, Registered.EXTENDED
