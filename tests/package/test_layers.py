@@ -74,6 +74,7 @@ LAYERS: dict[str, int] = {
     "_protocol._view": BACKENDS,
     "_protocol._documents": BACKENDS,
     "_protocol._rules": BACKENDS,
+    "_protocol._flow_rules": BACKENDS,
     "_protocol._backend": BACKENDS,
     "_protocol._inspect": BACKENDS,
     "_protocol._watch": BACKENDS,
@@ -232,7 +233,7 @@ def test_the_library_never_imports_the_tools() -> None:
 
 #: The protocol's pure modules: they decide on documents as read, so they import no
 #: Trio (nor anything that does I/O) and none of the protocol's stateful parts.
-PURE_PROTOCOL = ("_protocol._documents", "_protocol._rules")
+PURE_PROTOCOL = ("_protocol._documents", "_protocol._rules", "_protocol._flow_rules")
 PROTOCOL_PARTS = {
     "_protocol._view",
     "_protocol._leases",

@@ -24,7 +24,7 @@ from .._errors import (
 from .._keys import window_key
 from .._kv import KvEntry
 from .._types import Mode
-from . import _rules
+from . import _flow_rules, _rules
 from ._documents import FIRE_PREFIX, WindowDoc
 from ._leases import ProcessLease
 from ._proofs import SentCommits
@@ -525,7 +525,7 @@ class Finalizer:
         """The fire of ``doc`` at ``fired_at``; ``early``: by a ping that found the
         window full (``overflow="fire-early"``, a batch's ``max_bytes``)."""
         self._view.disown(kv_key, doc.run_id)
-        mode, count, first = _rules.fire_shape(doc)
+        mode, count, first = _flow_rules.fire_shape(doc)
         return Finalization(
             Finalized.FIRE,
             fired_at,

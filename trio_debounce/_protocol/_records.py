@@ -14,7 +14,7 @@ from .._backend import OrphanFire
 from .._errors import BackendUnavailableError, RevisionConflict
 from .._kv import KvEntry
 from .._types import Edge
-from . import _rules
+from . import _flow_rules, _rules
 from ._documents import FireRecord, WindowDoc
 from ._rules import Identity
 from ._view import StoreView
@@ -77,7 +77,7 @@ class FireRecords:
     ) -> FireRecord:
         """The record of this process's fire of ``doc`` at ``fired_at``, committed by
         write ``write``."""
-        _, count, first = _rules.fire_shape(doc)
+        _, count, first = _flow_rules.fire_shape(doc)
         return FireRecord(
             self._me.process_id,
             self._me.epoch,

@@ -20,6 +20,13 @@ from .._options import DEFAULT, InitialFactory, Reducer, WindowOptions
 from .._payload import PayloadSerializer
 from .._types import FireReason, Mode
 from ._documents import AFTER_KEEP, RunMarker, WindowDoc, WindowFull
+from ._flow_rules import (
+    absorbs_as_debounce,
+    apply_flow,
+    cooling,
+    dropped_result,
+    late_into,
+)
 
 logger = logging.getLogger("trio_debounce.backend")
 
@@ -88,7 +95,7 @@ class Ping:
             and not self.queue
             and self.run_timeout is None
             and not self.drop_stale
-            and (self.flow is None or _absorbs_as_debounce(self.flow))
+            and (self.flow is None or absorbs_as_debounce(self.flow))
         )
 
 
@@ -229,12 +236,6 @@ def due_at(doc: WindowDoc | None, now: float, blocked: float | None) -> bool:
     )
 
 
-def _absorbs_as_debounce(spec: FlowSpec) -> bool:
-    """Do the pings of a flow window of ``spec`` absorb as a plain debounce window's
-    do (a both-edges throttle, an audit), so that runs of them fold?"""
-    return spec.trailing and (spec.flow is Flow.THROTTLE or spec.flow is Flow.AUDIT)
-
-
 def is_plain_window(doc: WindowDoc | None, mode: Mode, flow: FlowSpec | None = None) -> bool:
     """Is ``doc`` an open window of ``mode`` (and ``flow``: a both-edges throttle's or
     an audit's, or None) with no option beyond mode, delay and max_delay (what a run of
@@ -339,7 +340,7 @@ def _open(
     serializer = me.serializer
     payload = ping.text
     mode = ping.mode
-    cool_until = cooling(doc, ping, now)
+    cool_until = cooling(doc, ping.flow, now)
     if cool_until is not None:
         mode = Mode.TRAILING  # a throttle's cool-down: no leading fire
     window_opts = WindowOptions(
@@ -421,80 +422,6 @@ def _open(
     return Registered.OPENED, new, None
 
 
-# ----------------------------------------------------------------- flow control
-
-
-def cooling(doc: WindowDoc | None, ping: Ping, now: float) -> float | None:
-    """The end of the cool-down a both-edges throttle ping at ``now`` opens its window
-    in (the tombstone ``doc`` of its key's last trailing fire keeps it), or None.
-
-    Raises:
-      ValueError: the ping is not one of that throttle (a mode clash, as with an open
-        window).
-    """
-    if doc is None or not doc.fired or doc.cancelled:
-        return None
-    if doc.cool_until is not None and now < doc.cool_until:
-        if doc.flow != ping.flow:
-            # The cool-down is the throttle's window, open until its end.
-            raise ValueError(
-                f"{describe(ping.flow)} differs from {describe(doc.flow)} of the window "
-                f"(run {doc.run_id}) cooling down until its end"
-            )
-        return doc.cool_until
-    if late_into(doc, ping, now) and doc.mode is Mode.BOTH:
-        # It landed after its window closed with no trailing fire: the trailing fire
-        # it would have made, at that window's end (due already).
-        return doc.at
-    return None
-
-
-def late_into(doc: WindowDoc, ping: Ping, now: float) -> bool:
-    """Does ``ping``, at ``now``, belong to the window whose tombstone ``doc`` is (its
-    time is before that window's end, but its write came after the window closed: a
-    compare-and-swap it lost, then a backoff)? A flow window's rules then apply to it
-    as if it had landed in time (a cancel's tombstone excepted)."""
-    return (
-        doc.fired
-        and not doc.cancelled
-        and doc.flow is not None
-        and doc.flow == ping.flow
-        and now < doc.at
-    )
-
-
-def _apply_flow(doc: WindowDoc, ping: Ping, now: float, write: str) -> tuple[Registered, WindowDoc]:
-    """A ping of an open leading-only throttle or rate-limit window (``doc``, not due
-    at ``now``): its fire within the limit (a write that counts it), or a drop (nothing
-    written: ``doc`` as read)."""
-    spec = doc.flow
-    assert spec is not None
-    if spec.flow is Flow.RATE_LIMIT and doc.flow_fires < spec.limit:
-        new = replace(
-            doc,
-            flow_fires=doc.flow_fires + 1,
-            count=doc.count + 1,
-            last=max(now, doc.last),
-            write=write,
-        )
-        return Registered.FIRED, new
-    return Registered.DROPPED, doc
-
-
-def dropped_result(doc: WindowDoc) -> Registration:
-    """The result of a ping that was dropped (nothing written)."""
-    return Registration(Registered.DROPPED, doc.run_id, doc.mode, doc.at, doc.first, doc.count)
-
-
-def fire_shape(doc: WindowDoc) -> tuple[Mode, int, float]:
-    """The mode, ping count and first ping time of ``doc``'s trailing fire: a
-    both-edges throttle's trailing fire counts the pings after its leading fire (from
-    ``since``), a trailing fire of their own; any other window's, its own."""
-    if doc.flow is not None and doc.mode is Mode.BOTH and doc.count >= 2:
-        return Mode.TRAILING, doc.count - 1, doc.first if doc.since is None else doc.since
-    return doc.mode, doc.count, doc.first
-
-
 def apply_ping(
     doc: WindowDoc | None,
     ping: Ping,
@@ -521,9 +448,9 @@ def apply_ping(
         under ``overflow="fire-early"``: nothing to write; it fires first.
       Exception: whatever the reducer or the serializer raise.
     """
-    if doc is not None and doc.mode is Mode.LEADING and late_into(doc, ping, now):
+    if doc is not None and doc.mode is Mode.LEADING and late_into(doc, ping.flow, now):
         # A drop or a rate-limit fire of the closed window, as if it had landed in time.
-        outcome, new = _apply_flow(doc, ping, now, write)
+        outcome, new = apply_flow(doc, now, write)
         return outcome, new, None
     if doc is None or doc.fired:
         return _open(doc, ping, me, now, write, blocked_until)
@@ -532,7 +459,7 @@ def apply_ping(
         return Registered.STALE, doc, None
     spec = doc.flow
     if spec is not None and doc.mode is Mode.LEADING:
-        outcome, new = _apply_flow(doc, ping, now, write)
+        outcome, new = apply_flow(doc, now, write)
         return outcome, new, None
     if doc.overflow == "fire-early" and doc.items >= (doc.max_items or 0):
         raise WindowFull(doc)
