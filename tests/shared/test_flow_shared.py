@@ -287,3 +287,23 @@ async def test_a_cancel_drops_the_pending_trailing_fire_and_keeps_no_cool_down(
             ("B", 3, 1, "leading", "leading"),
         ]
         assert a.statistics().pending_trailing_fires == 0
+
+
+async def test_a_cool_down_or_a_rate_window_with_nothing_pending_is_idle(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Rule 10: they hold no pending fire, so wait_idle() and the exit do not wait for
+    # them, across processes as in one.
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A", "B"]) as (a, b):
+        t0 = trio.current_time()
+        await a.rate_limit(WF, "r", 1, limit=5, period=600.0)
+        await b.rate_limit(WF, "r", 2, limit=5, period=600.0)
+        await a.throttle(WF, "t", 1, interval=60.0)
+        await b.throttle(WF, "t", 2, interval=60.0)
+        await trio.sleep(61.0)  # the trailing fire at 60 opened a cool-down to 120
+        assert len(fires.of("t")) == 2
+        for c in (a, b):
+            assert c.statistics().pending_trailing_fires == 0
+            await c.wait_idle()
+        assert trio.current_time() - t0 < 62.0  # neither waited for a window's end
