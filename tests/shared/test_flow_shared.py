@@ -5,6 +5,8 @@ random timelines against the reference model; these are the cases by name."""
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ import trio.testing
 from tests.harness.fires import Fires
 from tests.harness.memory import LEASE, WF, near, process, processes
 from trio_debounce import Outcome
+from trio_debounce._keys import window_key
 from trio_debounce.testing import MemoryStore
 
 
@@ -307,3 +310,52 @@ async def test_a_cool_down_or_a_rate_window_with_nothing_pending_is_idle(
             assert c.statistics().pending_trailing_fires == 0
             await c.wait_idle()
         assert trio.current_time() - t0 < 62.0  # neither waited for a window's end
+
+
+async def test_an_audit_ping_whose_write_lands_after_the_fire_keeps_the_spacing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # B's ping at 2.5 is written only at 3.5, after the window's fire at 3: it opens
+    # the next audit window at 3, not at 2.5, so the fires stay an interval apart.
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with (
+        process(store, fires, "A") as (a, _, _),
+        process(store, fires, "B") as (b, b_backend, _),
+    ):
+        t0 = trio.current_time()
+        await a.throttle(WF, "k", "a0", interval=3.0, leading=False)
+        await trio.sleep_until(t0 + 2.5)
+        b_backend.faults.stall_next(1.0, ops=("put",))
+        late = await b.throttle(WF, "k", "b0", interval=3.0, leading=False)
+        assert late.outcome is Outcome.SCHEDULE_TRAILING
+        await trio.sleep(30.0)
+    assert [(f.payload, f.fired_at - t0) for _, f in fires.of("k")] == [
+        ("a0", near(3.0)),
+        ("b0", near(6.0)),
+    ]
+
+
+async def test_a_document_whose_flow_does_not_fit_its_window_is_unreadable(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A throttle's flow forged into a batch's: the document is treated as absent (a
+    # warning), never fired by the wrong rules.
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A"]) as (a,):
+        await a.throttle(WF, "k", "p0", interval=10.0)
+        key = window_key(WF, "k")
+        entry = store.raw_get(key)
+        assert entry is not None
+        assert entry.value is not None
+        doc = json.loads(entry.value)
+        doc["flow"] = {"kind": "batch", "span": 10.0, "max_items": 3}
+        store.raw_put(key, json.dumps(doc).encode())
+        with caplog.at_level(logging.WARNING, logger="trio_debounce"):
+            opened = await a.batch(WF, "k", "x", max_wait=10.0, max_items=3)
+        assert opened.outcome is Outcome.SCHEDULE_TRAILING  # a new batch
+        assert "unreadable" in caplog.text
+        await trio.sleep(11.0)
+    assert [(f.payload, f.reason.value) for _, f in fires.of("k")] == [
+        ("p0", "leading"),
+        (["x"], "max-wait"),
+    ]

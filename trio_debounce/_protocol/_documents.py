@@ -355,6 +355,8 @@ class WindowDoc:
         )
         if doc.count < 1:
             raise ValueError("count < 1")
+        if doc.flow is not None and not _fits(doc.flow, doc):
+            raise ValueError(f"a {doc.flow.flow.value} flow in a {doc.mode.value} window")
         return doc
 
 
@@ -413,6 +415,19 @@ def _decode_flow(obj: Any) -> dict[str, Any]:
         fields["flow_fires"] = _count(obj.get("fires"))
     fields["flow"] = spec
     return fields
+
+
+def _fits(spec: FlowSpec, doc: WindowDoc) -> bool:
+    """Is ``doc`` the debounce window ``spec``'s flow is stored as (a forged or
+    corrupt document may say otherwise)? A throttle's cool-down is a trailing window."""
+    if spec.flow is Flow.THROTTLE:
+        allowed = (Mode.BOTH, Mode.TRAILING) if spec.trailing else (Mode.LEADING,)
+        return doc.mode in allowed and doc.payload_policy == "last"
+    if spec.flow is Flow.AUDIT:
+        return doc.mode is Mode.TRAILING and doc.payload_policy == "last"
+    if spec.flow is Flow.BATCH:
+        return doc.mode is Mode.TRAILING and doc.payload_policy == "collect"
+    return doc.mode is Mode.LEADING and doc.payload_policy == "last"
 
 
 def _count(value: Any) -> int:

@@ -34,8 +34,13 @@ def absorbs_as_debounce(spec: FlowSpec) -> bool:
 
 
 def cooling(doc: WindowDoc | None, flow: FlowSpec | None, now: float) -> float | None:
-    """The end of the cool-down a ping of ``flow`` at ``now`` opens its window in (the
-    tombstone ``doc`` of its key's last trailing fire keeps it), or None.
+    """The end of the window without a leading fire that a ping of ``flow`` at ``now``
+    opens over the tombstone ``doc``, or None (a new window of the ping's own): a
+    throttle's cool-down (its trailing fire kept its end); for a ping that landed after
+    its window closed (:func:`late_into`), a both-edges throttle's trailing fire that
+    window would have made (at its end, due already), or an audit window that starts
+    at that window's end (so that audit fires stay ``interval`` apart, as in one
+    process; the ping then fires up to its lateness more than ``interval`` after it).
 
     Raises:
       ValueError: the ping is not one of that throttle (a mode clash, as with an open
@@ -51,10 +56,13 @@ def cooling(doc: WindowDoc | None, flow: FlowSpec | None, now: float) -> float |
                 f"(run {doc.run_id}) cooling down until its end"
             )
         return doc.cool_until
-    if late_into(doc, flow, now) and doc.mode is Mode.BOTH:
-        # It landed after its window closed with no trailing fire: the trailing fire
-        # it would have made, at that window's end (due already).
-        return doc.at
+    if flow is not None and late_into(doc, flow, now):
+        if doc.mode is Mode.BOTH:
+            # It landed after its window closed with no trailing fire: the trailing
+            # fire it would have made, at that window's end (due already).
+            return doc.at
+        if flow.flow is Flow.AUDIT:
+            return doc.at + flow.span
     return None
 
 
