@@ -359,3 +359,38 @@ async def test_a_document_whose_flow_does_not_fit_its_window_is_unreadable(
         ("p0", "leading"),
         (["x"], "max-wait"),
     ]
+
+
+@pytest.mark.parametrize("kind", ["batch", "throttle", "debounce"])
+async def test_a_lost_answer_under_a_peers_write_is_recognised_not_applied_twice(
+    autojump_clock: trio.testing.MockClock, kind: str
+) -> None:
+    # B's write lands but its answer is lost, and A writes on top before B re-reads:
+    # B finds its write id in the window's `writes` and does not write its ping again
+    # (which would count it twice, and put a batch's item in it twice).
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+
+    async def ping(c: Any, payload: str) -> None:
+        if kind == "batch":
+            await c.batch(WF, "k", payload, max_wait=10.0, max_items=50)
+        elif kind == "throttle":
+            await c.throttle(WF, "k", payload, interval=10.0)
+        else:
+            await c.debounce(WF, "k", payload, delay=10.0, max_delay=10.0)
+
+    async with (
+        process(store, fires, "A") as (a, _, _),
+        process(store, fires, "B") as (b, b_backend, _),
+    ):
+        await ping(a, "a0")
+        await ping(a, "a1")
+        await trio.sleep(1.0)
+        b_backend.faults.apply_then_fail_next(1)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ping, a, "a2")
+            nursery.start_soon(ping, b, "b0")
+        await trio.sleep(30.0)
+    assert sum(f.ping_count for _, f in fires.of("k")) == 4  # each accepted ping once
+    if kind == "batch":
+        [(_, fire)] = fires.of("k")
+        assert sorted(fire.payload) == ["a0", "a1", "a2", "b0"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .._backend import Registered, Registration
 from . import _rules
-from ._documents import FIRE_PREFIX, WindowDoc
+from ._documents import FIRE_PREFIX, WRITES_KEEP, WindowDoc
 from ._leases import ProcessLease
 from ._rules import Identity
 from ._turns import Call, answer
@@ -72,11 +72,22 @@ class Answers:
         """Did ``sent``, write ``write``, land, judged by its key's document ``doc`` as
         re-read? True, False, or None if a re-read cannot tell (see
         :func:`~._rules.opening_landed`)."""
-        if doc is not None and not doc.fired and write == doc.write:
-            return True  # its revision, or pings of this process's since
+        if doc is not None and not doc.fired and (write == doc.write or write in doc.writes):
+            # Its revision, or pings of this process's since, or of a peer's on top
+            # of it (they keep its write id).
+            return True
         if any(outcome is Registered.FIRED for _, outcome in sent.pings):
             # A rate-limit fire: writing it again could fire its run twice, and no
             # later document tells whether it landed (see docs/protocol.rst).
+            return None
+        if (
+            doc is not None
+            and not doc.fired
+            and doc.run_id == sent.doc.run_id
+            and len(doc.writes) >= WRITES_KEEP
+        ):
+            # Its window is open but has had more writes since than it keeps ids of:
+            # writing its pings again might count them twice.
             return None
         if sent.doc.opened_by != write:
             # A write into an open window (or a takeover): if its window has fired

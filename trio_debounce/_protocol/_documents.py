@@ -39,6 +39,8 @@ WINDOW_KEY_PREFIX = WINDOW_PREFIX + "."
 FIRE_PREFIX = "f."
 #: How many tombstones before it a window names in ``after``.
 AFTER_KEEP = 4
+#: How many write ids before its latest a window keeps in ``writes``.
+WRITES_KEEP = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,18 @@ class WindowDoc:
     #: A both-edges throttle's first ping after its leading fire (its trailing fire's
     #: ``first_ping_at``).
     since: float | None = None
+    #: The write ids of the pings' writes into this window before ``write``, the latest
+    #: first (at most ``WRITES_KEEP``): a write whose answer was lost is recognised
+    #: by a re-read after a peer wrote on top of it (``Answers.landed``). Any schema
+    #: version; older readers ignore it (and drop it when they write).
+    writes: tuple[str, ...] = ()
+
+    def history(self, write: str) -> tuple[str, ...]:
+        """``writes`` for a ping's write ``write`` into this window: this document's
+        ``write`` goes first (unless it is ``write``: pings of one batch share it)."""
+        if write == self.write:
+            return self.writes
+        return (self.write, *self.writes)[:WRITES_KEEP]
 
     @property
     def has_options(self) -> bool:
@@ -215,6 +229,8 @@ class WindowDoc:
             extra["after"] = [list(proof) for proof in self.after]
         if self.cancelled:
             extra["cancelled"] = True
+        if self.writes:
+            extra["writes"] = list(self.writes)
         if self.flow is not None:
             extra["flow"] = _encode_flow(self)
             version = WINDOW_SCHEMA_FLOW
@@ -326,6 +342,15 @@ class WindowDoc:
             extra["after"] = tuple(proofs)
         if obj.get("cancelled", False) is True:
             extra["cancelled"] = True
+        writes = obj.get("writes")
+        if writes is not None:
+            if (
+                not isinstance(writes, list)
+                or len(writes) > WRITES_KEEP
+                or not all(isinstance(w, str) for w in writes)
+            ):
+                raise ValueError(f"bad writes {writes!r}")
+            extra["writes"] = tuple(_codec.utf8("writes", w) for w in writes)
         if obj["v"] == WINDOW_SCHEMA_FLOW:
             extra.update(_decode_flow(obj.get("flow")))
         doc = cls(

@@ -93,6 +93,7 @@ def apply_flow(doc: WindowDoc, now: float, write: str) -> tuple[Registered, Wind
             count=doc.count + 1,
             last=max(now, doc.last),
             write=write,
+            writes=doc.history(write),
         )
         return Registered.FIRED, new
     return Registered.DROPPED, doc
