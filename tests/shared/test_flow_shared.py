@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import Any
 
 import pytest
@@ -394,3 +395,26 @@ async def test_a_lost_answer_under_a_peers_write_is_recognised_not_applied_twice
     if kind == "batch":
         [(_, fire)] = fires.of("k")
         assert sorted(fire.payload) == ["a0", "a1", "a2", "b0"]
+
+
+async def test_a_lost_answer_is_recognised_after_its_window_fired_and_the_next_opened(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # B's item lands in the batch, its answer is late (stalled past op_timeout), and
+    # meanwhile an item that overflows it fires the batch and opens the next: B's
+    # re-read finds its write id in the next batch's `writes` (the key's last write
+    # ids) and does not write its item again into the next batch.
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with (
+        process(store, fires, "A") as (a, _, _),
+        process(store, fires, "B") as (b, b_backend, _),
+    ):
+        await a.batch(WF, "k", "a0", max_wait=60.0, max_bytes=10)
+        b_backend.faults.delay_next(3.0, ops=("put",))  # lands now, answered in 3 s
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(b.batch, WF, "k", "b0", max_wait=60.0, max_bytes=10))
+            await trio.sleep(0.5)
+            await a.batch(WF, "k", "a1xx", max_wait=60.0, max_bytes=10)  # overflows
+        await trio.sleep(61.0)
+    items = [item for _, f in fires.of("k") for item in f.payload]
+    assert sorted(items) == ["a0", "a1xx", "b0"]  # each item in one batch, once

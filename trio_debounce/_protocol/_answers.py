@@ -72,31 +72,26 @@ class Answers:
         """Did ``sent``, write ``write``, land, judged by its key's document ``doc`` as
         re-read? True, False, or None if a re-read cannot tell (see
         :func:`~._rules.opening_landed`)."""
-        if doc is not None and not doc.fired and (write == doc.write or write in doc.writes):
+        if doc is not None and ((write == doc.write and not doc.fired) or write in doc.writes):
             # Its revision, or pings of this process's since, or of a peer's on top
-            # of it (they keep its write id).
+            # of it, or its window's commit, or newer windows of the key: each keeps the
+            # key's last ping write ids (``writes``).
             return True
+        if sent.doc.opened_by == write:
+            return _rules.opening_landed(
+                doc, sent.doc, sent.prior_run, self._wall(), self._leases.seconds, self._leases.skew
+            )
         if any(outcome is Registered.FIRED for _, outcome in sent.pings):
-            # A rate-limit fire: writing it again could fire its run twice, and no
-            # later document tells whether it landed (see docs/protocol.rst).
+            # A rate-limit fire: writing it again could fire its run twice.
             return None
-        if (
-            doc is not None
-            and not doc.fired
-            and doc.run_id == sent.doc.run_id
-            and len(doc.writes) >= WRITES_KEEP
-        ):
-            # Its window is open but has had more writes since than it keeps ids of:
-            # writing its pings again might count them twice.
+        if doc is not None and len(doc.writes) >= WRITES_KEEP:
+            # The key has had more writes since than it keeps ids of: writing its
+            # pings again might count them twice.
             return None
-        if sent.doc.opened_by != write:
-            # A write into an open window (or a takeover): if its window has fired
-            # since, writing its pings again opens a window of their own run id, never
-            # used: no run fires twice (the pings may, once in each fire).
-            return False
-        return _rules.opening_landed(
-            doc, sent.doc, sent.prior_run, self._wall(), self._leases.seconds, self._leases.skew
-        )
+        # A write into an open window (or a takeover) that no id the key keeps names:
+        # it did not land (unless a writer that predates ``writes`` wrote since: then
+        # its pings may be counted twice, once in each window; no run fires twice).
+        return False
 
     def answer_landed(
         self,

@@ -39,8 +39,8 @@ WINDOW_KEY_PREFIX = WINDOW_PREFIX + "."
 FIRE_PREFIX = "f."
 #: How many tombstones before it a window names in ``after``.
 AFTER_KEEP = 4
-#: How many write ids before its latest a window keeps in ``writes``.
-WRITES_KEEP = 4
+#: How many write ids before its latest a key's document keeps in ``writes``.
+WRITES_KEEP = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,10 +132,11 @@ class WindowDoc:
     #: A both-edges throttle's first ping after its leading fire (its trailing fire's
     #: ``first_ping_at``).
     since: float | None = None
-    #: The write ids of the pings' writes into this window before ``write``, the latest
-    #: first (at most ``WRITES_KEEP``): a write whose answer was lost is recognised
-    #: by a re-read after a peer wrote on top of it (``Answers.landed``). Any schema
-    #: version; older readers ignore it (and drop it when they write).
+    #: The key's write ids before ``write`` (its pings', its commits', across its
+    #: windows), the latest first (at most ``WRITES_KEEP``): a write whose answer was
+    #: lost is recognised by a re-read after others wrote on top of it, its window's
+    #: commit and newer windows included (``Answers.landed``). Any schema version;
+    #: older readers ignore it (and drop it when they write).
     writes: tuple[str, ...] = ()
 
     def history(self, write: str) -> tuple[str, ...]:
@@ -181,7 +182,8 @@ class WindowDoc:
         tombstone if it keeps one, else None (a delete)."""
         if not self.keeps_tombstone:
             return None
-        return replace(self, fired=True, write=uuid.uuid4().hex)
+        write = uuid.uuid4().hex
+        return replace(self, fired=True, write=write, writes=self.history(write))
 
     def cancel_tombstone(self) -> WindowDoc:
         """What a cancel from outside the owner writes (``Coordinator.cancel`` of a
@@ -190,7 +192,8 @@ class WindowDoc:
         reads it as a cancel (``StoreView.note_cancelled``), and a ping whose opening
         answer was lost recognises its run in it (no second window of the run); the
         sweeper removes it as any tombstone."""
-        return replace(self, fired=True, cancelled=True, write=uuid.uuid4().hex)
+        write = uuid.uuid4().hex
+        return replace(self, fired=True, cancelled=True, write=write, writes=self.history(write))
 
     def encode(self) -> bytes:
         extra: dict[str, Any] = {}

@@ -418,6 +418,8 @@ def _open(
         flow=ping.flow,
         flow_fires=1 if mode is Mode.LEADING else 0,
         size=ping.size,
+        # The key's last write ids go on (a lost answer is recognised across windows).
+        writes=() if doc is None else doc.history(write),
     )
     return Registered.OPENED, new, None
 
@@ -844,6 +846,7 @@ def tombstone(doc: WindowDoc, write: str, fired_at: float, me: Identity) -> Wind
         doc,
         fired=True,
         write=write,
+        writes=doc.history(write),
         running=running,
         fired_order=fired_order,
         cool_until=cool_until,
