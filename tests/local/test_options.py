@@ -1175,8 +1175,9 @@ async def test_shared_fire_early_by_the_store_size_limit(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # The document's size limit bounds collect too: fire-early fires what it holds,
-    # drop-oldest drops more of the oldest; a payload too large alone raises.
-    store, fires = MemoryStore(max_value_bytes=1100), Fires()
+    # drop-oldest drops more of the oldest; a payload too large alone raises. The
+    # limit holds two items and the document's fields (its last write ids included).
+    store, fires = MemoryStore(max_value_bytes=1200), Fires()
     big = "x" * 300
     async with processes(store, fires, "AB") as (a, b):
         for i in range(3):
@@ -1186,7 +1187,7 @@ async def test_shared_fire_early_by_the_store_size_limit(
             await (a, b)[i % 2].debounce(
                 WF, "drop", f"{i}{big}", delay=5.0, payload_policy="collect", overflow="drop-oldest"
             )
-        with pytest.raises(ValueError, match="exceeds 1100"):
+        with pytest.raises(ValueError, match="exceeds 1200"):
             await a.debounce(WF, "alone", "y" * 1000, delay=5.0, payload_policy="collect")
     early = [[p[0] for p in f.payload] for _, f in fires.of("early")]
     drop = [[p[0] for p in f.payload] for _, f in fires.of("drop")]
