@@ -46,6 +46,19 @@ operator_long = pytest.mark.skipif(
 )
 
 
+#: Skips a test in the README's suite that CI's trio-asyncio step (every NATS test, on
+#: that host: ``TRIO_DEBOUNCE_TEST_AUTO_HOST``) and its 3.14 step (:data:`OPERATOR_ENV`)
+#: run anyway: the suite's time budget. ``nox -s chaos`` (:data:`LONG_ENV`) runs it too.
+in_other_ci_steps = pytest.mark.skipif(
+    not (
+        LONG
+        or os.environ.get(OPERATOR_ENV) == "1"
+        or bool(os.environ.get("TRIO_DEBOUNCE_TEST_AUTO_HOST"))
+    ),
+    reason="runs in CI's trio-asyncio and 3.14 steps: the suite's time budget",
+)
+
+
 def deliveries(in_the_suite: str) -> list[object]:
     """The ``delivery`` parameters of a SIGKILL scenario: ``in_the_suite`` in every
     run, the other delivery mode only in the long run (``nox -s chaos``), where each

@@ -14,8 +14,11 @@ import pytest
 
 from tests.chaos import scenarios_process as sp
 from tests.chaos.registry import Context, Row, table
+from tests.harness.env import in_other_ci_steps
 
-pytestmark = [pytest.mark.slow, pytest.mark.realtime]
+# In CI's trio-asyncio and 3.14 steps (and nox -s chaos), not in the README's suite:
+# its time budget (README, "Python versions and CI").
+pytestmark = [pytest.mark.slow, pytest.mark.realtime, in_other_ci_steps]
 
 
 def context(tmp_path: Path, seconds: float) -> Context:

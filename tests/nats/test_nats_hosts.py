@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from tests import AUTO_HOST_ENV
-from tests.harness.env import LONG, OPERATOR_ENV
+from tests.harness.env import in_other_ci_steps
 from tests.harness.nats_server import NatsServer, free_port
 from tests.harness.tcp_proxy import open_tcp_proxy
 from trio_debounce import BackendConfigError, BackendUnavailableError
@@ -53,22 +53,14 @@ def _trio_asyncio_imports() -> bool:
     return True
 
 
-#: The trio-asyncio host's runs of these tests go in CI's steps that run more than the
-#: README's suite: the trio-asyncio step (every NATS test on that host) and the 3.14
-#: one (the suite's time budget, README "Python versions and CI").
-_OTHER_HOST_STEP = bool(os.environ.get(AUTO_HOST_ENV)) or os.environ.get(OPERATOR_ENV) == "1"
-
 HOSTS = [
     "thread",
     pytest.param(
         "trio-asyncio",
         marks=[
             pytest.mark.skipif(not _trio_asyncio_imports(), reason="trio-asyncio does not import"),
-            pytest.mark.skipif(
-                not (_OTHER_HOST_STEP or LONG),
-                reason=f"runs in CI's trio-asyncio and 3.14 steps ({AUTO_HOST_ENV}, "
-                f"{OPERATOR_ENV}): the suite's time budget",
-            ),
+            # The trio-asyncio step runs them anyway (README "Python versions and CI").
+            in_other_ci_steps,
         ],
     ),
 ]
