@@ -71,6 +71,16 @@ class FlowSpec:
     limit: int = 1
 
 
+def span_name(flow: Flow) -> str:
+    """The parameter that gives a window of ``flow`` its span: a throttle's or an
+    audit's ``interval``, a batch's ``max_wait``, a rate limit's ``period``."""
+    if flow is Flow.BATCH:
+        return "max_wait"
+    if flow is Flow.RATE_LIMIT:
+        return "period"
+    return "interval"
+
+
 def describe(spec: FlowSpec | None) -> str:
     """A window's parameters, for a clash's message (None: a debounce window)."""
     if spec is None:

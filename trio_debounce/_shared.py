@@ -38,7 +38,7 @@ from ._errors import (
 )
 from ._events import PingAnswered, PingFailedOpen, PingRejected, WindowTakenOver
 from ._firing import Handlers, Ledger, closed_error
-from ._flow import Flow, FlowSpec
+from ._flow import Flow, FlowSpec, span_name
 from ._local import LocalWindows, ping_any
 from ._shared_window import SharedFires, SharedWindow, owner_pending, trailing_pending
 from ._types import (
@@ -295,7 +295,10 @@ class SharedWindows:
         item's serialized length."""
         if self._ledger.closed:
             raise closed_error()
-        delay = _validate.shared_duration("delay", _validate.duration("delay", delay))
+        # A flow window's span comes as its delay and max_delay: named as its caller
+        # gave it (interval, max_wait, period).
+        name = "delay" if flow is None else span_name(flow.flow)
+        delay = _validate.shared_duration(name, _validate.duration(name, delay))
         if max_delay is not None:
             max_delay = _validate.shared_duration(
                 "max_delay", _validate.duration("max_delay", max_delay)

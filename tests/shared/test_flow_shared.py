@@ -217,6 +217,21 @@ async def test_a_ping_of_another_mode_or_parameters_raises_and_changes_nothing(
         assert [f.payload for _, f in fires.of("d")] == [1]
 
 
+async def test_a_span_a_shared_window_cannot_keep_is_refused_by_its_own_name(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store, fires = MemoryStore(epoch=1_000.0), Fires()
+    async with processes(store, fires, ["A"]) as (a,):
+        with pytest.raises(ValueError, match=r"^interval of a shared window must be at most"):
+            await a.throttle(WF, "k", interval=1e300)
+        with pytest.raises(ValueError, match=r"^max_wait of a shared window must be at most"):
+            await a.batch(WF, "k", 1, max_wait=1e300)
+        with pytest.raises(ValueError, match=r"^period of a shared window must be at most"):
+            await a.rate_limit(WF, "k", limit=1, period=1e300)
+        assert len(a) == 0
+    assert fires.log == []
+
+
 async def test_nowait_forms_need_no_backend(autojump_clock: trio.testing.MockClock) -> None:
     store, fires = MemoryStore(epoch=1_000.0), Fires()
     async with processes(store, fires, ["A"]) as (a,):
