@@ -48,6 +48,7 @@ import trio.testing
 
 from .. import _options, _validate
 from .._coordinator import open_coordinator
+from .._flow import Flow, span_name
 from .._types import DebounceResult, Fire, Mode
 from ._events import Event, EventError, parse_event
 
@@ -92,55 +93,36 @@ class FlowOptions:
     @property
     def span_option(self) -> str:
         """The option that gave :attr:`span`."""
-        return {"batch": "--max-wait", "rate-limit": "--period"}.get(self.mode, "--interval")
+        return "--" + span_name(Flow(self.mode)).replace("_", "-")
+
+    def arguments(self) -> tuple[str, dict[str, Any]]:
+        """The coordinator method of this mode (``"throttle"``, ``"batch"`` or
+        ``"rate_limit"``) and its keyword arguments, with these parameters."""
+        if self.mode == "batch":
+            return "batch", {
+                "max_wait": self.span,
+                "max_items": self.max_items,
+                "max_bytes": self.max_bytes,
+            }
+        if self.mode == "rate-limit":
+            return "rate_limit", {"limit": self.limit, "period": self.span}
+        leading = self.leading and self.mode == "throttle"
+        return "throttle", {"interval": self.span, "leading": leading, "trailing": self.trailing}
 
     def pinger(self, coordinator: Coordinator) -> FlowPing:
         """The coordinator's ``_nowait`` method of this mode, with these parameters."""
-        span = self.span
-        if self.mode == "batch":
-            batch, max_items, max_bytes = coordinator.batch_nowait, self.max_items, self.max_bytes
+        name, kwargs = self.arguments()
+        methods: dict[str, Callable[..., DebounceResult]] = {
+            "batch": coordinator.batch_nowait,
+            "rate_limit": coordinator.rate_limit_nowait,
+            "throttle": coordinator.throttle_nowait,
+        }
+        nowait = methods[name]
 
-            def ping_batch(
-                workflow: str, key: str, item: Any, run_id: str | None
-            ) -> DebounceResult:
-                return batch(
-                    workflow,
-                    key,
-                    item,
-                    max_wait=span,
-                    max_items=max_items,
-                    max_bytes=max_bytes,
-                    run_id=run_id,
-                )
+        def ping(workflow: str, key: str, payload: Any, run_id: str | None) -> DebounceResult:
+            return nowait(workflow, key, payload, run_id=run_id, **kwargs)
 
-            return ping_batch
-        if self.mode == "rate-limit":
-            rate_limit, limit = coordinator.rate_limit_nowait, self.limit
-
-            def ping_rate(
-                workflow: str, key: str, payload: Any, run_id: str | None
-            ) -> DebounceResult:
-                return rate_limit(workflow, key, payload, limit=limit, period=span, run_id=run_id)
-
-            return ping_rate
-        throttle = coordinator.throttle_nowait
-        leading = self.leading and self.mode == "throttle"
-        trailing = self.trailing
-
-        def ping_throttle(
-            workflow: str, key: str, payload: Any, run_id: str | None
-        ) -> DebounceResult:
-            return throttle(
-                workflow,
-                key,
-                payload,
-                interval=span,
-                leading=leading,
-                trailing=trailing,
-                run_id=run_id,
-            )
-
-        return ping_throttle
+        return ping
 
     def call(
         self, coordinator: Coordinator, workflow: str, key: str, payload: Any
@@ -148,27 +130,13 @@ class FlowOptions:
         """The coordinator's async method of this mode, called for one event (with a
         backend, where a ping is a round trip and :meth:`pinger`'s ``_nowait`` methods
         raise)."""
-        if self.mode == "batch":
-            return coordinator.batch(
-                workflow,
-                key,
-                payload,
-                max_wait=self.span,
-                max_items=self.max_items,
-                max_bytes=self.max_bytes,
-            )
-        if self.mode == "rate-limit":
-            return coordinator.rate_limit(
-                workflow, key, payload, limit=self.limit, period=self.span
-            )
-        return coordinator.throttle(
-            workflow,
-            key,
-            payload,
-            interval=self.span,
-            leading=self.leading and self.mode == "throttle",
-            trailing=self.trailing,
-        )
+        name, kwargs = self.arguments()
+        methods: dict[str, Callable[..., Awaitable[DebounceResult]]] = {
+            "batch": coordinator.batch,
+            "rate_limit": coordinator.rate_limit,
+            "throttle": coordinator.throttle,
+        }
+        return methods[name](workflow, key, payload, **kwargs)
 
 
 def refused_event(exc: ValueError) -> str:
