@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import AUTO_HOST_ENV
+
 #: The repository's root (the directory of ``pyproject.toml``).
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -50,11 +52,7 @@ operator_long = pytest.mark.skipif(
 #: that host: ``TRIO_DEBOUNCE_TEST_AUTO_HOST``) and its 3.14 step (:data:`OPERATOR_ENV`)
 #: run anyway: the suite's time budget. ``nox -s chaos`` (:data:`LONG_ENV`) runs it too.
 in_other_ci_steps = pytest.mark.skipif(
-    not (
-        LONG
-        or os.environ.get(OPERATOR_ENV) == "1"
-        or bool(os.environ.get("TRIO_DEBOUNCE_TEST_AUTO_HOST"))
-    ),
+    not (LONG or os.environ.get(OPERATOR_ENV) == "1" or bool(os.environ.get(AUTO_HOST_ENV))),
     reason="runs in CI's trio-asyncio and 3.14 steps: the suite's time budget",
 )
 

@@ -282,9 +282,7 @@ class Finalizer:
                     # A queue-latest window may have waited for a run: one that timed
                     # out (at its `until`), or whose process died or whose end was
                     # recorded late (noticed now).
-                    fired_at = _rules.fire_time(doc, now, force)
-                    if force and fire_at is not None:
-                        fired_at = min(fired_at, fire_at)
+                    fired_at = _rules.fire_time(doc, now, force, fire_at)
                     write = uuid.uuid4().hex
                     fire_id = FIRE_PREFIX + write
                     committing = (doc, write, fired_at, fire_id)

@@ -777,12 +777,13 @@ def would_commit(
     )
 
 
-def fire_time(doc: WindowDoc, now: float, force: bool) -> float:
-    """The time a finalize at ``now`` fires ``doc`` at: its due time, or ``now`` when
-    forced; a ``queue-latest`` window that waited for its key's run fires when that
-    run stopped blocking (its ``until``, or ``now`` when noticed later)."""
+def fire_time(doc: WindowDoc, now: float, force: bool, at: float | None = None) -> float:
+    """The time a finalize at ``now`` fires ``doc`` at: its due time, or when forced
+    ``now`` (or ``at``, if earlier: the time of the batch item that found it full); a
+    ``queue-latest`` window that waited for its key's run fires when that run stopped
+    blocking (its ``until``, or ``now`` when noticed later)."""
     if force:
-        return now
+        return now if at is None else min(now, at)
     if not doc.queue:
         return doc.at
     marker = doc.running
