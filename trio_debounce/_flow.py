@@ -60,6 +60,11 @@ class FlowSpec:
       max_bytes (int | None): a batch fires before an item that would take its size
         past this many bytes (None: no byte bound).
       limit (int): the fires a rate-limit window allows.
+      queue (bool): ``overlap="queue-latest"`` (an audit or a batch): a window that
+        comes due while its key's run (a fire of such a window) executes waits for
+        that run to end, absorbing pings, and fires then.
+      run_timeout (float | None): seconds after its fire at which a ``queue`` run
+        stops blocking its key (None: when its handler returns).
     """
 
     flow: Flow
@@ -69,6 +74,8 @@ class FlowSpec:
     max_items: int = DEFAULT_BATCH_ITEMS
     max_bytes: int | None = None
     limit: int = 1
+    queue: bool = False
+    run_timeout: float | None = None
 
 
 def span_name(flow: Flow) -> str:
@@ -86,14 +93,20 @@ def describe(spec: FlowSpec | None) -> str:
     if spec is None:
         return "debounce()"
     flow = spec.flow
+    overlap = ""
+    if spec.queue:
+        overlap = f", overlap='queue-latest', run_timeout={spec.run_timeout!r}"
     if flow is Flow.BATCH:
         return (
             f"batch(max_items={spec.max_items}, max_wait={spec.span!r}, "
-            f"max_bytes={spec.max_bytes!r})"
+            f"max_bytes={spec.max_bytes!r}{overlap})"
         )
     if flow is Flow.RATE_LIMIT:
         return f"rate_limit(limit={spec.limit}, period={spec.span!r})"
-    return f"throttle(interval={spec.span!r}, leading={spec.leading}, trailing={spec.trailing})"
+    return (
+        f"throttle(interval={spec.span!r}, leading={spec.leading}, "
+        f"trailing={spec.trailing}{overlap})"
+    )
 
 
 def stored_as(spec: FlowSpec) -> Mode:
@@ -121,9 +134,12 @@ class FlowState:
       size (int): a batch's bytes so far.
       fired (int): the fires a rate-limit window has made.
       first_ping_at (float): the time of the first ping counted in ``count``.
+      waiting (bool): a ``queue-latest`` window came due while its key's run blocked
+        it: it absorbs pings and fires when the run stops blocking (``end`` is then
+        the run's ``run_timeout``, or inf); see :func:`wait_for_run`.
     """
 
-    __slots__ = ("count", "end", "fired", "first_ping_at", "payload", "size")
+    __slots__ = ("count", "end", "fired", "first_ping_at", "payload", "size", "waiting")
 
     def __init__(self, opened_at: float, end: float) -> None:
         self.end = end
@@ -132,6 +148,7 @@ class FlowState:
         self.size = 0
         self.fired = 0
         self.first_ping_at = opened_at
+        self.waiting = False
 
     @property
     def pending(self) -> bool:
@@ -187,13 +204,15 @@ def _latest(state: FlowState, t: float, payload: Any) -> None:
 
 
 def open_flow(
-    spec: FlowSpec, t: float, payload: Any, size: int = 0
+    spec: FlowSpec, t: float, payload: Any, size: int = 0, blocked_until: float | None = None
 ) -> tuple[FlowState, FlowFire | None]:
     """The window a ping at ``t`` opens, and its leading fire if it fires at once
     (a throttle with a leading edge, a rate limit, a batch of one item).
 
     A batch of ``max_items`` 1 fires at once and is over: the caller finds
-    :func:`is_over`-style end at ``t`` (its ``end`` is ``t``).
+    :func:`is_over`-style end at ``t`` (its ``end`` is ``t``); under
+    ``overlap="queue-latest"``, while its key's run blocks until ``blocked_until``,
+    it waits instead (:func:`wait_for_run`).
     """
     flow = spec.flow
     state = FlowState(t, t + spec.span)
@@ -203,6 +222,8 @@ def open_flow(
         state.payload = [payload]
         state.size = size
         if spec.max_items <= 1:
+            if wait_for_run(state, t, blocked_until):
+                return state, None
             fire = _take_batch(state, t, FireReason.MAX_ITEMS)
             state.end = t
             return state, fire
@@ -217,10 +238,23 @@ def open_flow(
 
 
 def absorb_flow(
-    spec: FlowSpec, state: FlowState, t: float, payload: Any, size: int = 0
+    spec: FlowSpec,
+    state: FlowState,
+    t: float,
+    payload: Any,
+    size: int = 0,
+    blocked_until: float | None = None,
 ) -> tuple[Absorbed, FlowFire | None]:
     """A ping at ``t`` in the open window (``t < state.end``: the caller checked
-    :func:`is_over`). Returns what it did, and the fire it made, if any."""
+    :func:`is_over`). Returns what it did, and the fire it made, if any.
+
+    ``blocked_until``: under ``overlap="queue-latest"``, until when the key's run
+    blocks its next fire (None: no run blocks). A batch that this item brings to
+    ``max_items`` then waits for the run (:func:`wait_for_run`) instead of firing, and
+    a waiting batch that already holds ``max_items`` items fires before the next one
+    (reason ``max-items``), which opens the next batch: a batch stays bounded, even
+    while it waits.
+    """
     flow = spec.flow
     if flow is Flow.RATE_LIMIT:
         if state.fired >= spec.limit:
@@ -228,14 +262,18 @@ def absorb_flow(
         state.fired += 1
         return Absorbed.FIRED, FlowFire(payload, 1, t, t, True, FireReason.LEADING)
     if flow is Flow.BATCH:
-        if spec.max_bytes is not None and state.size + size > spec.max_bytes:
-            fire = _take_batch(state, t, FireReason.MAX_BYTES)
+        full = state.count >= spec.max_items  # a batch that waits, full
+        if full or (spec.max_bytes is not None and state.size + size > spec.max_bytes):
+            reason = FireReason.MAX_ITEMS if full else FireReason.MAX_BYTES
+            fire = _take_batch(state, t, reason)
             state.end = t
             return Absorbed.OVERFLOWED, fire
         state.count += 1
         state.payload.append(payload)
         state.size += size
         if state.count >= spec.max_items:
+            if wait_for_run(state, t, blocked_until):
+                return Absorbed.ABSORBED, None
             fire = _take_batch(state, t, FireReason.MAX_ITEMS)
             state.end = t
             return Absorbed.COMPLETED, fire
@@ -246,15 +284,29 @@ def absorb_flow(
     return Absorbed.ABSORBED, None
 
 
+def wait_for_run(state: FlowState, at: float, blocked_until: float | None) -> bool:
+    """An ``overlap="queue-latest"`` window is due at ``at``; its key's run blocks its
+    next fire until ``blocked_until`` (None: no run blocks). If the run still blocks
+    at ``at``, the window waits (True): it absorbs pings, and fires when the run ends
+    or at ``blocked_until`` (its new ``end``), reason ``run-end``, as a debounce
+    window does (:func:`trio_debounce._engine.wait_for_run`). Else it fires at ``at``
+    (False)."""
+    if blocked_until is not None and at < blocked_until:
+        state.waiting = True
+        state.end = blocked_until
+        return True
+    return False
+
+
 def _take_batch(state: FlowState, t: float, reason: FireReason) -> FlowFire:
     fire = FlowFire(state.payload, state.count, state.first_ping_at, t, False, reason)
-    state.payload, state.count, state.size = [], 0, 0
+    state.payload, state.count, state.size, state.waiting = [], 0, 0, False
     return fire
 
 
 def _take_trailing(state: FlowState, t: float, reason: FireReason) -> FlowFire:
     fire = FlowFire(state.payload, state.count, state.first_ping_at, t, False, reason)
-    state.payload, state.count = None, 0
+    state.payload, state.count, state.waiting = None, 0, False
     return fire
 
 
@@ -268,14 +320,20 @@ def end_flow(spec: FlowSpec, state: FlowState) -> tuple[FlowFire | None, bool]:
     """The window's end (``state.end``) is reached: its trailing fire, if one is
     pending, and whether a window goes on (True: ``state`` is now a throttle's
     cool-down ``[end, end + span)``, opened by that fire; False: the window is over).
+
+    A window that waited for its key's run (:func:`wait_for_run`) fires with reason
+    ``run-end``: the caller sets ``end`` to the run's end, or it is the run's
+    ``run_timeout``. One that did not wait, but is due while a run blocks, is the
+    caller's to make wait first.
     """
     at = state.end
     flow = spec.flow
     if flow is Flow.RATE_LIMIT or not state.pending:
         return None, False
+    waited = state.waiting
     if flow is Flow.BATCH:
-        return _take_batch(state, at, FireReason.MAX_WAIT), False
-    fire = _take_trailing(state, at, FireReason.INTERVAL)
+        return _take_batch(state, at, FireReason.RUN_END if waited else FireReason.MAX_WAIT), False
+    fire = _take_trailing(state, at, FireReason.RUN_END if waited else FireReason.INTERVAL)
     if flow is Flow.AUDIT:
         return fire, False
     _cool_down(spec, state, at)

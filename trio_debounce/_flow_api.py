@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 import trio
 from trio.lowlevel import enable_ki_protection
 
-from . import _validate
+from . import _options, _validate
 from ._events import PingAnswered, PingRejected
 from ._flow import DEFAULT_BATCH_ITEMS, Flow, FlowSpec, stored_as
 from ._payload import JsonSerializer
 from ._shared import await_ping
-from ._types import DebounceResult, Handler
+from ._types import DebounceResult, Handler, Overlap
 
 if TYPE_CHECKING:
     from ._backend import DebounceBackend
@@ -32,24 +32,49 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
-def throttle_spec(interval: object, leading: object, trailing: object) -> FlowSpec:
-    """The :class:`FlowSpec` of ``throttle(interval, leading=, trailing=)``, checked."""
+def throttle_spec(
+    interval: object,
+    leading: object,
+    trailing: object,
+    overlap: object = _options.ALLOW,
+    run_timeout: object = None,
+) -> FlowSpec:
+    """The :class:`FlowSpec` of ``throttle(interval, leading=, trailing=, overlap=,
+    run_timeout=)``, checked (``"queue-latest"``: only without a leading edge)."""
     span = _validate.positive_duration("interval", interval)
     if not isinstance(leading, bool) or not isinstance(trailing, bool):
         raise TypeError(f"leading and trailing must be bools, got {leading!r} and {trailing!r}")
     if not leading and not trailing:
         raise ValueError("throttle needs an edge: leading and trailing cannot both be False")
+    refusal = None
+    if leading:
+        refusal = "overlap='queue-latest' needs throttle(leading=False) (an audit)"
+    how, timeout = _options.overlap_of(overlap, run_timeout, refusal)
     if not leading:
-        return FlowSpec(Flow.AUDIT, span, leading=False, trailing=True)
+        queue = how == _options.QUEUE_LATEST
+        return FlowSpec(
+            Flow.AUDIT, span, leading=False, trailing=True, queue=queue, run_timeout=timeout
+        )
     return FlowSpec(Flow.THROTTLE, span, leading=True, trailing=trailing)
 
 
-def batch_spec(max_items: object, max_wait: object, max_bytes: object) -> FlowSpec:
-    """The :class:`FlowSpec` of ``batch(max_items=, max_wait=, max_bytes=)``, checked."""
+def batch_spec(
+    max_items: object,
+    max_wait: object,
+    max_bytes: object,
+    overlap: object = _options.ALLOW,
+    run_timeout: object = None,
+) -> FlowSpec:
+    """The :class:`FlowSpec` of ``batch(max_items=, max_wait=, max_bytes=, overlap=,
+    run_timeout=)``, checked."""
     span = _validate.positive_duration("max_wait", max_wait)
     items = DEFAULT_BATCH_ITEMS if max_items is None else _positive_int("max_items", max_items)
     limit = None if max_bytes is None else _positive_int("max_bytes", max_bytes)
-    return FlowSpec(Flow.BATCH, span, max_items=items, max_bytes=limit)
+    how, timeout = _options.overlap_of(overlap, run_timeout, None)
+    queue = how == _options.QUEUE_LATEST
+    return FlowSpec(
+        Flow.BATCH, span, max_items=items, max_bytes=limit, queue=queue, run_timeout=timeout
+    )
 
 
 def item_size(spec: FlowSpec, item: Any) -> int:
@@ -67,9 +92,12 @@ def item_size(spec: FlowSpec, item: Any) -> int:
     return size
 
 
-def rate_limit_spec(limit: object, period: object) -> FlowSpec:
-    """The :class:`FlowSpec` of ``rate_limit(limit=, period=)``, checked."""
+def rate_limit_spec(limit: object, period: object, overlap: object = _options.ALLOW) -> FlowSpec:
+    """The :class:`FlowSpec` of ``rate_limit(limit=, period=, overlap=)``, checked
+    (``"queue-latest"`` is refused: every fire of a rate limit is a leading edge)."""
     span = _validate.positive_duration("period", period)
+    refusal = "overlap='queue-latest' does not apply to rate_limit (every fire is leading)"
+    _options.overlap_of(overlap, None, refusal)
     return FlowSpec(Flow.RATE_LIMIT, span, limit=_positive_int("limit", limit))
 
 
@@ -151,6 +179,8 @@ class FlowControl:
         interval: float,
         leading: bool = True,
         trailing: bool = True,
+        overlap: Overlap = "allow",
+        run_timeout: float | None = None,
         run_id: str | None = None,
         on_fire: Handler | None = None,
     ) -> DebounceResult:
@@ -192,6 +222,17 @@ class FlowControl:
           leading (bool): fire a window's first ping at once.
           trailing (bool): fire the latest later ping at the window's end (leading
             and trailing cannot both be False).
+          overlap (str): ``"allow"`` (the default): fires of a key may run at once.
+            ``"queue-latest"`` (an audit only: ``leading=False``; a leading edge is
+            committed at ping time and cannot wait): a window that comes due while
+            the handler of its key's previous fire is executing waits for it,
+            absorbing pings, and fires the latest when that handler returns (reason
+            ``run-end``), as ``debounce(overlap="queue-latest")`` does. So one key's
+            handlers never overlap, and its fires are still at least ``interval``
+            apart (spacing is measured on the fire times, not on handler ends).
+          run_timeout (float | None): seconds > 0, only with ``"queue-latest"``: a
+            run stops blocking its key this long after its fire (the handler is not
+            cancelled; the next fire then overlaps it).
           run_id (str | None): the run id of the window this ping opens (a uuid4 hex
             when None); the leading and trailing fires of a window share it, each
             cool-down has its own.
@@ -212,12 +253,12 @@ class FlowControl:
             I/O: await :meth:`throttle`).
           trio.ClosedResourceError: the ``async with`` block has exited.
         """
-        params = (_THROTTLE, interval, leading, trailing)
+        params = (_THROTTLE, interval, leading, trailing, overlap, run_timeout)
         if type(interval) is float and self._flow_plain():
             result = self._flow.ping_open(params, workflow, key, payload, run_id, on_fire)
             if result is not None:
                 return result
-        spec = throttle_spec(interval, leading, trailing)
+        spec = throttle_spec(interval, leading, trailing, overlap, run_timeout)
         return self._flow_ping(spec, workflow, key, payload, run_id, on_fire, 0, params)
 
     async def throttle(
@@ -229,6 +270,8 @@ class FlowControl:
         interval: float,
         leading: bool = True,
         trailing: bool = True,
+        overlap: Overlap = "allow",
+        run_timeout: float | None = None,
         run_id: str | None = None,
         on_fire: Handler | None = None,
     ) -> DebounceResult:
@@ -250,7 +293,7 @@ class FlowControl:
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._shared is not None:
-            spec = throttle_spec(interval, leading, trailing)
+            spec = throttle_spec(interval, leading, trailing, overlap, run_timeout)
             return await self._flow_await(spec, workflow, key, payload, run_id, on_fire)
         result = self.throttle_nowait(
             workflow,
@@ -259,6 +302,8 @@ class FlowControl:
             interval=interval,
             leading=leading,
             trailing=trailing,
+            overlap=overlap,
+            run_timeout=run_timeout,
             run_id=run_id,
             on_fire=on_fire,
         )
@@ -277,6 +322,8 @@ class FlowControl:
         max_wait: float,
         max_items: int | None = None,
         max_bytes: int | None = None,
+        overlap: Overlap = "allow",
+        run_timeout: float | None = None,
         run_id: str | None = None,
         on_fire: Handler | None = None,
     ) -> DebounceResult:
@@ -303,6 +350,15 @@ class FlowControl:
           max_wait (float): seconds > 0, finite.
           max_items (int | None): >= 1 (default 1000: a batch is always bounded).
           max_bytes (int | None): >= 1, or None for no byte bound.
+          overlap (str): ``"allow"`` (the default) or ``"queue-latest"``: a batch
+            that comes due (``max_wait``, or its ``max_items``-th item) while the
+            handler of its key's previous batch is executing waits for it, taking
+            more items, and fires when that handler returns (reason ``run-end``). It
+            stays bounded while it waits: an item it cannot hold (past ``max_items``
+            or ``max_bytes``) fires it at once (reason ``max-items`` or
+            ``max-bytes``), the previous handler still running, and opens the next
+            batch.
+          run_timeout (float | None): as for :meth:`throttle_nowait`.
           workflow, key, run_id, on_fire: as for :meth:`throttle_nowait`.
 
         Returns:
@@ -316,7 +372,7 @@ class FlowControl:
           TypeError, LookupError, RuntimeError, trio.ClosedResourceError: as
             :meth:`throttle_nowait`.
         """
-        params = (_BATCH, max_wait, max_items, max_bytes)
+        params = (_BATCH, max_wait, max_items, max_bytes, overlap, run_timeout)
         if (
             max_bytes is None
             and type(max_wait) is float
@@ -326,7 +382,7 @@ class FlowControl:
             result = self._flow.ping_open(params, workflow, key, item, run_id, on_fire)
             if result is not None:
                 return result
-        spec = batch_spec(max_items, max_wait, max_bytes)
+        spec = batch_spec(max_items, max_wait, max_bytes, overlap, run_timeout)
         size = item_size(spec, item)
         return self._flow_ping(spec, workflow, key, item, run_id, on_fire, size, params)
 
@@ -339,6 +395,8 @@ class FlowControl:
         max_wait: float,
         max_items: int | None = None,
         max_bytes: int | None = None,
+        overlap: Overlap = "allow",
+        run_timeout: float | None = None,
         run_id: str | None = None,
         on_fire: Handler | None = None,
     ) -> DebounceResult:
@@ -347,7 +405,7 @@ class FlowControl:
         ``max_items``, ``max_bytes`` and the store's size limit)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._shared is not None:
-            spec = batch_spec(max_items, max_wait, max_bytes)
+            spec = batch_spec(max_items, max_wait, max_bytes, overlap, run_timeout)
             size = item_size(spec, item)
             return await self._flow_await(spec, workflow, key, item, run_id, on_fire, size)
         result = self.batch_nowait(
@@ -357,6 +415,8 @@ class FlowControl:
             max_wait=max_wait,
             max_items=max_items,
             max_bytes=max_bytes,
+            overlap=overlap,
+            run_timeout=run_timeout,
             run_id=run_id,
             on_fire=on_fire,
         )
@@ -374,6 +434,7 @@ class FlowControl:
         *,
         limit: int,
         period: float,
+        overlap: Overlap = "allow",
         run_id: str | None = None,
         on_fire: Handler | None = None,
     ) -> DebounceResult:
@@ -391,6 +452,9 @@ class FlowControl:
         Args:
           limit (int): >= 1.
           period (float): seconds > 0, finite.
+          overlap (str): ``"allow"`` only: ``"queue-latest"`` raises
+            :exc:`ValueError`, as for a leading debounce window (each fire is a
+            leading edge, committed at ping time).
           run_id (str | None): this fire's run id (a uuid4 hex when None).
           workflow, key, payload, on_fire: as for :meth:`throttle_nowait`.
 
@@ -401,12 +465,12 @@ class FlowControl:
           TypeError, ValueError, LookupError, RuntimeError, trio.ClosedResourceError:
             as :meth:`throttle_nowait`.
         """
-        params = (_RATE_LIMIT, limit, period)
+        params = (_RATE_LIMIT, limit, period, overlap)
         if type(period) is float and type(limit) is int and self._flow_plain():
             result = self._flow.ping_open(params, workflow, key, payload, run_id, on_fire)
             if result is not None:
                 return result
-        spec = rate_limit_spec(limit, period)
+        spec = rate_limit_spec(limit, period, overlap)
         return self._flow_ping(spec, workflow, key, payload, run_id, on_fire, 0, params)
 
     async def rate_limit(
@@ -417,6 +481,7 @@ class FlowControl:
         *,
         limit: int,
         period: float,
+        overlap: Overlap = "allow",
         run_id: str | None = None,
         on_fire: Handler | None = None,
     ) -> DebounceResult:
@@ -425,10 +490,17 @@ class FlowControl:
         limit holds across processes)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._shared is not None:
-            spec = rate_limit_spec(limit, period)
+            spec = rate_limit_spec(limit, period, overlap)
             return await self._flow_await(spec, workflow, key, payload, run_id, on_fire)
         result = self.rate_limit_nowait(
-            workflow, key, payload, limit=limit, period=period, run_id=run_id, on_fire=on_fire
+            workflow,
+            key,
+            payload,
+            limit=limit,
+            period=period,
+            overlap=overlap,
+            run_id=run_id,
+            on_fire=on_fire,
         )
         await trio.lowlevel.cancel_shielded_checkpoint()
         return result

@@ -7,10 +7,16 @@ engine's (:mod:`._flow`); this table keeps the tasks, the handlers and the count
 A window's task sleeps until the window's end and settles it there; a ping that comes
 at or after the end settles it first, inline (the tie rule), so a ping never depends
 on when a task runs.
+
+Under ``overlap="queue-latest"`` (audit and batch) each fire of a key is a run that
+blocks the key's next fire until its handler returns or its ``run_timeout`` passes
+(:class:`FlowRun`); a window due meanwhile waits for it (:func:`._flow.wait_for_run`)
+and fires when it ends, as a debounce window does (``_local.KeyState``).
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable
 from typing import Any, Final
@@ -57,6 +63,19 @@ class FlowWindow:
         self.closed = False
 
 
+class FlowRun:
+    """A fire of a ``queue-latest`` flow window, while it blocks its key's next fire:
+    until its handler returns, or until ``block_until``."""
+
+    __slots__ = ("block_until", "waiter")
+
+    def __init__(self, block_until: float) -> None:
+        #: Trio time after which the run no longer blocks (fire + run_timeout), or inf.
+        self.block_until = block_until
+        #: The window of the key that waits for this run to end, if any.
+        self.waiter: FlowWindow | None = None
+
+
 class FlowWindows:
     """The in-process flow windows of a coordinator.
 
@@ -88,6 +107,8 @@ class FlowWindows:
         self._debounce_open = debounce_open
         self._fencing = fencing
         self.windows: dict[tuple[str, str], FlowWindow] = {}
+        #: The blocking run of each key whose windows are ``queue-latest``.
+        self._runs: dict[tuple[str, str], FlowRun] = {}
 
     # ------------------------------------------------------------------- pings
 
@@ -175,7 +196,8 @@ class FlowWindows:
         spec = window.spec
         state = window.state
         was_pending = state.pending
-        absorbed, fire = _flow.absorb_flow(spec, state, now, payload, size)
+        blocked = self._blocked_until(window.ident) if spec.queue else None
+        absorbed, fire = _flow.absorb_flow(spec, state, now, payload, size, blocked)
         ledger = self._ledger
         if absorbed is Absorbed.DROPPED:
             ledger.dropped_pings += 1
@@ -195,6 +217,8 @@ class FlowWindows:
             ledger.coalesced += 1
             if not was_pending:
                 ledger.pending_added()
+            if state.waiting:
+                self._wait(window)
             return _result(Outcome.COALESCE, window.run_id, _due(window), state.count)
         assert fire is not None
         if absorbed is Absorbed.FIRED:  # a rate-limit window's leading fire
@@ -218,7 +242,8 @@ class FlowWindows:
         size: int,
         params: tuple[Any, ...],
     ) -> DebounceResult:
-        state, fire = _flow.open_flow(spec, now, payload, size)
+        blocked = self._blocked_until(ident) if spec.queue else None
+        state, fire = _flow.open_flow(spec, now, payload, size, blocked)
         if run_id is None:
             run_id = uuid.uuid4().hex
         window = FlowWindow(ident, spec, state, run_id, on_fire, params)
@@ -232,10 +257,12 @@ class FlowWindows:
         else:
             ledger.pending_added()
         self.windows[ident] = window
+        if state.waiting:  # a batch of one item, held back by its key's run
+            self._wait(window)
         self._nursery.start_soon(self._run_window, window)
         if fire is not None:
             return _result(Outcome.FIRE_IMMEDIATE, run_id, None, 1)
-        return _result(Outcome.SCHEDULE_TRAILING, run_id, state.end, state.count)
+        return _result(Outcome.SCHEDULE_TRAILING, run_id, _due(window), state.count)
 
     def _settled(self, ident: tuple[str, str], now: float) -> FlowWindow | None:
         """The window ``ident`` at ``now``, every end reached by ``now`` settled first
@@ -249,8 +276,15 @@ class FlowWindows:
 
     def _end(self, window: FlowWindow) -> bool:
         """Settle the window's end: its trailing fire (if any) starts; True if a
-        cool-down goes on (under a new run id), False if the window closed."""
-        was_pending = window.state.pending
+        cool-down goes on (under a new run id) or the window now waits for its key's
+        ``queue-latest`` run, False if the window closed."""
+        state = window.state
+        if window.spec.queue and state.pending:
+            run = self._runs.get(window.ident)
+            if run is not None and _flow.wait_for_run(state, state.end, run.block_until):
+                self._wait(window)
+                return True
+        was_pending = state.pending
         fire, goes_on = _flow.end_flow(window.spec, window.state)
         if fire is not None:
             self._start(window, fire, window.run_id, pending=True)
@@ -264,9 +298,22 @@ class FlowWindows:
 
     # ----------------------------------------------------------- the fires
 
+    def _blocked_until(self, ident: tuple[str, str]) -> float | None:
+        """Until when the key's ``queue-latest`` run blocks its next fire (None: none)."""
+        run = self._runs.get(ident)
+        return None if run is None else run.block_until
+
+    def _wait(self, window: FlowWindow) -> None:
+        """The window waits for its key's run (``state.end``: the run's timeout, or
+        inf): the run fires it when it returns; its task sleeps until the timeout."""
+        self._runs[window.ident].waiter = window
+        if window.scope is not None:
+            window.scope.deadline = window.state.end
+
     def _start(self, window: FlowWindow, fire: FlowFire, run_id: str, *, pending: bool) -> None:
         """Start ``fire``'s handler in a task; ``pending``: it was counted as a pending
-        fire (it moves from pending to running in one step)."""
+        fire (it moves from pending to running in one step). A fire of a
+        ``queue-latest`` window is its key's run from now on."""
         ledger = self._ledger
         if pending:
             ledger.pending -= 1
@@ -287,14 +334,40 @@ class FlowWindows:
             ledger.fires if self._fencing else 0,
             fire.reason,
         )
-        self._nursery.start_soon(self._call, handler, result)
+        run = None
+        spec = window.spec
+        if spec.queue:
+            timeout = spec.run_timeout
+            run = FlowRun(math.inf if timeout is None else fire.fired_at + timeout)
+            previous = self._runs.get(window.ident)
+            if previous is not None and previous.waiter is window:
+                previous.waiter = None
+            self._runs[window.ident] = run
+        self._nursery.start_soon(self._call, handler, result, run)
 
     @enable_ki_protection
-    async def _call(self, handler: Handler | None, fire: Fire) -> None:
+    async def _call(self, handler: Handler | None, fire: Fire, run: FlowRun | None) -> None:
         try:
             await self._handlers.call(handler, fire)
         finally:
+            if run is not None:
+                self._run_ended((fire.workflow, fire.key), run)
             self._ledger.handler_ended()
+
+    def _run_ended(self, ident: tuple[str, str], run: FlowRun) -> None:
+        """A ``queue-latest`` run returned: the window waiting for it fires now
+        (reason ``run-end``)."""
+        if self._runs.get(ident) is run:
+            del self._runs[ident]
+        waiter, run.waiter = run.waiter, None
+        if (
+            waiter is not None
+            and not waiter.closed
+            and waiter.state.waiting
+            and not self._ledger.aborted
+        ):
+            waiter.state.end = self._now()
+            self._end(waiter)
 
     # ------------------------------------------------------------ the tasks
 
@@ -371,7 +444,14 @@ class FlowWindows:
         window = self._settled(ident, now)
         if window is None:
             return False
-        fire, goes_on = _flow.flush_flow(window.spec, window.state, now)
+        state = window.state
+        if window.spec.queue and state.pending:
+            run = self._runs.get(ident)
+            if run is not None and _flow.wait_for_run(state, now, run.block_until):
+                # Due now, but its key's run blocks it: it waits for the run's end.
+                self._wait(window)
+                return True
+        fire, goes_on = _flow.flush_flow(window.spec, state, now)
         if fire is None:
             return False
         if cause is not fire.reason:
@@ -406,8 +486,10 @@ class FlowWindows:
 
 
 def _due(window: FlowWindow) -> float | None:
-    """When the window's pending fire happens (its end), or None."""
-    return window.state.end if window.state.pending else None
+    """When the window's pending fire happens (its end), or None (none is pending, or
+    the window waits for its key's run)."""
+    state = window.state
+    return state.end if state.pending and not state.waiting else None
 
 
 def _result(outcome: Outcome, run_id: str, due: float | None, count: int) -> DebounceResult:

@@ -139,24 +139,44 @@ def window_options(
             f"overflow='drop-oldest' needs payload_policy='collect': the reducer "
             f"{payload_policy!r} cannot take its oldest input back out"
         )
+    refusal = None
+    if mode is not Mode.TRAILING:
+        refusal = f"overlap='queue-latest' needs mode='trailing', got mode={mode.value!r}"
+    overlap, timeout = overlap_of(overlap, run_timeout, refusal)
+    if ordered and accumulates and payload_policy != COLLECT:
+        raise ValueError(
+            f"order_key cannot be combined with the reducer {payload_policy!r}: a reducer "
+            "folds payloads in arrival order (put the order key in the payload instead)"
+        )
+    return WindowOptions(limit, payload_policy, items, how, overlap, timeout, ordered)
+
+
+def overlap_of(
+    overlap: object, run_timeout: object, refusal: str | None
+) -> tuple[str, float | None]:
+    """``overlap`` and ``run_timeout`` of a window, checked: ``(overlap, run_timeout)``.
+
+    ``refusal``: None if the window may take ``"queue-latest"``, else why not (the
+    start of the message: a window with a leading edge commits that fire at ping time
+    and cannot wait for a run).
+
+    Raises:
+      ValueError: an unknown ``overlap``, ``"queue-latest"`` where ``refusal`` says
+        no, a ``run_timeout`` without ``"queue-latest"``.
+      TypeError: a ``run_timeout`` that is not a number.
+    """
     if overlap not in _OVERLAPS:
         raise ValueError(f"overlap must be 'allow' or 'queue-latest', got {overlap!r}")
-    if overlap == QUEUE_LATEST and mode is not Mode.TRAILING:
+    if overlap == QUEUE_LATEST and refusal is not None:
         raise ValueError(
-            f"overlap='queue-latest' needs mode='trailing', got mode={mode.value!r}: a "
-            "leading fire is committed at ping time and cannot wait for a run"
+            f"{refusal}: a leading fire is committed at ping time and cannot wait for a run"
         )
     timeout: float | None = None
     if run_timeout is not None:
         timeout = _validate.positive_duration("run_timeout", run_timeout)
         if overlap != QUEUE_LATEST:
             raise ValueError("run_timeout bounds overlap='queue-latest' runs; pass that too")
-    if ordered and accumulates and payload_policy != COLLECT:
-        raise ValueError(
-            f"order_key cannot be combined with the reducer {payload_policy!r}: a reducer "
-            "folds payloads in arrival order (put the order key in the payload instead)"
-        )
-    return WindowOptions(limit, payload_policy, items, how, str(overlap), timeout, ordered)
+    return str(overlap), timeout
 
 
 _NAMES = frozenset(DebounceOptions.__annotations__)

@@ -137,7 +137,9 @@ def _backend_options(
 def _flow_options(spec: FlowSpec, size: int) -> dict[str, Any]:
     """The register options of a flow-control window's ping: a batch is a ``collect``
     window that comes due at its ``max_items``-th item and fires before an item that
-    would overflow it (see :doc:`/protocol`, "Flow-control windows")."""
+    would overflow it; an audit or a batch under ``overlap="queue-latest"`` waits for
+    its key's run as a debounce window does (see :doc:`/protocol`, "Flow-control
+    windows")."""
     extra: dict[str, Any] = {"flow": spec}
     if spec.flow is Flow.BATCH:
         extra.update(
@@ -148,16 +150,22 @@ def _flow_options(spec: FlowSpec, size: int) -> dict[str, Any]:
         )
         if spec.max_bytes is not None:
             extra["size"] = size
+    if spec.queue:
+        extra["overlap"] = _options.QUEUE_LATEST
+        if spec.run_timeout is not None:
+            extra["run_timeout"] = spec.run_timeout
     return extra
 
 
 def _flow_result(spec: FlowSpec, result: DebounceResult) -> DebounceResult:
     """A flow ping's result as in one process, from the debounce window's it is
     stored as: a throttle ping that opened a cool-down window was absorbed; a batch of
-    one item fired at once (due at once, by its owner's task)."""
+    one item fired at once (due at once, by its owner's task), unless it waits for its
+    key's queue-latest run."""
     if spec.flow is Flow.THROTTLE:
         return result._replace(outcome=_COALESCE)
-    if spec.flow is Flow.BATCH and spec.max_items <= 1:
+    if spec.flow is Flow.BATCH and spec.max_items <= 1 and result.scheduled_at is not None:
+        # (A queue-latest batch that waits for its key's run has no due time.)
         return result._replace(outcome=_FIRE_IMMEDIATE, scheduled_at=None)
     return result
 

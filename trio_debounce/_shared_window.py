@@ -553,7 +553,8 @@ class SharedFires:
 
     async def end_run(self, ident: tuple[str, str], run_id: str) -> None:
         """A ``queue-latest`` run of a shared window returned: record it, and fire the
-        window that waited for it, if any."""
+        window that waited for it, if any, at the run's end (now, before the write)."""
+        ended_at = self._backend.wall_time()
         try:
             waiting = await self._backend.end_run(*ident, run_id)
         except BackendError as exc:
@@ -561,7 +562,9 @@ class SharedFires:
             logger.warning("could not record the end of run %s of %r/%r: %s", run_id, *ident, exc)
             return
         if waiting is not None:
-            await self.take_fire(ident, waiting, early=False, cause=FireReason.RUN_END)
+            await self.take_fire(
+                ident, waiting, early=False, fire_at=ended_at, cause=FireReason.RUN_END
+            )
 
     async def complete(self, fire_id: str | None) -> None:
         """The handler of an at-least-once fire returned: delete its fire record."""

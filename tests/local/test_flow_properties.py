@@ -4,6 +4,12 @@ cancels and flushes) through the real coordinator match the flow reference model
 
 Times are drawn on a grid of 1/4 so every float sum is exact: pings land exactly on
 window ends (the tie rule), and are compared to the float.
+
+Audit and batch keys may use ``overlap="queue-latest"`` (with run timeouts), and a few
+throttle and rate-limit pings ask for it (and must raise). Handlers then take time:
+``run_time`` of the fire's payload, off the grid by a few 1/1024 (sums stay exact), so
+a run never ends at the same instant as a ping, a cancel or a flush (the one tie the
+scheduler decides, as in ``tests/local/test_properties.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,14 @@ from trio_debounce import Fire, OnExit
 GRID = 0.25
 KEYS = (("wf", "a"), ("wf", "b"), ("other", "a"))
 KINDS = ("throttle", "audit", "throttle-leading", "batch", "rate")
+#: Handler times: off the 1/4 grid by a few 1/1024 (see the module docstring).
+RUN_TIMES = (1 / 1024, 0.5 + 1 / 1024, 1.75 + 1 / 1024, 4.0 + 3 / 1024)
+
+
+def run_time(payload: Any) -> float:
+    """How long the handler of a fire with ``payload`` runs (a batch: by its first item)."""
+    first = payload[0] if isinstance(payload, list) else payload
+    return RUN_TIMES[first % len(RUN_TIMES)]
 
 
 @dataclass(frozen=True)
@@ -36,13 +50,25 @@ class Op:
     params: tuple[Any, ...]
 
 
+def overlap(draw: st.DrawFn, kind: str) -> tuple[str, float | None]:
+    """``(overlap, run_timeout)``: often queue-latest for audit and batch; rarely for
+    the kinds with a leading edge (refused)."""
+    if kind in ("audit", "batch"):
+        if draw(st.booleans()):
+            return "queue-latest", draw(st.sampled_from((None, None, 1.0, 2.5)))
+        return "allow", None
+    return draw(st.sampled_from(("allow",) * 7 + ("queue-latest",))), None
+
+
 def params(draw: st.DrawFn, kind: str) -> tuple[Any, ...]:
     span = draw(st.integers(1, 8)) * GRID
+    how, timeout = overlap(draw, kind)
     if kind == "batch":
-        return (span, draw(st.sampled_from((None, 1, 2, 3))), draw(st.sampled_from((None, 2, 4))))
+        items = draw(st.sampled_from((None, 1, 2, 3)))
+        return (span, items, draw(st.sampled_from((None, 2, 4))), how, timeout)
     if kind == "rate":
-        return (span, draw(st.integers(1, 3)))
-    return (span,)
+        return (span, draw(st.integers(1, 3)), how)
+    return (span, how, timeout)
 
 
 @st.composite
@@ -80,17 +106,34 @@ def model_ping(model: FlowModel, t: float, ident: tuple[str, str], op: Op, i: in
       ValueError: the model refuses it (as the coordinator must).
     """
     if op.kind == "batch":
-        span, items, limit = op.params
+        span, items, limit, how, timeout = op.params
         if limit is not None and size(i) > limit:
             raise ValueError("too big")
         return model.batch(
-            t, ident, i, size=size(i), max_wait=span, max_items=items, max_bytes=limit
+            t,
+            ident,
+            i,
+            size=size(i),
+            max_wait=span,
+            max_items=items,
+            max_bytes=limit,
+            overlap=how,
+            run_timeout=timeout,
         )
     if op.kind == "rate":
-        return model.rate_limit(t, ident, i, period=op.params[0], limit=op.params[1])
-    leading = op.kind != "audit"
-    trailing = op.kind != "throttle-leading"
-    return model.throttle(t, ident, i, interval=op.params[0], leading=leading, trailing=trailing)
+        span, limit, how = op.params
+        return model.rate_limit(t, ident, i, period=span, limit=limit, overlap=how)
+    span, how, timeout = op.params
+    return model.throttle(
+        t,
+        ident,
+        i,
+        interval=span,
+        leading=op.kind != "audit",
+        trailing=op.kind != "throttle-leading",
+        overlap=how,
+        run_timeout=timeout,
+    )
 
 
 async def real_ping(
@@ -98,22 +141,35 @@ async def real_ping(
 ) -> trio_debounce.DebounceResult:
     """Ping ``op`` (the ``i``-th: its payload) through the coordinator's method."""
     if op.kind == "batch":
-        span, items, limit = op.params
-        return await c.batch(workflow, key, i, max_wait=span, max_items=items, max_bytes=limit)
+        span, items, limit, how, timeout = op.params
+        return await c.batch(
+            workflow,
+            key,
+            i,
+            max_wait=span,
+            max_items=items,
+            max_bytes=limit,
+            overlap=how,
+            run_timeout=timeout,
+        )
     if op.kind == "rate":
-        return await c.rate_limit(workflow, key, i, period=op.params[0], limit=op.params[1])
+        span, limit, how = op.params
+        return await c.rate_limit(workflow, key, i, period=span, limit=limit, overlap=how)
+    span, how, timeout = op.params
     return await c.throttle(
         workflow,
         key,
         i,
-        interval=op.params[0],
+        interval=span,
         leading=op.kind != "audit",
         trailing=op.kind != "throttle-leading",
+        overlap=how,
+        run_timeout=timeout,
     )
 
 
 def run_model(timeline: list[Op], on_exit: str) -> tuple[list[Any], list[FlowFire], int]:
-    model = FlowModel()
+    model = FlowModel(run_time=run_time)
     results: list[Any] = []
     t = 0.0
     for i, op in enumerate(timeline):
@@ -129,6 +185,7 @@ def run_model(timeline: list[Op], on_exit: str) -> tuple[list[Any], list[FlowFir
         except ValueError:
             results.append("ValueError")
     if on_exit == "flush":
+        model.advance(t)  # the ends due by the exit fire first, with their own reasons
         before = len(model.fires)
         for ident in KEYS:
             model.flush(t, ident)
@@ -149,6 +206,7 @@ def run_real(timeline: list[Op], on_exit: OnExit) -> tuple[list[Any], list[FlowF
     async def handler(fire: Fire) -> None:
         fires.append(fire)
         assert trio.current_time() - fire.fired_at < 1e-9  # it starts on time
+        await trio.sleep(run_time(fire.payload))
 
     async def main() -> trio_debounce.CoordinatorStatistics:
         t = 0.0
@@ -210,7 +268,9 @@ def test_coordinator_matches_the_flow_model(timeline: list[Op], on_exit: OnExit)
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_known_burst_of_each_kind(kind: str) -> None:
     # A sanity anchor for the property: pings at 0, 0.5, 1 (the end: a tie) and 1.25.
-    p: tuple[Any, ...] = {"batch": (1.0, 3, None), "rate": (1.0, 2)}.get(kind, (1.0,))
+    p: tuple[Any, ...] = {"batch": (1.0, 3, None, "allow", None), "rate": (1.0, 2, "allow")}.get(
+        kind, (1.0, "allow", None)
+    )
     timeline = [Op(dt, kind, 0, p) for dt in (0.0, 0.5, 0.5, 0.25)]
     expected = run_model(timeline, "wait")
     assert run_real(timeline, "wait") == expected

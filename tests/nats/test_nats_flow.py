@@ -6,6 +6,7 @@ the real clock (see test_nats_backend.py)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import trio
@@ -13,7 +14,7 @@ import trio
 from tests.harness.fires import Fires
 from tests.harness.nats_server import NatsServer
 from tests.nats.test_nats_backend import config, processes
-from trio_debounce import Outcome
+from trio_debounce import Fire, Outcome
 from trio_debounce._keys import window_key
 from trio_debounce.nats._store import open_nats_store
 
@@ -107,3 +108,43 @@ async def test_a_rate_limit_holds_under_concurrent_pings_of_three_processes(
     assert results.count(Outcome.DROPPED) == dropped == 26
     assert len(fires.of("hot")) == 4
     assert len({f.run_id for _, f in fires.of("hot")}) == 4
+
+
+async def test_a_queue_latest_audit_waits_for_its_keys_run_in_another_process(
+    nats_server: NatsServer,
+) -> None:
+    # A's run holds back the audit window B pinged: it fires at the run's end, and the
+    # two processes' handlers of the key never overlap.
+    fires = Fires()
+    running: list[int] = [0, 0]
+    opts: dict[str, Any] = {"interval": 0.3, "leading": False, "overlap": "queue-latest"}
+    with trio.fail_after(30):
+        async with processes(config(nats_server), fires, "AB") as (a, b):
+            for name, c in (("A", a), ("B", b)):
+                record = fires.handler(name)
+
+                async def handler(fire: Fire, record: Any = record) -> None:
+                    await record(fire)
+                    running[0] += 1
+                    running[1] = max(running)
+                    try:
+                        await trio.sleep(1.5)
+                    finally:
+                        running[0] -= 1
+
+                c.set_handler("wf", handler)
+            await a.throttle("wf", "q", 0, **opts)
+            await trio.sleep(0.6)  # A's fire at 0.3 runs until 1.8
+            await b.throttle("wf", "q", 1, **opts)  # due at 0.9: waits
+            await trio.sleep(0.6)
+            r = await a.throttle("wf", "q", 2, **opts)
+            assert r.outcome is Outcome.COALESCE
+            assert r.scheduled_at is None
+            await trio.sleep(3.0)
+    fired = fires.of("q")
+    assert [(f.payload, f.ping_count, f.reason.value) for _, f in fired] == [
+        (0, 1, "interval"),
+        (2, 2, "run-end"),
+    ]
+    assert fired[1][1].fired_at - fired[0][1].fired_at == pytest.approx(1.5, abs=0.1)
+    assert running[1] == 1

@@ -5,7 +5,9 @@ and the same fires (times within the wall clock's rounding), ties included. Whoe
 pings, a key has one window (see docs/protocol.rst, "Flow-control windows").
 
 The timelines are those of ``tests/local/test_flow_properties.py`` without its cancels
-and flushes (steering across processes is tested by name in ``test_flow_shared.py``).
+and flushes (steering across processes is tested by name in ``test_flow_shared.py``),
+``overlap="queue-latest"`` and its handler times included: a queue-latest run blocks
+its key in every process, through the shared document.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from hypothesis import strategies as st
 from tests.harness.fires import Fires
 from tests.harness.flow_model import FlowFire, FlowModel
 from tests.harness.memory import processes
-from tests.local.test_flow_properties import KEYS, Op, model_ping, real_ping, timelines
+from tests.local.test_flow_properties import KEYS, Op, model_ping, real_ping, run_time, timelines
+from trio_debounce import Fire
 from trio_debounce.testing import MemoryStore
 
 #: The store's wall-clock epoch (Trio's clock at 0).
@@ -32,7 +35,7 @@ def run_model(timeline: list[Op], times: list[float]) -> tuple[list[Any], list[F
     """The model's results and fires for ``timeline``, each op at its time in ``times``
     (as the shared run made it: a ping that follows pings of the same instant may come a
     little later, after their writes; wall clock, as the backend decides)."""
-    model = FlowModel()
+    model = FlowModel(run_time=run_time)
     results: list[Any] = []
     for i, (op, t) in enumerate(zip(timeline, times, strict=True)):
         try:
@@ -55,7 +58,16 @@ def run_shared(
         names = "ABCD"[: max(who) + 1]
         async with processes(store, fires, list(names)) as coordinators:
             for name, c in zip(names, coordinators, strict=True):
-                c.set_handler("other", fires.handler(name))
+                record = fires.handler(name)
+
+                async def handler(fire: Fire, record: Any = record) -> None:
+                    await record(fire)
+                    # A run ends its time after its logical fire time, as in the model
+                    # (its handler starts after the commit's round trip).
+                    await trio.sleep_until(fire.fired_at + run_time(fire.payload))
+
+                c.set_handler("wf", handler)
+                c.set_handler("other", handler)
             t0 = trio.current_time()
             t = 0.0
             for i, op in enumerate(timeline):

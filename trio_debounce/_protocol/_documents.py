@@ -383,6 +383,9 @@ class WindowDoc:
         )
         if doc.count < 1:
             raise ValueError("count < 1")
+        if doc.flow is not None and doc.queue:
+            # overlap="queue-latest" is stored as for any window (queue, run_timeout).
+            doc = replace(doc, flow=replace(doc.flow, queue=True, run_timeout=doc.run_timeout))
         if doc.flow is not None and not _fits(doc.flow, doc):
             raise ValueError(f"a {doc.flow.flow.value} flow in a {doc.mode.value} window")
         return doc
@@ -448,6 +451,8 @@ def _decode_flow(obj: Any) -> dict[str, Any]:
 def _fits(spec: FlowSpec, doc: WindowDoc) -> bool:
     """Is ``doc`` the debounce window ``spec``'s flow is stored as (a forged or
     corrupt document may say otherwise)? A throttle's cool-down is a trailing window."""
+    if spec.queue and spec.flow not in (Flow.AUDIT, Flow.BATCH):
+        return False
     if spec.flow is Flow.THROTTLE:
         allowed = (Mode.BOTH, Mode.TRAILING) if spec.trailing else (Mode.LEADING,)
         return doc.mode in allowed and doc.payload_policy == "last"

@@ -541,6 +541,7 @@ class Finalizer:
 
     async def end_run(self, workflow: str, key: str, run_id: str) -> str | None:
         kv_key = window_key(workflow, key)
+        ended_at = self._wall()  # the run's end: a window that waited for it fires then
         self._leases.run_ended(run_id)
         try:
             with trio.move_on_after(self._op_timeout):
@@ -550,7 +551,7 @@ class Finalizer:
                     attempt = 0
                     while True:
                         try:
-                            return await self._end_run(kv_key, run_id)
+                            return await self._end_run(kv_key, run_id, ended_at)
                         except RevisionConflict:
                             self._view.lost_race(kv_key)
                         except BackendUnavailableError:
@@ -565,7 +566,7 @@ class Finalizer:
         logger.warning("could not record the end of run %s of %s; retrying", run_id, kv_key)
         return None
 
-    async def _end_run(self, kv_key: str, run_id: str) -> str | None:
+    async def _end_run(self, kv_key: str, run_id: str, ended_at: float) -> str | None:
         # Written against the remembered document when it names this run (the
         # compare-and-swap proves it current); any other decision on a fresh read.
         known = self._view.cached(kv_key)
@@ -579,10 +580,12 @@ class Finalizer:
         # Kept, tombstone and all (the sweeper removes it a lease after its last ping):
         # a register whose opening write's answer was lost recognises its window by
         # it (deleted sooner, the window's run could be opened a second time).
-        ended = replace(doc, running=None)
+        waiting = not doc.fired and doc.queue and doc.at <= ended_at
+        # A window that waited for this run is due at the run's end (its fire time).
+        ended = replace(doc, running=None, at=ended_at if waiting else doc.at)
         self._view.remember(kv_key, await self._view.close_window(kv_key, ended, revision), ended)
         self._leases.run_end_recorded(run_id)
-        if not doc.fired and doc.queue and doc.at <= self._wall():
+        if waiting:
             return doc.run_id  # waiting for this run: it fires now
         return None
 
@@ -640,7 +643,8 @@ class Finalizer:
             # Read first: the heartbeat does not take the key's turn.
             self._view.forget(kv_key)
             try:
-                await self._end_run(kv_key, run_id)
+                # Recorded late: a window that waited for the run fires now.
+                await self._end_run(kv_key, run_id, self._wall())
             except RevisionConflict:
                 self._view.forget(kv_key)
                 continue

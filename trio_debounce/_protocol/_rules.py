@@ -781,10 +781,11 @@ def fire_time(doc: WindowDoc, now: float, force: bool, at: float | None = None) 
     """The time a finalize at ``now`` fires ``doc`` at: its due time, or when forced
     ``now`` (or ``at``, if earlier: the time of the batch item that found it full); a
     ``queue-latest`` window that waited for its key's run fires when that run stopped
-    blocking (its ``until``, or ``now`` when noticed later)."""
+    blocking (its ``until``, or ``now`` when noticed later; a run's end, recorded,
+    made it due then)."""
     if force:
         return now if at is None else min(now, at)
-    if not doc.queue:
+    if not doc.queue or doc.running is None:
         return doc.at
     marker = doc.running
     released = now
@@ -797,7 +798,9 @@ def fire_reason(doc: WindowDoc, fired_at: float, *, early: bool = False) -> Fire
     """Why the trailing fire of ``doc`` at ``fired_at`` fired
     (:func:`~trio_debounce._engine.trailing_reason`), judged against the due time its
     pings set: an ``early`` fire (a ping found the window full) is ``"overflow"``
-    (``overflow="fire-early"``), a batch's ``"max-bytes"``; a ``queue-latest`` window
+    (``overflow="fire-early"``), a batch's ``"max-items"`` if it held ``max_items``
+    items (it waited for its key's run, or its owner had yet to fire it), else
+    ``"max-bytes"``; a ``queue-latest`` window
     that waited for its key's run (:func:`fire_time` put its fire past its due time,
     when the run stopped blocking) is ``"run-end"``; a due time that a flush moved
     earlier (a forced finalize, ``_control.Control.request_flush``) makes a
@@ -807,7 +810,8 @@ def fire_reason(doc: WindowDoc, fired_at: float, *, early: bool = False) -> Fire
     :func:`~trio_debounce._engine.caused`."""
     if early:
         if doc.flow is not None and doc.flow.flow is Flow.BATCH:
-            return FireReason.MAX_BYTES
+            full = doc.count >= doc.flow.max_items
+            return FireReason.MAX_ITEMS if full else FireReason.MAX_BYTES
         if doc.flow is None:
             return FireReason.OVERFLOW
     if doc.queue and doc.running is not None and fired_at > doc.at:
