@@ -49,17 +49,39 @@ class _QueuedDelete:
 
 
 @dataclass(slots=True)
-class _Unproven:
-    """An at-least-once fire commit whose answer was lost, that no one ran: a taker's,
-    or an owner's whose lease had lapsed (it must not fire unconfirmed). Proven and
-    fired, or taken back, by the next finalize of its run or by ``adopt_orphans``."""
+class _Commit:
+    """An at-least-once fire commit of this process: its fire record, then its
+    tombstone, each a compare-and-swap. Each attempt has its own ids: a record taken
+    back after a conflict leaves a delete marker that a second create would conflict
+    with."""
 
-    workflow: str
-    key: str
+    #: The window as the commit decided on it, and the time it fires at.
     window: WindowDoc
+    #: The write id of its tombstone (and of its record, ``fire_id``).
     write: str
     fired_at: float
     fire_id: str
+    #: Its tombstone was sent. Until then the commit cannot have landed, whatever
+    #: became of its record (written, its answer lost).
+    closing: bool = False
+
+    def landed(self, doc: WindowDoc | None) -> bool | None:
+        """``_rules.commit_landed`` for this commit on ``doc``: never True (not even
+        "in doubt", a full ``after``) for a commit whose tombstone was not sent."""
+        landed = _rules.commit_landed(doc, self.window.run_id, self.write)
+        return landed if self.closing or landed is None else False
+
+
+@dataclass(slots=True)
+class _Unproven:
+    """An at-least-once fire commit whose tombstone was sent and whose answer was lost,
+    that no one ran: a taker's, or an owner's whose lease had lapsed (it must not fire
+    unconfirmed). Proven and fired, or taken back, by the next finalize of its run or
+    by ``adopt_orphans``."""
+
+    workflow: str
+    key: str
+    commit: _Commit
 
 
 class Finalizer:
@@ -182,10 +204,8 @@ class Finalizer:
             # remembered from before; the live coordinator adopts it as a dead one's.
             self._view.disown(kv_key, run_id)
             return Finalization(Finalized.ABANDONED)
-        # The commit in flight, in case its answer is lost: (window, write id, time,
-        # fire record id). Each attempt has its own ids: a record taken back after a
-        # conflict leaves a delete marker that a second create would conflict with.
-        committing: tuple[WindowDoc, str, float, str] | None = None
+        # The commit in flight, in case its answer is lost.
+        committing: _Commit | None = None
         if delivery == "at-least-once":
             # A commit of this run whose answer was lost before: prove it first.
             committing = self._take_unproven(kv_key, run_id)
@@ -285,7 +305,7 @@ class Finalizer:
                     fired_at = _rules.fire_time(doc, now, force, fire_at)
                     write = uuid.uuid4().hex
                     fire_id = FIRE_PREFIX + write
-                    committing = (doc, write, fired_at, fire_id)
+                    committing = _Commit(doc, write, fired_at, fire_id)
                     # Both modes leave a tombstone naming this commit's write id (the
                     # sweeper removes it a lease later), so a commit whose answer was
                     # lost is proven by a read, never guessed from a gone window (a
@@ -302,6 +322,7 @@ class Finalizer:
                     record = self._records.new(workflow, key, doc, fired_at, 1, write)
                     record_revision = await self._view.put(fire_id, record.encode(), last=0)
                     self._records.hold(fire_id, record_revision)
+                    committing.closing = True
                     try:
                         closed = await self._view.close_window(kv_key, tombstone, revision)
                     except RevisionConflict:
@@ -333,7 +354,7 @@ class Finalizer:
         take: bool,
         delivery: Delivery,
         fired_at: float,
-        committing: tuple[WindowDoc, str, float, str] | None,
+        committing: _Commit | None,
         error: BackendError | None,
     ) -> NoReturn:
         """A finalize that did not complete by its deadline: what it leaves behind (a
@@ -363,17 +384,20 @@ class Finalizer:
         # landed): that fire is the record's to run, not to delete.
         missed_trailing = (
             committing is not None
-            and committing[0].mode is Mode.BOTH
-            and known_count < 2 <= committing[0].count
+            and committing.window.mode is Mode.BOTH
+            and known_count < 2 <= committing.window.count
         )
         unproven = committing is not None and (take or lapsed or missed_trailing)
-        if committing is not None and unproven:
+        if committing is not None and unproven and committing.closing:
             # No one fires this commit now: it is proven (and fired) or taken back by
             # the next finalize of this run, or by the next adopt_orphans.
-            window, write, at, fire_id = committing
-            self._unproven.setdefault(kv_key, []).append(
-                _Unproven(workflow, key, window, write, at, fire_id)
-            )
+            self._unproven.setdefault(kv_key, []).append(_Unproven(workflow, key, committing))
+        elif committing is not None and unproven:
+            # Its tombstone was never sent, so it did not land: the window is still
+            # open for its owner (or a taker) to fire. Its record goes with the next
+            # heartbeat's deletes: decided later, under a full ``after``, it would pass
+            # for a commit that landed and run the window a second time.
+            self._queued_record_deletes.add(committing.fire_id)
         if lapsed:
             raise LeaseLapsedError(
                 f"finalize of {workflow!r}/{key!r} (run {run_id}) did not complete within "
@@ -392,7 +416,7 @@ class Finalizer:
                 kv_key,
                 run_id,
                 fired_at,
-                committing[3] if committing is not None and not unproven else None,
+                committing.fire_id if committing is not None and not unproven else None,
                 known_count,
             )
         raise BackendUnavailableError(
@@ -400,17 +424,17 @@ class Finalizer:
             f"{self._op_timeout} s" + (f": {error}" if error is not None else "")
         )
 
-    def _take_unproven(self, kv_key: str, run_id: str) -> tuple[WindowDoc, str, float, str] | None:
+    def _take_unproven(self, kv_key: str, run_id: str) -> _Commit | None:
         """Remove and return the lost commit of run ``run_id`` of ``kv_key``, if any."""
         pending = self._unproven.get(kv_key)
         if not pending:
             return None
         for i, unproven in enumerate(pending):
-            if unproven.window.run_id == run_id:
+            if unproven.commit.window.run_id == run_id:
                 del pending[i]
                 if not pending:
                     del self._unproven[kv_key]
-                return unproven.window, unproven.write, unproven.fired_at, unproven.fire_id
+                return unproven.commit
         return None
 
     async def prove_lost_commits(self) -> list[OrphanFire]:
@@ -439,38 +463,38 @@ class Finalizer:
         return fires
 
     async def _prove_one(self, kv_key: str, unproven: _Unproven) -> OrphanFire | None:
-        read = await self._records.read(unproven.fire_id)
+        commit = unproven.commit
+        read = await self._records.read(commit.fire_id)
         if read is None:
             return None  # the record never landed (nor, then, the commit)
         entry, record = read
         if not self._records.own(record):
             return None  # a peer took us for dead and adopted it: it runs it
         doc = self._view.parse(await self._view.get(kv_key))
-        run_id = unproven.window.run_id
-        if not _rules.commit_landed(doc, run_id, unproven.write):
+        if not commit.landed(doc):
             # Still open (its owner fires it), or closed by another write.
             with contextlib.suppress(RevisionConflict):
-                await self._records.remove(unproven.fire_id, entry.revision)
+                await self._records.remove(commit.fire_id, entry.revision)
             return None
-        self._records.hold(unproven.fire_id, entry.revision)
+        self._records.hold(commit.fire_id, entry.revision)
         logger.info(
             "fire %s of %s (run %s) committed though its answer was lost; running it",
-            unproven.fire_id,
+            commit.fire_id,
             kv_key,
-            run_id,
+            commit.window.run_id,
         )
-        return self._records.orphan_fire(unproven.fire_id, record, record.attempt, entry.revision)
+        return self._records.orphan_fire(commit.fire_id, record, record.attempt, entry.revision)
 
     async def _reread_proof(
         self,
         kv_key: str,
         entry: KvEntry | None,
         doc: WindowDoc | None,
-        committing: tuple[WindowDoc, str, float, str],
+        committing: _Commit,
         delivery: Delivery,
     ) -> Finalization | None:
         """After a commit whose answer was lost: the fire, if the re-read proves it."""
-        window, write, fired_at, fire_id = committing
+        window, fire_id = committing.window, committing.fire_id
         if delivery == "at-most-once":
             # Proven by SentCommits.proof on the same read, if at all: never fire on a guess
             # (the caller decides again from the read; the write stays remembered).
@@ -484,7 +508,7 @@ class Finalizer:
             # A peer took us for dead and adopted the record: it runs the fire.
             return Finalization(Finalized.ABANDONED)
         self._records.hold(fire_id, record.revision)
-        landed = _rules.commit_landed(doc, window.run_id, write)
+        landed = committing.landed(doc)
         if landed is False:
             # The run was closed by another write (a peer took the fire; its tombstone
             # or a newer window's after names it, or the tombstone is gone): ours
@@ -500,16 +524,16 @@ class Finalizer:
                 return None
             assert entry is not None
             self._view.forget(kv_key)
-            tombstone = _rules.tombstone(window, write, fired_at, self._me)
+            tombstone = _rules.tombstone(window, committing.write, committing.fired_at, self._me)
+            committing.closing = True
             try:  # the record landed, the window's commit did not: finish it
                 closed = await self._view.close_window(kv_key, tombstone, entry.revision)
             except RevisionConflict:
                 await self._records.drop(fire_id)
                 return None
             self._view.remember(kv_key, closed, tombstone)
-        return self._finalization(
-            kv_key, window, fired_at, self._view.token(record.revision), fire_id
-        )
+        token = self._view.token(record.revision)
+        return self._finalization(kv_key, window, committing.fired_at, token, fire_id)
 
     def _finalization(
         self,
