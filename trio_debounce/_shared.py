@@ -385,6 +385,10 @@ class SharedWindows:
                 # Bad input (a document too large) or misconfiguration: never failed open.
                 raise
             self._ledger.backend_errors += 1
+            # A take of a due fire may have left a lost commit, decided by the next
+            # reconcile while its proof is fresh: the next heartbeat, as after a failed
+            # finalize (and, failing open, for a write that lands late).
+            self._fires.reconcile_soon = True
             if self._on_backend_error == "raise" or flow is not None:
                 # A flow-control window never fails open (docs/semantics.rst).
                 if isinstance(exc, BackendUnavailableError):
@@ -417,7 +421,6 @@ class SharedWindows:
             # of a shared window with this run id: reconcile soon, and then adopt or
             # close it instead of firing the burst twice.
             self._fail_open_runs[run_id] = self._local.windows[ident]
-            self._fires.reconcile_soon = True
             return result
         finally:
             self._registering.discard(run_id)

@@ -8,12 +8,16 @@ its key had fired, taken for a commit that landed (the "in doubt" answer of a fu
 
 from __future__ import annotations
 
+from collections import Counter
+from contextlib import AsyncExitStack
+
 import pytest
 import trio
 import trio.testing
 
-from tests.harness.memory import backend
-from trio_debounce import BackendUnavailableError, Finalized, Mode
+from tests.harness.fires import Fires
+from tests.harness.memory import BEAT, WF, backend
+from trio_debounce import BackendUnavailableError, Finalized, Mode, open_coordinator
 from trio_debounce._keys import window_key
 from trio_debounce._protocol import _AFTER_KEEP, WindowDoc, _FireRecord
 from trio_debounce.testing import MemoryBackend, MemoryStore
@@ -110,3 +114,44 @@ async def test_a_reread_under_newer_windows_never_fires_a_commit_whose_tombstone
         await _owner_fires_newer_windows(owner)
     assert result == [Finalized.ABANDONED]
     assert await _records(store) == []
+
+
+async def test_a_take_that_failed_in_a_raising_register_is_settled_at_the_next_heartbeat(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Under on_backend_error="raise" (as for every flow window, which never fails open)
+    # a ping that takes a due fire and fails leaves its commit unproven, like a failed
+    # finalize: the next heartbeat must reconcile and decide it while its proof is
+    # fresh. Here the taker A's tombstone is stalled (it reaches the store after the
+    # owner B's commit of the same run, so it never lands); B then fires more windows
+    # of the key than "after" names. Before, A decided at its sixth heartbeat, found
+    # the proof gone, ran B's run a second time (attempt 1, payload of B's ping).
+    store, fires = MemoryStore(), Fires()
+    a, b = backend(store, "A", op_timeout=1.0), backend(store, "B")
+    async with AsyncExitStack() as stack:
+        ca, cb = [
+            await stack.enter_async_context(
+                open_coordinator(
+                    handlers={WF: fires.handler(name)}, backend=x, on_backend_error="raise"
+                )
+            )
+            for name, x in (("A", a), ("B", b))
+        ]
+        start = trio.current_time()
+        await trio.sleep_until(start + BEAT + 0.5)
+        await cb.debounce(WF, "k", "b0", delay=1.0)  # B's window, due at BEAT + 1.5
+        b.faults.stall_next(0.5, ops=("put",))  # B's commit lands at BEAT + 2.0
+        await trio.sleep_until(start + BEAT + 1.6)
+        a.faults.delay_next(0.0, ops=("put",))  # A's fire record lands at once
+        a.faults.stall_next(3.0, ops=("put",))  # its tombstone comes after B's commit
+        with pytest.raises(BackendUnavailableError):
+            await ca.debounce(WF, "k", "a0", delay=1.0)  # at the due time: takes the fire
+        await trio.sleep_until(start + 3 * BEAT + 0.5)  # past A's next heartbeat
+        for n in range(_NEWER):
+            await cb.debounce(WF, "k", f"b{n + 1}", delay=0.1)
+            await trio.sleep(0.5)
+        await trio.sleep_until(start + 7 * BEAT + 0.5)  # past A's sixth heartbeat
+    runs = Counter(fire.run_id for _, fire in fires.log)
+    assert sorted(runs.values()) == [1] * (_NEWER + 1)
+    assert [fire.payload for _, fire in fires.log] == [f"b{n}" for n in range(_NEWER + 1)]
+    assert await _records(store) == []  # A's record was taken back
