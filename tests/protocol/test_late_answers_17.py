@@ -4,7 +4,10 @@ landed. Found by the fault fuzz of tests/chaos/FAULT_FUZZ.md (``fuzz_flow.py bat
 ``FTYPES=delay``, seed 10): a taker's record whose answer was late was kept as a lost
 commit, decided at a later reconcile after more than ``_AFTER_KEEP`` newer windows of
 its key had fired, taken for a commit that landed (the "in doubt" answer of a full
-``after``), and run again beside the owner's fire of the same run."""
+``after``), and run again beside the owner's fire of the same run. And a ping whose
+take failed under ``on_backend_error="raise"`` (every flow window) left its lost
+commit to the sixth heartbeat's reconcile, not the next, long enough for its proof to
+go the same way."""
 
 from __future__ import annotations
 
