@@ -13,29 +13,15 @@ import pytest
 import trio
 import trio.testing
 
-from trio_debounce import Coordinator, Fire, Outcome, open_coordinator
+from tests.harness.fires import Recorder
+from trio_debounce import Coordinator, Outcome, open_coordinator
 
 WF = "wf"
 QUEUE: Any = "queue-latest"
 
 
-class SlowLog:
+class SlowLog(Recorder):
     """A handler that takes ``duration`` seconds; records fires and overlaps."""
-
-    def __init__(self, duration: float) -> None:
-        self.duration = duration
-        self.fires: list[Fire] = []
-        self.running = 0
-        self.most_running = 0
-
-    async def __call__(self, fire: Fire) -> None:
-        self.fires.append(fire)
-        self.running += 1
-        self.most_running = max(self.most_running, self.running)
-        try:
-            await trio.sleep(self.duration)
-        finally:
-            self.running -= 1
 
     def rows(self) -> list[tuple[float, Any, int, str]]:
         return [(f.fired_at, f.payload, f.ping_count, f.reason.value) for f in self.fires]
@@ -60,7 +46,7 @@ async def test_an_audit_due_during_its_keys_run_waits_and_fires_at_the_runs_end(
         assert (r.outcome, r.scheduled_at, r.ping_count) == (Outcome.COALESCE, None, 2)
         assert c.has(WF, "k")
     assert log.rows() == [(1.0, 0, 1, "interval"), (4.0, 2, 2, "run-end")]
-    assert log.most_running == 1
+    assert log.max_running == 1
 
 
 async def test_without_queue_latest_the_same_audit_overlaps_its_run(
@@ -73,7 +59,7 @@ async def test_without_queue_latest_the_same_audit_overlaps_its_run(
         await trio.sleep(1.5)
         await c.throttle(WF, "k", 1, interval=1.0, leading=False)
     assert log.rows() == [(1.0, 0, 1, "interval"), (2.5, 1, 1, "interval")]
-    assert log.most_running == 2
+    assert log.max_running == 2
 
 
 async def test_a_run_timeout_ends_the_wait_and_the_next_run_overlaps(
@@ -85,7 +71,7 @@ async def test_a_run_timeout_ends_the_wait_and_the_next_run_overlaps(
         await trio.sleep(1.5)
         await audit(c, 1, run_timeout=2.0)  # due at 2.5, waits until 3.0
     assert log.rows() == [(1.0, 0, 1, "interval"), (3.0, 1, 1, "run-end")]
-    assert log.most_running == 2
+    assert log.max_running == 2
 
 
 async def test_audit_fires_stay_an_interval_apart_on_their_logical_times(
@@ -194,7 +180,7 @@ async def test_the_exit_waits_for_the_run_then_fires_the_waiting_window(
         await trio.sleep(1.5)
         await audit(c, 1)  # due at 2.5 (or at the exit's flush, 1.5): waits
     assert log.rows() == [(1.0, 0, 1, "interval"), (4.0, 1, 1, "run-end")]
-    assert log.most_running == 1
+    assert log.max_running == 1
 
 
 async def test_an_abort_drops_a_waiting_window(autojump_clock: trio.testing.MockClock) -> None:

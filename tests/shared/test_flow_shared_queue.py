@@ -6,43 +6,44 @@ processes"). MockClock, coordinators sharing a ``MemoryBackend`` store."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from tests.harness.fires import Fires
+from tests.harness.fires import Fires, Recorder
 from tests.harness.memory import WF, near, process
-from trio_debounce import Fire, Outcome
+from trio_debounce import Coordinator, Fire, Outcome
 from trio_debounce._keys import window_key
 from trio_debounce.testing import MemoryStore
 
 QUEUE: Any = "queue-latest"
 
 
-class Overlaps:
-    """Handlers (one per process) that record fires and how many ran at once."""
+@asynccontextmanager
+async def two_processes(
+    store: MemoryStore, fires: Fires, hold: float
+) -> AsyncIterator[tuple[Coordinator, Coordinator, Recorder]]:
+    """Processes A and B whose handlers record their fires in ``fires`` and take
+    ``hold`` seconds each, counted in one :class:`Recorder` (its ``max_running``: how
+    many ran at once, across both)."""
+    overlaps = Recorder(hold)
+    async with (
+        process(store, fires, "A") as (a, _, _),
+        process(store, fires, "B") as (b, _, _),
+    ):
+        for name, c in (("A", a), ("B", b)):
+            record = fires.handler(name)
 
-    def __init__(self, fires: Fires, hold: float) -> None:
-        self.fires = fires
-        self.hold = hold
-        self.running = 0
-        self.most = 0
+            async def handle(fire: Fire, record: Any = record) -> None:
+                await record(fire)
+                await overlaps(fire)
 
-    def handler(self, name: str) -> Any:
-        record = self.fires.handler(name)
-
-        async def handle(fire: Fire) -> None:
-            await record(fire)
-            self.running += 1
-            self.most = max(self.most, self.running)
-            try:
-                await trio.sleep(self.hold)
-            finally:
-                self.running -= 1
-
-        return handle
+            c.set_handler(WF, handle)
+        yield a, b, overlaps
 
 
 def rows(fires: Fires, key: str, t0: float) -> list[tuple[str, Any, Any, int, str]]:
@@ -56,13 +57,7 @@ async def test_an_audits_run_in_one_process_holds_back_the_window_a_peer_pinged(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     store, fires = MemoryStore(epoch=1_000.0), Fires()
-    overlaps = Overlaps(fires, hold=3.0)
-    async with (
-        process(store, fires, "A") as (a, _, _),
-        process(store, fires, "B") as (b, _, _),
-    ):
-        a.set_handler(WF, overlaps.handler("A"))
-        b.set_handler(WF, overlaps.handler("B"))
+    async with two_processes(store, fires, 3.0) as (a, b, overlaps):
         t0 = trio.current_time()
         await a.throttle(WF, "k", 0, interval=1.0, leading=False, overlap=QUEUE)
         await trio.sleep(1.5)  # A's fire at 1.0 runs until 4.0
@@ -85,20 +80,14 @@ async def test_an_audits_run_in_one_process_holds_back_the_window_a_peer_pinged(
         (near(1.0), 0, 1, "interval"),
         (near(4.0), 2, 2, "run-end"),  # at the end of A's run
     ]
-    assert overlaps.most == 1
+    assert overlaps.max_running == 1
 
 
 async def test_a_waiting_batch_across_processes_fires_before_an_item_it_cannot_hold(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     store, fires = MemoryStore(epoch=1_000.0), Fires()
-    overlaps = Overlaps(fires, hold=10.0)
-    async with (
-        process(store, fires, "A") as (a, _, _),
-        process(store, fires, "B") as (b, _, _),
-    ):
-        a.set_handler(WF, overlaps.handler("A"))
-        b.set_handler(WF, overlaps.handler("B"))
+    async with two_processes(store, fires, 10.0) as (a, b, _):
         t0 = trio.current_time()
 
         async def item(who: Any, n: int) -> Any:
