@@ -231,6 +231,8 @@ class OwnedWindow(NamedTuple):
 class OrphanFire(NamedTuple):
     """A fire whose process died while its handler ran, now adopted by this process
     (at-least-once delivery): run the handler again, then :meth:`~DebounceBackend.complete`.
+    Or a fire commit of this process whose answer was lost, proven since (attempt 1,
+    with its ``reason``): run it, its first run, then complete it.
 
     Attributes:
       fire_id (str): the fire record.
@@ -247,6 +249,9 @@ class OrphanFire(NamedTuple):
       edge (Edge): the edge of the fire it repeats: ``Edge.TRAILING``, or
         ``Edge.LEADING`` for a leading fire (at-least-once writes its record before the
         window's opening write).
+      reason (FireReason | None): why a lost commit of this process fired (its
+        window's reason: ``"delay"``, ``"max-count"``, ...); None for a re-run, which
+        runs as ``"re-run"``.
     """
 
     fire_id: str
@@ -260,6 +265,7 @@ class OrphanFire(NamedTuple):
     attempt: int
     fencing_token: int
     edge: Edge = Edge.TRAILING
+    reason: FireReason | None = None
 
 
 class Orphans(NamedTuple):
@@ -267,7 +273,8 @@ class Orphans(NamedTuple):
 
     Attributes:
       windows (list[OwnedWindow]): open windows, now owned by this process.
-      fires (list[OrphanFire]): interrupted fires to run again.
+      fires (list[OrphanFire]): interrupted fires to run again, and this process's
+        lost commits proven since (their first run, with their ``reason``).
       owned (list[OwnedWindow]): every window that names this process as its owner
         after the call (the adopted ones included), from the same listing: what
         :meth:`DebounceBackend.owned_windows` would return, without a second scan.

@@ -577,7 +577,9 @@ class SharedFires:
             logger.warning("could not delete fire record %s: %s", fire_id, exc)
 
     async def refire(self, orphan: OrphanFire) -> None:
-        """Run again a fire whose process died in its handler (at-least-once)."""
+        """Run again a fire whose process died in its handler (at-least-once): a
+        re-run, counted in ``refires``. An orphan with a ``reason`` is a lost commit of
+        this process, proven since: its first run, with that reason, a fire."""
         handler = self._handlers.by_workflow.get(orphan.workflow)
         fire = Fire(
             orphan.workflow,
@@ -590,10 +592,11 @@ class SharedFires:
             orphan.edge,
             orphan.attempt,
             orphan.fencing_token,
-            FireReason.RE_RUN,
+            FireReason.RE_RUN if orphan.reason is None else orphan.reason,
         )
         ledger = self._ledger
-        ledger.refires += 1
+        if orphan.reason is None:
+            ledger.refires += 1
         ledger.fires += 1
         ledger.running += 1
         await self.call(handler, fire, orphan.fire_id)

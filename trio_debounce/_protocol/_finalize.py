@@ -23,7 +23,7 @@ from .._errors import (
 )
 from .._keys import window_key
 from .._kv import KvEntry
-from .._types import Mode
+from .._types import FireReason, Mode
 from . import _flow_rules, _rules
 from ._documents import FIRE_PREFIX, WindowDoc
 from ._leases import ProcessLease
@@ -64,6 +64,14 @@ class _Commit:
     #: Its tombstone was sent. Until then the commit cannot have landed, whatever
     #: became of its record (written, its answer lost).
     closing: bool = False
+    #: Made by a ping that found the window full (``overflow="fire-early"``, a
+    #: batch's ``max_bytes``): its reason says so.
+    early: bool = False
+
+    def reason(self) -> FireReason:
+        """Why this commit fires (``_rules.fire_reason``): a lost commit proven later
+        runs as its first attempt, with the reason it had, never ``"re-run"``."""
+        return _rules.fire_reason(self.window, self.fired_at, early=self.early)
 
     def landed(self, doc: WindowDoc | None) -> bool | None:
         """``_rules.commit_landed`` for this commit on ``doc``: never True (not even
@@ -305,7 +313,7 @@ class Finalizer:
                     fired_at = _rules.fire_time(doc, now, force, fire_at)
                     write = uuid.uuid4().hex
                     fire_id = FIRE_PREFIX + write
-                    committing = _Commit(doc, write, fired_at, fire_id)
+                    committing = _Commit(doc, write, fired_at, fire_id, early=early)
                     # Both modes leave a tombstone naming this commit's write id (the
                     # sweeper removes it a lease later), so a commit whose answer was
                     # lost is proven by a read, never guessed from a gone window (a
@@ -483,7 +491,9 @@ class Finalizer:
             kv_key,
             commit.window.run_id,
         )
-        return self._records.orphan_fire(commit.fire_id, record, record.attempt, entry.revision)
+        return self._records.orphan_fire(
+            commit.fire_id, record, record.attempt, entry.revision, commit.reason()
+        )
 
     async def _reread_proof(
         self,
@@ -533,7 +543,9 @@ class Finalizer:
                 return None
             self._view.remember(kv_key, closed, tombstone)
         token = self._view.token(record.revision)
-        return self._finalization(kv_key, window, committing.fired_at, token, fire_id)
+        return self._finalization(
+            kv_key, window, committing.fired_at, token, fire_id, committing.early
+        )
 
     def _finalization(
         self,
@@ -594,11 +606,11 @@ class Finalizer:
         # Written against the remembered document when it names this run (the
         # compare-and-swap proves it current); any other decision on a fresh read.
         known = self._view.cached(kv_key)
-        if known is None or not self._names_run(known[1], run_id):
+        if known is None or not self._me.names_run(known[1], run_id):
             _, revision, doc = await self._view.read(kv_key)
         else:
             revision, doc = known
-        if doc is None or not self._names_run(doc, run_id):
+        if doc is None or not self._me.names_run(doc, run_id):
             self._leases.run_end_recorded(run_id)
             return None
         # Kept, tombstone and all (the sweeper removes it a lease after its last ping):
@@ -612,15 +624,6 @@ class Finalizer:
         if waiting:
             return doc.run_id  # waiting for this run: it fires now
         return None
-
-    def _names_run(self, doc: WindowDoc | None, run_id: str) -> bool:
-        """Does ``doc`` hold ``run_id`` as its key's ``queue-latest`` run of this process?"""
-        marker = None if doc is None else doc.running
-        return (
-            marker is not None
-            and marker.run_id == run_id
-            and (marker.process, marker.epoch) == (self._me.process_id, self._me.epoch)
-        )
 
     async def apply_queued(self) -> None:
         """Apply deletes queued by finalizes that could not reach the store.

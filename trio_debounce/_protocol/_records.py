@@ -13,7 +13,7 @@ import trio
 from .._backend import OrphanFire
 from .._errors import BackendUnavailableError, RevisionConflict
 from .._kv import KvEntry
-from .._types import Edge
+from .._types import Edge, FireReason
 from . import _flow_rules, _rules
 from ._documents import FireRecord, WindowDoc
 from ._rules import Identity
@@ -46,10 +46,16 @@ class FireRecords:
         self._fire_records[fire_id] = revision
 
     def orphan_fire(
-        self, fire_id: str, record: FireRecord, attempt: int, revision: int
+        self,
+        fire_id: str,
+        record: FireRecord,
+        attempt: int,
+        revision: int,
+        reason: FireReason | None = None,
     ) -> OrphanFire:
         """Fire record ``fire_id`` as a fire to run (``attempt``), whose fencing token
-        is the record's write at ``revision``."""
+        is the record's write at ``revision``; ``reason``: why a lost commit of this
+        process fired (its first run), None for a re-run."""
         return OrphanFire(
             fire_id,
             record.workflow,
@@ -62,6 +68,7 @@ class FireRecords:
             attempt,
             self._view.token(revision),
             Edge.LEADING if record.leading else Edge.TRAILING,
+            reason,
         )
 
     def new_leading(

@@ -44,6 +44,15 @@ class Identity:
     def owns(self, doc: WindowDoc) -> bool:
         return doc.owner == self.process_id and doc.epoch == self.epoch
 
+    def names_run(self, doc: WindowDoc | None, run_id: str) -> bool:
+        """Does ``doc`` hold ``run_id`` as its key's ``queue-latest`` run of this process?"""
+        marker = None if doc is None else doc.running
+        return (
+            marker is not None
+            and marker.run_id == run_id
+            and (marker.process, marker.epoch) == (self.process_id, self.epoch)
+        )
+
 
 @dataclass(slots=True, eq=False)
 class Ping:
