@@ -1,7 +1,8 @@
 """Issue 17, what the late-answer fixes of test_late_answers_17.py left (found by the
 fault fuzz of tests/chaos/FAULT_FUZZ.md, FTYPES=delay): a lost commit of this process,
 proven at its next heartbeat, runs as its first fire with its window's reason (it said
-"re-run" and counted as a refire)."""
+"re-run" and counted as a refire); a register whose re-read cannot tell whether its
+join landed says it joined the window (it said "the window its write opened")."""
 
 from __future__ import annotations
 
@@ -14,8 +15,21 @@ import trio.testing
 
 from tests.harness.fires import Fires
 from tests.harness.memory import BEAT, WF, backend
-from trio_debounce import BackendUnavailableError, FireReason, FireStarted, open_coordinator
-from trio_debounce.testing import MemoryStore
+from trio_debounce import (
+    BackendUnavailableError,
+    FireReason,
+    FireStarted,
+    Mode,
+    open_coordinator,
+)
+from trio_debounce._protocol._documents import WRITES_KEEP
+from trio_debounce.testing import MemoryBackend, MemoryStore
+
+
+async def _ping(b: MemoryBackend, run_id: str, payload: str) -> None:
+    await b.register(
+        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id=run_id, payload=payload
+    )
 
 
 async def test_a_lost_commit_proven_by_the_heartbeat_runs_as_its_first_fire_not_a_rerun(
@@ -58,3 +72,35 @@ async def test_a_lost_commit_proven_by_the_heartbeat_runs_as_its_first_fire_not_
     assert fire.reason is FireReason.MAX_DELAY
     [started] = [e for e in events if isinstance(e, FireStarted)]
     assert started.reason is FireReason.MAX_DELAY
+
+
+async def test_a_join_that_a_reread_cannot_tell_says_it_joined_the_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A's ping joins B's open window r1: the write lands, its answer comes after
+    # op_timeout, and meanwhile B's pings push its id out of the key's "writes". The
+    # re-read cannot tell whether it landed: the error names the window it joined (it
+    # said "the window its write opened").
+    store = MemoryStore()
+    a, b = backend(store, "A", op_timeout=1.0), backend(store, "B")
+    for x in (a, b):
+        await x.refresh_lease()
+    await _ping(b, "r1", "b0")
+    a.faults.delay_next(3.0, ops=("put",))  # lands at once, answered late
+    failed: list[BaseException] = []
+
+    async def join() -> None:
+        with pytest.raises(BackendUnavailableError) as raised:
+            await _ping(a, "r2", "a0")
+        failed.append(raised.value)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(join)
+        await trio.sleep(0.1)  # A's write has landed
+        for n in range(WRITES_KEEP + 1):
+            await _ping(b, "r3", f"b{n + 1}")
+    [error] = failed
+    message = str(error)
+    assert "'wf'/'k'" in message
+    assert "could not tell whether its write into the window it joined (run r1) landed" in message
+    assert "opened" not in message

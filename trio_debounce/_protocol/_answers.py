@@ -31,6 +31,23 @@ class SentWrite:
     waits: float | None
 
 
+def unresolved_message(
+    workflow: str, key: str, op_timeout: float, sent: SentWrite | None, write: str
+) -> str:
+    """The error of the pings of ``sent``, write ``write``, whose landing a re-read
+    could not tell (:meth:`Answers.landed` was None): it names what the write was, the
+    opening of its window or a join of an existing one (a takeover's, a peer's)."""
+    run = sent.doc.run_id if sent is not None else ""
+    if sent is not None and sent.doc.opened_by == write:
+        what = f"the window its write opened (run {run})"
+    else:
+        what = f"its write into the window it joined (run {run})"
+    return (
+        f"register of {workflow!r}/{key!r} did not complete within {op_timeout} s, and a "
+        f"re-read could not tell whether {what} landed: it is not written again"
+    )
+
+
 @dataclass(slots=True)
 class LeadingRecord:
     """The record of the leading fire a batch's opening write is for, once written."""

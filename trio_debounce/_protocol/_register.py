@@ -20,7 +20,7 @@ from .._options import InitialFactory, Reducer
 from .._payload import JsonSerializer
 from .._types import Mode
 from . import _rules
-from ._answers import Answers, LeadingRecord, SentWrite
+from ._answers import Answers, LeadingRecord, SentWrite, unresolved_message
 from ._documents import FIRE_PREFIX, WindowDoc
 from ._finalize import Finalizer
 from ._leases import ProcessLease
@@ -482,16 +482,14 @@ class Registrar:
         waiting = [ping for ping in batch if ping.result is None and ping not in rest]
         if unresolved:
             # Its window may have opened, fired and been swept (or pushed out of a
-            # newer window's after): the pings fail (or fail open, whose reconcile
-            # closes a window of the run if the write turns up later).
+            # newer window's after), or its join's id pushed out of the key's writes:
+            # the pings fail (or fail open, whose reconcile closes a window of the run
+            # if the write turns up later).
             for ping in waiting:
                 answer(
                     ping,
                     BackendUnavailableError(
-                        f"register of {workflow!r}/{key!r} did not complete within "
-                        f"{self._op_timeout} s, and a re-read could not tell whether the "
-                        f"window its write opened (run {sent.doc.run_id if sent else ''}) "
-                        "landed: it is not written again"
+                        unresolved_message(workflow, key, self._op_timeout, sent, write)
                     ),
                 )
             return rest
