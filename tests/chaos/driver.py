@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import hashlib
 import logging
 import os
 import random
+import signal
 import sys
 import time
 import tracemalloc
@@ -136,7 +138,39 @@ class Clock:
         return time.time() + self.offset
 
 
+def task_tree() -> str:
+    """Every Trio task of this run with the frames it awaits in, indented by nursery."""
+    lines: list[str] = []
+
+    def walk(task: trio.lowlevel.Task, depth: int) -> None:
+        lines.append("  " * depth + f"task {task.name}")
+        for frame, lineno in task.iter_await_frames():
+            code = frame.f_code
+            lines.append("  " * depth + f"  {code.co_filename}:{lineno} {code.co_name}")
+        for nursery in task.child_nurseries:
+            for child in nursery.child_tasks:
+                walk(child, depth + 1)
+
+    root = trio.lowlevel.current_root_task()
+    if root is not None:
+        walk(root, 0)
+    return "\n".join(lines) + "\n"
+
+
+async def dump_tasks_on_sigusr1() -> None:
+    """A system task (it outlives the main task's exit): on ``SIGUSR1`` write every Trio
+    task's awaited frames and every thread's stack to stderr. ``Fleet.shutdown`` sends
+    it to a driver that hangs at exit, before its ``SIGKILL``."""
+    with trio.open_signal_receiver(signal.SIGUSR1) as signals:
+        async for _ in signals:
+            sys.stderr.write("=== SIGUSR1: Trio tasks ===\n" + task_tree())
+            sys.stderr.write("=== threads ===\n")
+            sys.stderr.flush()
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+
 async def run(args: argparse.Namespace) -> None:
+    trio.lowlevel.spawn_system_task(dump_tasks_on_sigusr1)
     log = EventLog(args.log, args.name, args.process_id)
     rng = random.Random(args.seed)
     clock = Clock(args.clock_offset)
