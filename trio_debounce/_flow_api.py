@@ -101,6 +101,13 @@ def rate_limit_spec(limit: object, period: object, overlap: object = _options.AL
     return FlowSpec(Flow.RATE_LIMIT, span, limit=_positive_int("limit", limit))
 
 
+def _plain_overlap(overlap: object, run_timeout: object) -> bool:
+    """May a ping with these take the fast path, whose check is only that its raw
+    arguments equal the open window's? Only with exact types: ``True == 1.0``, so an
+    equal but ill-typed value must take the slow path, which refuses it."""
+    return type(overlap) is str and (run_timeout is None or type(run_timeout) is float)
+
+
 # The first item of each method's raw-argument tuple (FlowWindow.params).
 _THROTTLE, _BATCH, _RATE_LIMIT = "throttle", "batch", "rate-limit"
 
@@ -254,7 +261,13 @@ class FlowControl:
           trio.ClosedResourceError: the ``async with`` block has exited.
         """
         params = (_THROTTLE, interval, leading, trailing, overlap, run_timeout)
-        if type(interval) is float and self._flow_plain():
+        if (
+            type(interval) is float
+            and type(leading) is bool
+            and type(trailing) is bool
+            and _plain_overlap(overlap, run_timeout)
+            and self._flow_plain()
+        ):
             result = self._flow.ping_open(params, workflow, key, payload, run_id, on_fire)
             if result is not None:
                 return result
@@ -377,6 +390,7 @@ class FlowControl:
             max_bytes is None
             and type(max_wait) is float
             and (max_items is None or type(max_items) is int)
+            and _plain_overlap(overlap, run_timeout)
             and self._flow_plain()
         ):
             result = self._flow.ping_open(params, workflow, key, item, run_id, on_fire)
@@ -466,7 +480,12 @@ class FlowControl:
             as :meth:`throttle_nowait`.
         """
         params = (_RATE_LIMIT, limit, period, overlap)
-        if type(period) is float and type(limit) is int and self._flow_plain():
+        if (
+            type(period) is float
+            and type(limit) is int
+            and _plain_overlap(overlap, None)
+            and self._flow_plain()
+        ):
             result = self._flow.ping_open(params, workflow, key, payload, run_id, on_fire)
             if result is not None:
                 return result

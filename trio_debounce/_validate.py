@@ -81,7 +81,7 @@ def shared_duration(name: str, seconds: float) -> float:
 def positive_duration(name: str, value: object) -> float:
     """Return ``value`` as a float number of seconds > 0, or raise (as :func:`duration`,
     and :exc:`ValueError` for 0)."""
-    seconds = duration(name, value)
+    seconds = finite(name, value, "a number of seconds (float)")
     if seconds <= 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
     return seconds

@@ -412,7 +412,7 @@ def test_flow_replay_output_does_not_depend_on_the_checkpoint_interval(nats_py_l
         (["--mode", "rate-limit", "--limit", "2"], "--mode rate-limit needs --period"),
         (["--mode", "rate-limit", "--period", "2"], "--mode rate-limit needs --limit"),
         (["--mode", "throttle", "--interval", "0"], "--interval must be > 0"),
-        (["--mode", "throttle", "--interval", "-1"], "--interval must be >= 0"),
+        (["--mode", "throttle", "--interval", "-1"], "--interval must be > 0"),
         (["--mode", "throttle", "--interval", "inf"], "--interval must be finite"),
         (["--mode", "audit", "--interval", "nan"], "--interval must not be NaN"),
         (["--mode", "throttle", "--interval", "x"], "argument --interval: invalid float value"),

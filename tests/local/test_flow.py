@@ -246,7 +246,7 @@ async def test_a_key_has_one_kind_of_window_at_a_time(
         ("throttle_nowait(WF, 'k', interval=1.0, leading=1)", TypeError, "must be bools"),
         ("batch_nowait(WF, 'k', 1, max_wait=1.0, max_items=0)", ValueError, "max_items must"),
         ("batch_nowait(WF, 'k', 1, max_wait=1.0, max_bytes=True)", TypeError, "max_bytes"),
-        ("batch_nowait(WF, 'k', 1, max_wait=-1.0)", ValueError, "max_wait must be >= 0"),
+        ("batch_nowait(WF, 'k', 1, max_wait=-1.0)", ValueError, "max_wait must be > 0"),
         ("rate_limit_nowait(WF, 'k', limit=0, period=1.0)", ValueError, "limit must be >= 1"),
         ("rate_limit_nowait(WF, 'k', limit=1, period=math.inf)", ValueError, "period must"),
         ("rate_limit_nowait('', 'k', limit=1, period=1.0)", ValueError, "workflow"),

@@ -247,3 +247,42 @@ async def test_a_ping_with_another_overlap_clashes_with_the_open_window(
         with pytest.raises(ValueError, match="queue-latest"):
             c.throttle_nowait(WF, "k", 1, interval=1.0, leading=False)
         assert c.statistics().pings == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"run_timeout": True},
+        {"leading": 0},
+        {"trailing": 1},
+    ],
+)
+async def test_an_ill_typed_argument_equal_to_the_open_windows_is_refused(
+    autojump_clock: trio.testing.MockClock, bad: dict[str, Any]
+) -> None:
+    # True == 1 == 1.0: the fast path into an open window, which compares the raw
+    # arguments with the window's, must not take an ill-typed value that compares equal.
+    kw: dict[str, Any] = {"interval": 1.0, "leading": False, "trailing": True}
+    if "run_timeout" in bad:
+        kw.update(overlap=QUEUE, run_timeout=1.0)
+    else:
+        kw["leading"] = True
+    async with open_coordinator(handlers={WF: SlowLog(0.0)}) as c:
+        c.throttle_nowait(WF, "k", 0, **kw)
+        with pytest.raises(TypeError, match=repr(next(iter(bad.values())))):
+            c.throttle_nowait(WF, "k", 1, **{**kw, **bad})
+        with pytest.raises(TypeError):
+            await c.throttle(WF, "k", 1, **{**kw, **bad})
+        if "run_timeout" in bad:
+            c.batch_nowait(WF, "b", 0, max_wait=1.0, overlap=QUEUE, run_timeout=1.0)
+            with pytest.raises(TypeError, match="True"):
+                c.batch_nowait(WF, "b", 1, max_wait=1.0, overlap=QUEUE, run_timeout=True)
+        assert c.statistics().pings == 1 + ("run_timeout" in bad)
+
+
+async def test_a_negative_run_timeout_is_refused_as_not_above_zero(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_coordinator(handlers={WF: SlowLog(0.0)}) as c:
+        with pytest.raises(ValueError, match="run_timeout must be > 0, got -1"):
+            await audit(c, 0, run_timeout=-1)

@@ -29,13 +29,22 @@ from trio_debounce.testing import MemoryStore
 
 #: The store's wall-clock epoch (Trio's clock at 0).
 EPOCH = 1_000.0
+#: Added to every run's time: across processes a ping lands a few ms after its call (a
+#: compare-and-swap it lost, then a backoff), so no run may end within ms of a ping on
+#: the grid, or the ping could land on the other side of the run's end than the model
+#: puts it (runs then end 75/1024 s, about 73 ms, or more off the 1/4 grid).
+MARGIN = 74 / 1024
+
+
+def shared_run_time(payload: Any) -> float:
+    return run_time(payload) + MARGIN
 
 
 def run_model(timeline: list[Op], times: list[float]) -> tuple[list[Any], list[FlowFire], int]:
     """The model's results and fires for ``timeline``, each op at its time in ``times``
     (as the shared run made it: a ping that follows pings of the same instant may come a
     little later, after their writes; wall clock, as the backend decides)."""
-    model = FlowModel(run_time=run_time)
+    model = FlowModel(run_time=shared_run_time)
     results: list[Any] = []
     for i, (op, t) in enumerate(zip(timeline, times, strict=True)):
         try:
@@ -64,7 +73,7 @@ def run_shared(
                     await record(fire)
                     # A run ends its time after its logical fire time, as in the model
                     # (its handler starts after the commit's round trip).
-                    await trio.sleep_until(fire.fired_at + run_time(fire.payload))
+                    await trio.sleep_until(fire.fired_at + shared_run_time(fire.payload))
 
                 c.set_handler("wf", handler)
                 c.set_handler("other", handler)
