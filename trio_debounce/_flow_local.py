@@ -10,8 +10,9 @@ on when a task runs.
 
 Under ``overlap="queue-latest"`` (audit and batch) each fire of a key is a run that
 blocks the key's next fire until its handler returns or its ``run_timeout`` passes
-(:class:`FlowRun`); a window due meanwhile waits for it (:func:`._flow.wait_for_run`)
-and fires when it ends, as a debounce window does (``_local.KeyState``).
+(a :class:`~._window.KeyRun`, as a debounce key's); a window due meanwhile waits for
+it (:func:`._flow.wait_for_run`) and fires when it ends, as a debounce window does
+(``_local.KeyState``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from . import _flow, _validate
 from ._firing import Handlers, Ledger, closed_error
 from ._flow import Absorbed, FlowFire, FlowSpec, FlowState
 from ._types import DebounceResult, Edge, Fire, FireReason, Handler, Outcome
+from ._window import KeyRun
 
 _DROPPED: Final = Outcome.DROPPED
 
@@ -63,19 +65,6 @@ class FlowWindow:
         self.closed = False
 
 
-class FlowRun:
-    """A fire of a ``queue-latest`` flow window, while it blocks its key's next fire:
-    until its handler returns, or until ``block_until``."""
-
-    __slots__ = ("block_until", "waiter")
-
-    def __init__(self, block_until: float) -> None:
-        #: Trio time after which the run no longer blocks (fire + run_timeout), or inf.
-        self.block_until = block_until
-        #: The window of the key that waits for this run to end, if any.
-        self.waiter: FlowWindow | None = None
-
-
 class FlowWindows:
     """The in-process flow windows of a coordinator.
 
@@ -108,7 +97,7 @@ class FlowWindows:
         self._fencing = fencing
         self.windows: dict[tuple[str, str], FlowWindow] = {}
         #: The blocking run of each key whose windows are ``queue-latest``.
-        self._runs: dict[tuple[str, str], FlowRun] = {}
+        self._runs: dict[tuple[str, str], KeyRun[FlowWindow]] = {}
 
     # ------------------------------------------------------------------- pings
 
@@ -279,11 +268,8 @@ class FlowWindows:
         cool-down goes on (under a new run id) or the window now waits for its key's
         ``queue-latest`` run, False if the window closed."""
         state = window.state
-        if window.spec.queue and state.pending:
-            run = self._runs.get(window.ident)
-            if run is not None and _flow.wait_for_run(state, state.end, run.block_until):
-                self._wait(window)
-                return True
+        if self._waits(window, state.end):
+            return True
         was_pending = state.pending
         fire, goes_on = _flow.end_flow(window.spec, window.state)
         if fire is not None:
@@ -302,6 +288,16 @@ class FlowWindows:
         """Until when the key's ``queue-latest`` run blocks its next fire (None: none)."""
         run = self._runs.get(ident)
         return None if run is None else run.block_until
+
+    def _waits(self, window: FlowWindow, at: float) -> bool:
+        """A ``queue-latest`` window with a fire pending is due at ``at`` (its end, or
+        a flush): if its key's run still blocks it, it waits for that run (True)."""
+        if not (window.spec.queue and window.state.pending):
+            return False
+        if not _flow.wait_for_run(window.state, at, self._blocked_until(window.ident)):
+            return False
+        self._wait(window)
+        return True
 
     def _wait(self, window: FlowWindow) -> None:
         """The window waits for its key's run (``state.end``: the run's timeout, or
@@ -334,11 +330,11 @@ class FlowWindows:
             ledger.fires if self._fencing else 0,
             fire.reason,
         )
-        run = None
+        run: KeyRun[FlowWindow] | None = None
         spec = window.spec
         if spec.queue:
             timeout = spec.run_timeout
-            run = FlowRun(math.inf if timeout is None else fire.fired_at + timeout)
+            run = KeyRun(math.inf if timeout is None else fire.fired_at + timeout)
             previous = self._runs.get(window.ident)
             if previous is not None and previous.waiter is window:
                 previous.waiter = None
@@ -346,7 +342,9 @@ class FlowWindows:
         self._nursery.start_soon(self._call, handler, result, run)
 
     @enable_ki_protection
-    async def _call(self, handler: Handler | None, fire: Fire, run: FlowRun | None) -> None:
+    async def _call(
+        self, handler: Handler | None, fire: Fire, run: KeyRun[FlowWindow] | None
+    ) -> None:
         try:
             await self._handlers.call(handler, fire)
         finally:
@@ -354,7 +352,7 @@ class FlowWindows:
                 self._run_ended((fire.workflow, fire.key), run)
             self._ledger.handler_ended()
 
-    def _run_ended(self, ident: tuple[str, str], run: FlowRun) -> None:
+    def _run_ended(self, ident: tuple[str, str], run: KeyRun[FlowWindow]) -> None:
         """A ``queue-latest`` run returned: the window waiting for it fires now
         (reason ``run-end``)."""
         if self._runs.get(ident) is run:
@@ -444,14 +442,9 @@ class FlowWindows:
         window = self._settled(ident, now)
         if window is None:
             return False
-        state = window.state
-        if window.spec.queue and state.pending:
-            run = self._runs.get(ident)
-            if run is not None and _flow.wait_for_run(state, now, run.block_until):
-                # Due now, but its key's run blocks it: it waits for the run's end.
-                self._wait(window)
-                return True
-        fire, goes_on = _flow.flush_flow(window.spec, state, now)
+        if self._waits(window, now):
+            return True  # due now, but its key's run blocks it: it waits for the run
+        fire, goes_on = _flow.flush_flow(window.spec, window.state, now)
         if fire is None:
             return False
         if cause is not fire.reason:

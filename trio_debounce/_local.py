@@ -563,7 +563,7 @@ class LocalWindows:
 
     def _decide_after_abort(
         self, window: Window
-    ) -> tuple[Handler | None, Fire, KeyRun | None] | None:
+    ) -> tuple[Handler | None, Fire, KeyRun[Window] | None] | None:
         """Decide, by time, what an abort does to a window's pending trailing fire.
 
         A fire that was due when the block aborted (its deadline reached) or committed
@@ -586,7 +586,7 @@ class LocalWindows:
 
     def _take_trailing_fire(
         self, window: Window, fired_at: float
-    ) -> tuple[Handler | None, Fire, KeyRun | None]:
+    ) -> tuple[Handler | None, Fire, KeyRun[Window] | None]:
         """Close a window whose trailing fire is pending and turn it into a running fire.
 
         Moves the fire from pending to running in one step (so wait_idle never sees
@@ -623,7 +623,7 @@ class LocalWindows:
         self,
         handler: Handler | None,
         fire: Fire,
-        run: KeyRun | None = None,
+        run: KeyRun[Window] | None = None,
     ) -> None:
         """Run a local fire's handler (counted as running by the caller)."""
         # KI-protected, so Ctrl-C cannot land between the counters and the try; the
@@ -655,7 +655,7 @@ class KeyState:
         self._now = now
         self._ledger = ledger
         #: The blocking run of each "queue-latest" key.
-        self._runs: dict[tuple[str, str], KeyRun] = {}
+        self._runs: dict[tuple[str, str], KeyRun[Window]] = {}
         #: The highest order key fired per key.
         self._fired_order: dict[tuple[str, str], float] = {}
 
@@ -732,14 +732,14 @@ class KeyState:
         if previous is not None and previous.waiter is window:
             previous.waiter = None
         timeout = window.opts.run_timeout
-        run = KeyRun(_INF if timeout is None else at + timeout)
+        run: KeyRun[Window] = KeyRun(_INF if timeout is None else at + timeout)
         self._runs[ident] = run
         window.run = run
         self.note_fired(window)
         if window.scope is not None:
             window.scope.cancel()
 
-    def run_ended(self, ident: tuple[str, str], run: KeyRun) -> None:
+    def run_ended(self, ident: tuple[str, str], run: KeyRun[Window]) -> None:
         """A "queue-latest" run returned: the window waiting for it fires now."""
         if self._runs.get(ident) is run:
             del self._runs[ident]

@@ -8,7 +8,7 @@ nothing else.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _engine
 from ._engine import WindowState
@@ -59,7 +59,7 @@ class Window(WindowState):
     #: by time (see :func:`_engine.trailing_reason`).
     cause: FireReason | None
     reducer: tuple[Reducer, InitialFactory | None]  # (fn, initial factory) of a reducer window
-    run: KeyRun | None  # the run of a committed "queue-latest" fire
+    run: KeyRun[Window] | None  # the run of a committed "queue-latest" fire
 
     @classmethod
     def open(
@@ -108,9 +108,16 @@ class Window(WindowState):
         )
 
 
-class KeyRun:
+#: The kind of window that waits for a key's run: a debounce :class:`Window`, or a
+#: flow window (``_flow_local.FlowWindow``).
+W = TypeVar("W")
+
+
+class KeyRun(Generic[W]):
     """A run (a trailing fire's handler) of a ``queue-latest`` key, while it blocks the
-    key's next fire: until its handler returns, or until ``block_until``."""
+    key's next fire: until its handler returns, or until ``block_until``. Debounce
+    windows (``_local.KeyState``) and flow windows (``_flow_local.FlowWindows``) keep
+    their keys' runs alike."""
 
     __slots__ = ("block_until", "waiter")
 
@@ -118,4 +125,4 @@ class KeyRun:
         #: Trio time after which the run no longer blocks (start + run_timeout), or inf.
         self.block_until = block_until
         #: The window of the key waiting for this run to end, if any.
-        self.waiter: Window | None = None
+        self.waiter: W | None = None
