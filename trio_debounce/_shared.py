@@ -62,6 +62,12 @@ logger = logging.getLogger("trio_debounce")
 _OVERFLOW_ROUNDS = 8
 
 _INF = math.inf
+#: How long (seconds, Trio's clock) a fail-open window's run id is remembered after
+#: its local window closed, so that its register, if it lands that late (a write
+#: queued at a stalled server, or resent after a reconnect), is settled and not fired
+#: again; at most :data:`_LATE_WRITES_KEPT` run ids, the oldest forgotten first.
+LATE_WRITE_HORIZON = 600.0
+_LATE_WRITES_KEPT = 10_000
 _TRAILING = Mode.TRAILING
 _COALESCE = Outcome.COALESCE
 _SCHEDULE_TRAILING = Outcome.SCHEDULE_TRAILING
@@ -251,6 +257,8 @@ class SharedWindows:
         #: Local windows opened because a register failed, by the run id the failed
         #: register proposed (its write may land later).
         self._fail_open_runs: dict[str, Window] = {}
+        #: Of those whose local window closed: when a reconcile first found it closed.
+        self._fail_open_closed: dict[str, float] = {}
         #: Run ids of registers in flight: the reconcile leaves their windows alone
         #: (the register arms them, or fails open and the next reconcile adopts them).
         self._registering: set[str] = set()
@@ -711,9 +719,7 @@ class SharedWindows:
                     stale.run_id,
                 )
                 fires.close(stale)
-        for run_id, window in list(self._fail_open_runs.items()):
-            if run_id not in seen and window.state == CLOSED:
-                del self._fail_open_runs[run_id]
+        _forget_late_writes(self._fail_open_runs, self._fail_open_closed, seen, listed_at)
         for owned in owned_windows:
             ident = (owned.workflow, owned.key)
             shared = self.windows.get(ident)
@@ -737,6 +743,7 @@ class SharedWindows:
                     _note_adoption(shared, owned, adopted_runs, adopted_at, to_trio)
                 continue
             local = self._fail_open_runs.pop(owned.run_id, None)
+            self._fail_open_closed.pop(owned.run_id, None)
             payload: Any = None
             on_fire: Handler | None = None
             count = owned.ping_count
@@ -775,6 +782,23 @@ class SharedWindows:
             )
             _note_adoption(armed, owned, adopted_runs, adopted_at, to_trio)
         fires.closed_runs = {run: at for run, at in fires.closed_runs.items() if at >= listed_at}
+
+
+def _forget_late_writes(
+    runs: dict[str, Window], closed: dict[str, float], seen: set[str], now: float
+) -> None:
+    """Forget the fail-open ``runs`` whose local window closed at least
+    :data:`LATE_WRITE_HORIZON` seconds before ``now`` (``closed``: when a reconcile
+    first found each closed) and that the listing did not show (``seen``); then the
+    oldest closed ones beyond :data:`_LATE_WRITES_KEPT`."""
+    for run_id, window in list(runs.items()):
+        if window.state != CLOSED or run_id in seen:
+            continue
+        if now - closed.setdefault(run_id, now) >= LATE_WRITE_HORIZON:
+            del runs[run_id], closed[run_id]
+    for run_id in list(closed)[: max(0, len(closed) - _LATE_WRITES_KEPT)]:
+        del closed[run_id]
+        runs.pop(run_id, None)
 
 
 def _note_adoption(
