@@ -48,6 +48,7 @@ import signal
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -157,6 +158,10 @@ def task_tree() -> str:
     return "\n".join(lines) + "\n"
 
 
+#: What the SIGUSR1 dump writes after the task tree: name -> a description of state.
+STATE: dict[str, Callable[[], object]] = {}
+
+
 async def dump_tasks_on_sigusr1() -> None:
     """A system task (it outlives the main task's exit): on ``SIGUSR1`` write every Trio
     task's awaited frames and every thread's stack to stderr. ``Fleet.shutdown`` sends
@@ -164,6 +169,11 @@ async def dump_tasks_on_sigusr1() -> None:
     with trio.open_signal_receiver(signal.SIGUSR1) as signals:
         async for _ in signals:
             sys.stderr.write("=== SIGUSR1: Trio tasks ===\n" + task_tree())
+            for name, describe in STATE.items():
+                try:
+                    sys.stderr.write(f"=== {name} ===\n{describe()}\n")
+                except Exception as exc:  # a dump never raises
+                    sys.stderr.write(f"=== {name}: {exc!r}\n")
             sys.stderr.write("=== threads ===\n")
             sys.stderr.flush()
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
@@ -302,6 +312,8 @@ async def run(args: argparse.Namespace) -> None:
             on_backend_error=args.on_backend_error,
         ) as coordinator:
             log.write("ready", clock=clock.offset)
+            STATE["statistics"] = coordinator.statistics
+            STATE["shared windows"] = lambda: vars(coordinator._shared)
             if clock.offset:
                 log.write("clock", offset=clock.offset)
 
@@ -329,6 +341,9 @@ async def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     args = parse_args()
+    # SIGUSR2: every thread's stack, written from the C signal handler, so it comes
+    # even when the Trio loop is blocked (SIGUSR1's task tree needs a running loop).
+    faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
     logging.basicConfig(
         stream=sys.stderr,
         format=f"%(asctime)s {args.name} %(name)s %(levelname)s %(message)s",

@@ -147,8 +147,11 @@ class Fleet:
                 inc.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 hung.append(inc)
-                # Its stacks first (the driver writes them to its .err log), then the kill.
+                # Its stacks first (the driver writes them to its .err log: SIGUSR2 the
+                # threads' from C, SIGUSR1 the Trio task tree), then the kill.
                 with contextlib.suppress(ProcessLookupError):
+                    os.kill(inc.proc.pid, signal.SIGUSR2)
+                    time.sleep(0.5)
                     os.kill(inc.proc.pid, signal.SIGUSR1)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     inc.proc.wait(2.0)
