@@ -19,6 +19,14 @@ from ._events import BackendEvent
 from ._flow import FlowSpec
 from ._types import Edge, FireReason, InitialFactory, Mode, Reducer
 
+#: How long (seconds) a process remembers a write of its own whose answer was lost
+#: and which it then wrote again or gave up on: a write queued at a stalled server (or
+#: resent after a reconnect) may land that late, and is then settled, not fired (see
+#: docs/protocol.rst, "A register that failed but landed").
+LATE_WRITE_HORIZON = 600.0
+#: At most this many such writes are remembered (the oldest are forgotten first).
+LATE_WRITES_KEPT = 10_000
+
 #: The values of ``open_coordinator(delivery=...)``.
 Delivery = Literal["at-least-once", "at-most-once"]
 #: The values of :attr:`WindowChange.change`.

@@ -23,6 +23,8 @@ import trio
 
 from . import _engine, _options, _validate
 from ._backend import (
+    LATE_WRITE_HORIZON,
+    LATE_WRITES_KEPT,
     DebounceBackend,
     Delivery,
     Finalization,
@@ -62,12 +64,6 @@ logger = logging.getLogger("trio_debounce")
 _OVERFLOW_ROUNDS = 8
 
 _INF = math.inf
-#: How long (seconds, Trio's clock) a fail-open window's run id is remembered after
-#: its local window closed, so that its register, if it lands that late (a write
-#: queued at a stalled server, or resent after a reconnect), is settled and not fired
-#: again; at most :data:`_LATE_WRITES_KEPT` run ids, the oldest forgotten first.
-LATE_WRITE_HORIZON = 600.0
-_LATE_WRITES_KEPT = 10_000
 _TRAILING = Mode.TRAILING
 _COALESCE = Outcome.COALESCE
 _SCHEDULE_TRAILING = Outcome.SCHEDULE_TRAILING
@@ -790,13 +786,13 @@ def _forget_late_writes(
     """Forget the fail-open ``runs`` whose local window closed at least
     :data:`LATE_WRITE_HORIZON` seconds before ``now`` (``closed``: when a reconcile
     first found each closed) and that the listing did not show (``seen``); then the
-    oldest closed ones beyond :data:`_LATE_WRITES_KEPT`."""
+    oldest closed ones beyond :data:`LATE_WRITES_KEPT`."""
     for run_id, window in list(runs.items()):
         if window.state != CLOSED or run_id in seen:
             continue
         if now - closed.setdefault(run_id, now) >= LATE_WRITE_HORIZON:
             del runs[run_id], closed[run_id]
-    for run_id in list(closed)[: max(0, len(closed) - _LATE_WRITES_KEPT)]:
+    for run_id in list(closed)[: max(0, len(closed) - LATE_WRITES_KEPT)]:
         del closed[run_id]
         runs.pop(run_id, None)
 

@@ -1,10 +1,15 @@
-"""Issue 17, a register that lands long after it failed ("bug C"): a write queued at a
-stalled server (or resent after a reconnect) may commit long after its caller gave up.
-Under ``on_backend_error="fail-open"`` its burst already fired in a local window; the
-reconcile that finds the late window must settle it (docs/protocol.rst, "A register
-that failed but landed"), however late it lands within ``LATE_WRITE_HORIZON``. Before,
-the fail-open run id was forgotten at the first reconcile that did not list it, and a
-write landing after that was re-armed as an ordinary window and fired the burst again."""
+"""Issue 17, a register write that lands long after its answer was lost ("bug C"): a
+write queued at a stalled server (or resent after a reconnect) may commit long after
+its caller gave up, once its key is empty again. The reconcile that finds the late
+window must settle it, not fire the burst again (docs/protocol.rst, "A register that
+failed but landed"), however late it lands within ``LATE_WRITE_HORIZON``:
+
+* the register failed open, and its burst fired in a local window. Before, the
+  fail-open run id was forgotten at the first reconcile that did not list it, and a
+  write landing after that was re-armed as an ordinary window and fired again;
+* the register's re-read found its create not landed (yet) and wrote the pings again:
+  that window fired and was swept, then the first create landed and opened a second
+  window of the same run, which fired it twice, under at-most-once too."""
 
 from __future__ import annotations
 
@@ -15,7 +20,9 @@ import trio.testing
 from tests.harness.fires import Fires
 from tests.harness.memory import LEASE, processes
 from trio_debounce import FireReason
-from trio_debounce._shared import LATE_WRITE_HORIZON, _forget_late_writes
+from trio_debounce._backend import LATE_WRITE_HORIZON
+from trio_debounce._protocol._view import StoreView
+from trio_debounce._shared import _forget_late_writes
 from trio_debounce._window import CLOSED, OPEN
 from trio_debounce.testing import MemoryBackend, MemoryStore
 
@@ -43,6 +50,31 @@ async def test_a_register_that_lands_long_after_its_fail_open_window_fired_is_no
     [(_, fire)] = fires.log
     assert fire.fired_at == pytest.approx(t0 + 3.0, abs=0.02)  # the local window's fire
     assert fire.reason is FireReason.DELAY
+
+
+@pytest.mark.parametrize("delivery", ["at-most-once", "at-least-once"])
+@pytest.mark.parametrize("stall", [3 * LEASE, 0.5 * LATE_WRITE_HORIZON])
+async def test_a_create_written_again_that_lands_after_its_window_was_swept_is_not_fired_again(
+    autojump_clock: trio.testing.MockClock, stall: float, delivery: str
+) -> None:
+    # A's create times out at 0.3 s (its answer lost) and reaches the store `stall`
+    # seconds later. The re-read finds the key empty: the pings are written again (the
+    # same run, the same write id) and stored. That window fires at t0+1 and its
+    # tombstone is swept; then the first create lands on the empty key: a second window
+    # of the run, owned by A. A's reconcile deletes it.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB", delivery=delivery) as (a, _b):
+        backend_a = a._backend
+        assert isinstance(backend_a, MemoryBackend)
+        backend_a.faults.stall_next(stall, ops=("put",), fail_after=0.3)
+        t0 = trio.current_time()
+        result = await a.debounce("wf", "k", "a", delay=1.0)
+        assert result.stored
+        assert a.statistics().fail_open_windows == 0
+        await trio.sleep(stall + 4 * LEASE)
+        assert await a.window_status("wf", "k") is None
+    assert [(p, f.payload, f.run_id) for p, f in fires.log] == [("A", "a", result.active_run_id)]
+    assert fires.log[0][1].fired_at == pytest.approx(t0 + 1.0, abs=0.02)
 
 
 async def test_a_late_register_that_a_peer_pinged_into_still_fires_the_peers_ping(
@@ -99,7 +131,7 @@ class _W:
 def test_forget_late_writes_keeps_open_and_listed_runs_and_caps_the_closed_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("trio_debounce._shared._LATE_WRITES_KEPT", 2)
+    monkeypatch.setattr("trio_debounce._shared.LATE_WRITES_KEPT", 2)
     runs: dict[str, object] = {
         "open": _W(OPEN),
         "listed": _W(CLOSED),
@@ -115,3 +147,16 @@ def test_forget_late_writes_keeps_open_and_listed_runs_and_caps_the_closed_ones(
     _forget_late_writes(runs, closed, {"listed"}, 100.0 + LATE_WRITE_HORIZON)  # type: ignore[arg-type]
     assert sorted(runs) == ["listed", "open"]
     assert closed == {}
+
+
+def test_late_openings_are_forgotten_after_the_horizon_and_beyond_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("trio_debounce._protocol._view.LATE_WRITES_KEPT", 2)
+    view = StoreView(MemoryStore(), heartbeat_interval=1.0, skew=0.5)
+    view.note_late_opening("r1", "w1", 0.0)
+    view.note_late_opening("r2", "w2", 1.0)
+    view.note_late_opening("r3", "w3", 2.0)  # over the cap: r1 goes
+    assert list(view.late_openings) == ["r2", "r3"]
+    view.note_late_opening("r4", "w4", 1.0 + LATE_WRITE_HORIZON)  # r2 is past the horizon
+    assert list(view.late_openings) == ["r3", "r4"]

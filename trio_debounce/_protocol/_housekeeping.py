@@ -132,6 +132,21 @@ class Housekeeping:
             )
         return owned
 
+    async def _delete_late_opening(self, kv_key: str, doc: WindowDoc, revision: int) -> None:
+        """Delete (revision-checked) a second window of a run that a late create of
+        this process opened once its key was empty again: its pings were written
+        again and fired. A ping written into it since changes its revision: it is then
+        kept, and fires (so that ping is not lost)."""
+        logger.warning(
+            "window %s (run %s) was opened again by a write of this process that landed "
+            "late (its pings were written again); deleting it",
+            kv_key,
+            doc.run_id,
+        )
+        with contextlib.suppress(RevisionConflict):
+            await self._view.close_window(kv_key, None, revision)
+        del self._view.late_openings[doc.run_id]
+
     async def _proves_a_record(self, doc: WindowDoc) -> bool:
         """Does a fire record whose commit tombstone ``doc`` proves (its own write's, or
         one in its ``after``) still exist? Read from the store's authority: a listing
@@ -281,6 +296,9 @@ class Housekeeping:
             except ValueError:
                 continue
             if self._me.owns(doc):
+                if self._view.is_late_opening(entry.key, doc):
+                    await self._delete_late_opening(entry.key, doc, entry.revision)
+                    continue
                 self._view.own(entry.key, doc)
                 self._view.remember(entry.key, entry.revision, doc)
                 orphans.owned.append(

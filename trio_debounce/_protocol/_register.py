@@ -328,6 +328,9 @@ class Registrar:
         unresolved = False
         #: The batch's deadline was moved once, after a take left unproven.
         extended = restart = False
+        #: The run of a create whose answer was lost and that a re-read found not
+        #: landed (yet): if the pings are written again, it may still land later.
+        lost_opening: str | None = None
         while True:
             with trio.move_on_at(deadline):
                 attempt = 0
@@ -361,6 +364,8 @@ class Registrar:
                                     break
                                 if resolving and revision == base:
                                     break  # it did not land, and the deadline has passed
+                                if base == 0 and sent.doc.opened_by == write:
+                                    lost_opening = sent.doc.run_id
                         else:
                             revision, doc = known
                             read = False
@@ -461,6 +466,8 @@ class Registrar:
                         self._answers.answer_batch(
                             kv_key, pings, new, take_at, new_revision, waits, leading
                         )
+                        if lost_opening is not None:
+                            self._view.note_late_opening(lost_opening, write, self._wall())
                         return rest
                     await self._view.backoff(attempt)
                     attempt += 1

@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar
 
 import trio
 
+from .._backend import LATE_WRITE_HORIZON, LATE_WRITES_KEPT
 from .._errors import BackendUnavailableError, RevisionConflict
 from .._events import BackendEvent, StoreCalled
 from .._kv import KvEntry, KvStore, KvWatch
@@ -78,6 +79,10 @@ class StoreView:
         #: windows it owns (the pings it sent before it owned one are not counted): an
         #: explicit ``on_exit="cancel"`` deletes only windows that hold no peer's ping.
         self.own_pings: dict[str, tuple[str, int]] = {}
+        #: Run id -> (write id, wall time noted) of openings (creates) whose answer was
+        #: lost and whose pings were then written again: a late landing of one, once
+        #: its key is empty again, is a stale window (see note_late_opening).
+        self.late_openings: dict[str, tuple[str, float]] = {}
         # Counters, see KvDebounceBackend.
         self.requests = 0
         self.conflicts = 0
@@ -240,6 +245,30 @@ class StoreView:
         self._known.pop(kv_key, None)
 
     # --------------------------------------------------------------- ownership
+
+    def note_late_opening(self, run_id: str, write: str, now: float) -> None:
+        """Remember (for :data:`LATE_WRITE_HORIZON` s of wall time, at most
+        :data:`LATE_WRITES_KEPT`) that write ``write``, which opened run ``run_id``
+        with a create, had its answer lost and its pings written again: if it lands
+        later, once the key is empty again (its window fired and was swept), it opens
+        a second window of the run, which :meth:`is_late_opening` recognises."""
+        late = self.late_openings
+        for old, (_, noted) in list(late.items()):
+            if now - noted < LATE_WRITE_HORIZON and len(late) < LATE_WRITES_KEPT:
+                break
+            del late[old]
+        late[run_id] = (write, now)
+
+    def is_late_opening(self, kv_key: str, doc: WindowDoc) -> bool:
+        """Is ``doc``, a window of this process at ``kv_key`` that it does not own in
+        its view, the late landing of an opening noted by :meth:`note_late_opening`,
+        with no ping written into it since?"""
+        noted = self.late_openings.get(doc.run_id)
+        return (
+            noted is not None
+            and noted[0] == doc.opened_by == doc.write
+            and self.owned.get(kv_key) != doc.run_id
+        )
 
     def own(self, kv_key: str, doc: WindowDoc) -> None:
         """Record that this process owns window ``kv_key`` as ``doc`` shows it."""
