@@ -19,12 +19,19 @@ import trio.testing
 
 from tests.harness.fires import Fires
 from tests.harness.memory import LEASE, processes
-from trio_debounce import FireReason
+from trio_debounce import Coordinator, FireReason
 from trio_debounce._backend import LATE_WRITE_HORIZON
 from trio_debounce._protocol._view import StoreView
 from trio_debounce._shared import _forget_late_writes
 from trio_debounce._window import CLOSED, OPEN
-from trio_debounce.testing import MemoryBackend, MemoryStore
+from trio_debounce.testing import MemoryBackend, MemoryStore, StoreFaults
+
+
+def _faults(coordinator: Coordinator) -> StoreFaults:
+    """The store faults of ``coordinator``'s MemoryBackend."""
+    backend = coordinator._backend
+    assert isinstance(backend, MemoryBackend)
+    return backend.faults
 
 
 @pytest.mark.parametrize("stall", [3 * LEASE, 0.5 * LATE_WRITE_HORIZON])
@@ -36,9 +43,7 @@ async def test_a_register_that_lands_long_after_its_fail_open_window_fired_is_no
     # heartbeat after the fail-open, then every two leases) run before the write lands.
     store, fires = MemoryStore(), Fires()
     async with processes(store, fires, "AB") as (a, _b):
-        backend_a = a._backend
-        assert isinstance(backend_a, MemoryBackend)
-        backend_a.faults.stall_next(stall, ops=("put",))
+        _faults(a).stall_next(stall, ops=("put",))
         t0 = trio.current_time()
         result = await a.debounce("wf", "k", "a", delay=1.0)
         assert a.statistics().fail_open_windows == 1
@@ -64,9 +69,7 @@ async def test_a_create_written_again_that_lands_after_its_window_was_swept_is_n
     # of the run, owned by A. A's reconcile deletes it.
     store, fires = MemoryStore(), Fires()
     async with processes(store, fires, "AB", delivery=delivery) as (a, _b):
-        backend_a = a._backend
-        assert isinstance(backend_a, MemoryBackend)
-        backend_a.faults.stall_next(stall, ops=("put",), fail_after=0.3)
+        _faults(a).stall_next(stall, ops=("put",), fail_after=0.3)
         t0 = trio.current_time()
         result = await a.debounce("wf", "k", "a", delay=1.0)
         assert result.stored
@@ -87,9 +90,7 @@ async def test_a_late_register_that_a_peer_pinged_into_still_fires_the_peers_pin
     store, fires = MemoryStore(), Fires()
     stall = 3 * LEASE
     async with processes(store, fires, "AB") as (a, b):
-        backend_a = a._backend
-        assert isinstance(backend_a, MemoryBackend)
-        backend_a.faults.stall_next(stall, ops=("put",))
+        _faults(a).stall_next(stall, ops=("put",))
         await a.debounce("wf", "k", "a", delay=1.0)
         await trio.sleep(stall + 0.1)
         await b.debounce("wf", "k", "b", delay=1.0)
@@ -104,11 +105,9 @@ async def test_fail_open_run_ids_are_forgotten_after_the_late_write_horizon(
     # reconcile LATE_WRITE_HORIZON after a reconcile found it closed.
     store, fires = MemoryStore(), Fires()
     async with processes(store, fires, "A") as (a,):
-        backend_a = a._backend
-        assert isinstance(backend_a, MemoryBackend)
-        backend_a.faults.partitioned = True
+        _faults(a).partitioned = True
         result = await a.debounce("wf", "k", "a", delay=1.0)
-        backend_a.faults.partitioned = False
+        _faults(a).partitioned = False
         assert a.statistics().fail_open_windows == 1
         shared = a._shared
         assert shared is not None
