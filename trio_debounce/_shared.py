@@ -425,6 +425,7 @@ class SharedWindows:
             # of a shared window with this run id: reconcile soon, and then adopt or
             # close it instead of firing the burst twice.
             self._fail_open_runs[run_id] = self._local.windows[ident]
+            self._fail_open_closed.pop(run_id, None)  # a run id given again
             return result
         finally:
             self._registering.discard(run_id)

@@ -21,6 +21,7 @@ from tests.harness.fires import Fires
 from tests.harness.memory import LEASE, processes
 from trio_debounce import Coordinator, FireReason
 from trio_debounce._backend import LATE_WRITE_HORIZON
+from trio_debounce._protocol._documents import WindowDoc
 from trio_debounce._protocol._view import StoreView
 from trio_debounce._shared import _forget_late_writes
 from trio_debounce._window import CLOSED, OPEN
@@ -159,3 +160,36 @@ def test_late_openings_are_forgotten_after_the_horizon_and_beyond_the_cap(
     assert list(view.late_openings) == ["r2", "r3"]
     view.note_late_opening("r4", "w4", 1.0 + LATE_WRITE_HORIZON)  # r2 is past the horizon
     assert list(view.late_openings) == ["r3", "r4"]
+    # Only a run whose window closed since, within the horizon, and not owned here.
+    doc = WindowDoc.__new__(WindowDoc)
+    object.__setattr__(doc, "run_id", "r3")
+    object.__setattr__(doc, "opened_by", "w3")
+    object.__setattr__(doc, "write", "w3")
+    assert not view.is_late_opening("k", doc, 3.0)
+    view.note_run_closed("r3")
+    assert view.is_late_opening("k", doc, 3.0)
+    assert not view.is_late_opening("k", doc, 2.0 + LATE_WRITE_HORIZON)
+    view.owned["k"] = "r3"
+    assert not view.is_late_opening("k", doc, 3.0)
+
+
+@pytest.mark.parametrize("delivery", ["at-most-once", "at-least-once"])
+@pytest.mark.parametrize("outage", [2.5, 1.5 * LEASE])
+async def test_a_retried_opening_whose_finalize_gave_up_still_fires(
+    autojump_clock: trio.testing.MockClock, outage: float, delivery: str
+) -> None:
+    # (Found by a review of the fix above.) A's create fails (not applied); the
+    # re-read finds the key empty and the pings are written again: window R, which
+    # looks exactly as a late landing of that create would. At R's due time the store
+    # is out for longer than op_timeout: the finalize gives up and leaves R in the
+    # store for the reconcile, which must re-arm it (R never fired), not delete it.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "A", delivery=delivery) as (a,):
+        _faults(a).fail_next(1, ops=("put",))
+        assert (await a.debounce("wf", "k", "a", delay=3.0)).stored
+        await trio.sleep(2.9)
+        _faults(a).partitioned = True
+        await trio.sleep(outage)
+        _faults(a).partitioned = False
+        await trio.sleep(4 * LEASE)
+    assert [(p, f.payload) for p, f in fires.log] == [("A", "a")]

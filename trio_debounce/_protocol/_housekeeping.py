@@ -145,7 +145,7 @@ class Housekeeping:
         )
         with contextlib.suppress(RevisionConflict):
             await self._view.close_window(kv_key, None, revision)
-        del self._view.late_openings[doc.run_id]
+        self._view.late_openings.pop(doc.run_id, None)
 
     async def _proves_a_record(self, doc: WindowDoc) -> bool:
         """Does a fire record whose commit tombstone ``doc`` proves (its own write's, or
@@ -296,7 +296,7 @@ class Housekeeping:
             except ValueError:
                 continue
             if self._me.owns(doc):
-                if self._view.is_late_opening(entry.key, doc):
+                if self._view.is_late_opening(entry.key, doc, now):
                     await self._delete_late_opening(entry.key, doc, entry.revision)
                     continue
                 self._view.own(entry.key, doc)
