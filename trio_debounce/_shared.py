@@ -739,8 +739,12 @@ class SharedWindows:
                     fires.set_pending(shared, owner_pending(shared))
                     _note_adoption(shared, owned, adopted_runs, adopted_at, to_trio)
                 continue
-            local = self._fail_open_runs.pop(owned.run_id, None)
-            self._fail_open_closed.pop(owned.run_id, None)
+            local = self._fail_open_runs.get(owned.run_id)
+            if local is not None and local.ident != ident:
+                local = None  # a caller's run id given to another key too
+            if local is not None:
+                del self._fail_open_runs[owned.run_id]
+                self._fail_open_closed.pop(owned.run_id, None)
             payload: Any = None
             on_fire: Handler | None = None
             count = owned.ping_count

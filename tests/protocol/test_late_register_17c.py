@@ -154,19 +154,21 @@ def test_late_openings_are_forgotten_after_the_horizon_and_beyond_the_cap(
 ) -> None:
     monkeypatch.setattr("trio_debounce._protocol._view.LATE_WRITES_KEPT", 2)
     view = StoreView(MemoryStore(), heartbeat_interval=1.0, skew=0.5)
-    view.note_late_opening("r1", "w1", 0.0)
-    view.note_late_opening("r2", "w2", 1.0)
-    view.note_late_opening("r3", "w3", 2.0)  # over the cap: r1 goes
-    assert list(view.late_openings) == ["r2", "r3"]
-    view.note_late_opening("r4", "w4", 1.0 + LATE_WRITE_HORIZON)  # r2 is past the horizon
-    assert list(view.late_openings) == ["r3", "r4"]
+    view.note_late_opening("k", "r1", "w1", 0.0)
+    view.note_late_opening("k", "r2", "w2", 1.0)
+    view.note_late_opening("k", "r3", "w3", 2.0)  # over the cap: r1 goes
+    assert [run for _, run in view.late_openings] == ["r2", "r3"]
+    view.note_late_opening("k", "r4", "w4", 1.0 + LATE_WRITE_HORIZON)  # r2 is past the horizon
+    assert [run for _, run in view.late_openings] == ["r3", "r4"]
     # Only a run whose window closed since, within the horizon, and not owned here.
     doc = WindowDoc.__new__(WindowDoc)
     object.__setattr__(doc, "run_id", "r3")
     object.__setattr__(doc, "opened_by", "w3")
     object.__setattr__(doc, "write", "w3")
     assert not view.is_late_opening("k", doc, 3.0)
-    view.note_run_closed("r3")
+    view.note_run_closed("other", "r3")  # another key's run of the same id
+    assert not view.is_late_opening("k", doc, 3.0)
+    view.note_run_closed("k", "r3")
     assert view.is_late_opening("k", doc, 3.0)
     assert not view.is_late_opening("k", doc, 2.0 + LATE_WRITE_HORIZON)
     view.owned["k"] = "r3"
@@ -192,4 +194,41 @@ async def test_a_retried_opening_whose_finalize_gave_up_still_fires(
         await trio.sleep(outage)
         _faults(a).partitioned = False
         await trio.sleep(4 * LEASE)
+    assert [(p, f.payload) for p, f in fires.log] == [("A", "a")]
+
+
+@pytest.mark.parametrize("delivery", ["at-most-once", "at-least-once"])
+async def test_a_run_id_given_to_two_keys_does_not_mark_the_other_keys_opening_closed(
+    autojump_clock: trio.testing.MockClock, delivery: str
+) -> None:
+    # (Found by a second review.) k1's create fails and its pings are written again
+    # under the caller's run id "X"; k2's window of the same run id fires. k1's
+    # finalize then gives up in an outage: its window must still fire, not be taken
+    # for a late create of a run that closed.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "A", delivery=delivery) as (a,):
+        _faults(a).fail_next(1, ops=("put",))
+        assert (await a.debounce("wf", "k1", "a1", delay=3.0, run_id="X")).stored
+        assert (await a.debounce("wf", "k2", "a2", delay=1.0, run_id="X")).stored
+        await trio.sleep(2.9)
+        assert [f.key for _, f in fires.log] == ["k2"]
+        _faults(a).partitioned = True
+        await trio.sleep(1.5 * LEASE)
+        _faults(a).partitioned = False
+        await trio.sleep(4 * LEASE)
+    assert sorted((f.key, f.payload) for _, f in fires.log) == [("k1", "a1"), ("k2", "a2")]
+
+
+async def test_two_lost_creates_of_one_batch_that_both_land_late_fire_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # (Found by a second review.) Two creates of one batch have their answers lost and
+    # each lands later, after the stored window fired and was swept: both are deleted.
+    store, fires = MemoryStore(), Fires()
+    async with processes(store, fires, "AB", delivery="at-most-once") as (a, _b):
+        _faults(a).stall_next(3 * LEASE, ops=("put",), fail_after=0.1)
+        _faults(a).stall_next(6 * LEASE, ops=("put",), fail_after=0.1)
+        assert (await a.debounce("wf", "k", "a", delay=1.0)).stored
+        await trio.sleep(12 * LEASE)
+        assert await a.window_status("wf", "k") is None
     assert [(p, f.payload) for p, f in fires.log] == [("A", "a")]

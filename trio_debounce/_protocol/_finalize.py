@@ -258,7 +258,7 @@ class Finalizer:
                     if doc is None or doc.fired or doc.run_id != run_id:
                         self._view.disown(kv_key, run_id)
                         if doc is not None and doc.fired and doc.run_id == run_id:
-                            self._view.note_run_closed(run_id)  # its tombstone
+                            self._view.note_run_closed(kv_key, run_id)  # its tombstone
                         return Finalization(Finalized.ABANDONED)
                     if not take and not self._me.owns(doc):
                         self._view.disown(kv_key, run_id)
@@ -561,7 +561,7 @@ class Finalizer:
         """The fire of ``doc`` at ``fired_at``; ``early``: by a ping that found the
         window full (``overflow="fire-early"``, a batch's ``max_bytes``)."""
         self._view.disown(kv_key, doc.run_id)
-        self._view.note_run_closed(doc.run_id)
+        self._view.note_run_closed(kv_key, doc.run_id)
         mode, count, first = _flow_rules.fire_shape(doc)
         return Finalization(
             Finalized.FIRE,

@@ -136,7 +136,8 @@ class Housekeeping:
         """Delete (revision-checked) a second window of a run that a late create of
         this process opened once its key was empty again: its pings were written
         again and fired. A ping written into it since changes its revision: it is then
-        kept, and fires (so that ping is not lost)."""
+        kept, and fires (so that ping is not lost). The note stays (until the horizon):
+        another write of the same batch may land late too."""
         logger.warning(
             "window %s (run %s) was opened again by a write of this process that landed "
             "late (its pings were written again); deleting it",
@@ -145,7 +146,6 @@ class Housekeeping:
         )
         with contextlib.suppress(RevisionConflict):
             await self._view.close_window(kv_key, None, revision)
-        self._view.late_openings.pop(doc.run_id, None)
 
     async def _proves_a_record(self, doc: WindowDoc) -> bool:
         """Does a fire record whose commit tombstone ``doc`` proves (its own write's, or

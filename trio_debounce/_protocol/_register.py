@@ -467,7 +467,7 @@ class Registrar:
                             kv_key, pings, new, take_at, new_revision, waits, leading
                         )
                         if lost_opening is not None:
-                            self._view.note_late_opening(lost_opening, write, self._wall())
+                            self._view.note_late_opening(kv_key, lost_opening, write, self._wall())
                         return rest
                     await self._view.backoff(attempt)
                     attempt += 1

@@ -79,12 +79,12 @@ class StoreView:
         #: windows it owns (the pings it sent before it owned one are not counted): an
         #: explicit ``on_exit="cancel"`` deletes only windows that hold no peer's ping.
         self.own_pings: dict[str, tuple[str, int]] = {}
-        #: Run id -> (write id, wall time noted, whether the run's window has closed
+        #: (KV key, run id) -> (write id, wall time noted, whether the run's window has closed
         #: since: fired by this process, or its tombstone seen) of openings (creates)
         #: whose answer was lost and whose pings were then written again: a late
         #: landing of one, once its key is empty again, is a stale window (see
         #: note_late_opening).
-        self.late_openings: dict[str, tuple[str, float, bool]] = {}
+        self.late_openings: dict[tuple[str, str], tuple[str, float, bool]] = {}
         # Counters, see KvDebounceBackend.
         self.requests = 0
         self.conflicts = 0
@@ -248,33 +248,33 @@ class StoreView:
 
     # --------------------------------------------------------------- ownership
 
-    def note_late_opening(self, run_id: str, write: str, now: float) -> None:
+    def note_late_opening(self, kv_key: str, run_id: str, write: str, now: float) -> None:
         """Remember (for :data:`LATE_WRITE_HORIZON` s of wall time from ``now``, at
         most :data:`LATE_WRITES_KEPT`) that write ``write``, which opened run ``run_id``
-        with a create, had its answer lost and its pings written again: if it lands
+        at ``kv_key`` with a create, had its answer lost and its pings written again: if it lands
         later, once the key is empty again (the run's window fired and was swept), it
         opens a second window of the run, which :meth:`is_late_opening` recognises."""
         late = self.late_openings
-        late.pop(run_id, None)
+        late.pop((kv_key, run_id), None)
         for old, (_, noted, _) in list(late.items()):
             if now - noted < LATE_WRITE_HORIZON and len(late) < LATE_WRITES_KEPT:
                 break
             del late[old]
-        late[run_id] = (write, now, False)
+        late[kv_key, run_id] = (write, now, False)
 
-    def note_run_closed(self, run_id: str) -> None:
-        """The window of run ``run_id`` fired here, or its tombstone was read: a window
-        of the run that a late opening makes now is a second one."""
-        noted = self.late_openings.get(run_id)
+    def note_run_closed(self, kv_key: str, run_id: str) -> None:
+        """The window of run ``run_id`` at ``kv_key`` fired here, or its tombstone was
+        read: a window of the run that a late opening makes now is a second one."""
+        noted = self.late_openings.get((kv_key, run_id))
         if noted is not None:
-            self.late_openings[run_id] = (noted[0], noted[1], True)
+            self.late_openings[kv_key, run_id] = (noted[0], noted[1], True)
 
     def is_late_opening(self, kv_key: str, doc: WindowDoc, now: float) -> bool:
         """Is ``doc``, a window of this process at ``kv_key``, read at wall time
         ``now``, the late landing of an opening noted by :meth:`note_late_opening`
         whose run's window has closed since (:meth:`note_run_closed`), with no ping
         written into it since, and not open here?"""
-        noted = self.late_openings.get(doc.run_id)
+        noted = self.late_openings.get((kv_key, doc.run_id))
         return (
             noted is not None
             and noted[2]
