@@ -739,12 +739,7 @@ class SharedWindows:
                     fires.set_pending(shared, owner_pending(shared))
                     _note_adoption(shared, owned, adopted_runs, adopted_at, to_trio)
                 continue
-            local = self._fail_open_runs.get(owned.run_id)
-            if local is not None and local.ident != ident:
-                local = None  # a caller's run id given to another key too
-            if local is not None:
-                del self._fail_open_runs[owned.run_id]
-                self._fail_open_closed.pop(owned.run_id, None)
+            local = _take_fail_open(self._fail_open_runs, self._fail_open_closed, owned, ident)
             payload: Any = None
             on_fire: Handler | None = None
             count = owned.ping_count
@@ -783,6 +778,19 @@ class SharedWindows:
             )
             _note_adoption(armed, owned, adopted_runs, adopted_at, to_trio)
         fires.closed_runs = {run: at for run, at in fires.closed_runs.items() if at >= listed_at}
+
+
+def _take_fail_open(
+    runs: dict[str, Window], closed: dict[str, float], owned: OwnedWindow, ident: tuple[str, str]
+) -> Window | None:
+    """Take (and forget) the fail-open window of ``owned``'s run and key, if any (a
+    caller's run id may name windows of other keys too)."""
+    local = runs.get(owned.run_id)
+    if local is None or local.ident != ident:
+        return None
+    del runs[owned.run_id]
+    closed.pop(owned.run_id, None)
+    return local
 
 
 def _forget_late_writes(
