@@ -218,6 +218,9 @@ class Finalizer:
             # A commit of this run whose answer was lost before: prove it first.
             committing = self._take_unproven(kv_key, run_id)
         fired_at = self._wall()
+        #: A write conflicted: the key moved past what we read, which may have come
+        #: from a replica that lags. The next read is from the store's authority.
+        behind = False
         with trio.move_on_at(min(trio.current_time() + self._op_timeout, deadline)):
             attempt = 0
             while True:
@@ -237,7 +240,12 @@ class Finalizer:
                         ):
                             known = None
                     if known is None:
-                        entry, revision, doc = await self._view.read(kv_key)
+                        # A lost commit is decided on the store's authority: a replica
+                        # that lags may show the window as the commit found it.
+                        entry, revision, doc = await self._view.read(
+                            kv_key, current=behind or committing is not None
+                        )
+                        behind = False
                         if delivery == "at-most-once":
                             proof = self._sent.proof(kv_key, run_id, entry, doc)
                             if proof is not None:
@@ -348,6 +356,7 @@ class Finalizer:
                 except RevisionConflict:
                     self._view.lost_race(kv_key)
                     committing = None
+                    behind = True
                 except BackendUnavailableError as exc:
                     self._view.forget(kv_key)
                     error = exc
@@ -462,7 +471,7 @@ class Finalizer:
                 while self._unproven.get(kv_key):
                     unproven = self._unproven[kv_key].pop(0)
                     try:
-                        fire = await self._prove_one(kv_key, unproven)
+                        fire = await _prove_one(self._view, self._records, kv_key, unproven)
                     except BaseException:
                         self._unproven.setdefault(kv_key, []).insert(0, unproven)
                         raise
@@ -471,31 +480,6 @@ class Finalizer:
                 if kv_key in self._unproven and not self._unproven[kv_key]:
                     del self._unproven[kv_key]
         return fires
-
-    async def _prove_one(self, kv_key: str, unproven: _Unproven) -> OrphanFire | None:
-        commit = unproven.commit
-        read = await self._records.read(commit.fire_id)
-        if read is None:
-            return None  # the record never landed (nor, then, the commit)
-        entry, record = read
-        if not self._records.own(record):
-            return None  # a peer took us for dead and adopted it: it runs it
-        doc = self._view.parse(await self._view.get(kv_key))
-        if not commit.landed(doc):
-            # Still open (its owner fires it), or closed by another write.
-            with contextlib.suppress(RevisionConflict):
-                await self._records.remove(commit.fire_id, entry.revision)
-            return None
-        self._records.hold(commit.fire_id, entry.revision)
-        logger.info(
-            "fire %s of %s (run %s) committed though its answer was lost; running it",
-            commit.fire_id,
-            kv_key,
-            commit.window.run_id,
-        )
-        return self._records.orphan_fire(
-            commit.fire_id, record, record.attempt, entry.revision, commit.reason()
-        )
 
     async def _reread_proof(
         self,
@@ -511,8 +495,8 @@ class Finalizer:
             # Proven by SentCommits.proof on the same read, if at all: never fire on a guess
             # (the caller decides again from the read; the write stays remembered).
             return None
-        # at-least-once: our fire record decides.
-        read = await self._records.read(fire_id)
+        # at-least-once: our fire record decides (read from the store's authority).
+        read = await self._records.read(fire_id, current=True)
         if read is None:
             return None  # the record never landed: start over
         record, mine = read
@@ -541,9 +525,15 @@ class Finalizer:
             try:  # the record landed, the window's commit did not: finish it
                 closed = await self._view.close_window(kv_key, tombstone, entry.revision)
             except RevisionConflict:
-                await self._records.drop(fire_id)
-                return None
-            self._view.remember(kv_key, closed, tombstone)
+                # The key moved since the read: perhaps the lost commit itself landed
+                # only now (a server that held it). Decide again on a new read.
+                entry = await self._view.get_current(kv_key)
+                if committing.landed(self._view.parse(entry)) is not True:
+                    await self._records.drop(fire_id)
+                    return None
+                self._view.forget(kv_key)
+            else:
+                self._view.remember(kv_key, closed, tombstone)
         token = self._view.token(record.revision)
         return self._finalization(
             kv_key, window, committing.fired_at, token, fire_id, committing.early
@@ -679,3 +669,35 @@ class Finalizer:
                 self._view.forget(kv_key)
                 continue
             del self._queued_end_runs[kv_key]
+
+
+async def _prove_one(
+    view: StoreView, records: FireRecords, kv_key: str, unproven: _Unproven
+) -> OrphanFire | None:
+    """Decide one lost commit of this process (see Finalizer.prove_lost_commits): its
+    fire to run if it landed; otherwise its record is taken back."""
+    commit = unproven.commit
+    # Both reads from the store's authority: on a replica that lags, a landed
+    # commit's window may still look open, and its record absent.
+    read = await records.read(commit.fire_id, current=True)
+    if read is None:
+        return None  # the record never landed (nor, then, the commit)
+    entry, record = read
+    if not records.own(record):
+        return None  # a peer took us for dead and adopted it: it runs it
+    doc = view.parse(await view.get_current(kv_key))
+    if not commit.landed(doc):
+        # Still open (its owner fires it), or closed by another write.
+        with contextlib.suppress(RevisionConflict):
+            await records.remove(commit.fire_id, entry.revision)
+        return None
+    records.hold(commit.fire_id, entry.revision)
+    logger.info(
+        "fire %s of %s (run %s) committed though its answer was lost; running it",
+        commit.fire_id,
+        kv_key,
+        commit.window.run_id,
+    )
+    return records.orphan_fire(
+        commit.fire_id, record, record.attempt, entry.revision, commit.reason()
+    )

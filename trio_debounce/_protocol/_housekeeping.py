@@ -354,7 +354,11 @@ class Housekeeping:
                 # fences it, and completes what it started): adopted once its lease
                 # lapsed, as any process's, so a live twin's fire never runs twice.
                 continue
-            window = self._view.parse(await self._view.get(window_key(record.workflow, record.key)))
+            # Decided on the store's authority: a replica that lags may show a window
+            # whose commit landed as still open, or not yet opened.
+            window = self._view.parse(
+                await self._view.get_current(window_key(record.workflow, record.key))
+            )
             if record.leading and record.write is not None:
                 refire = _rules.leading_refire(window, record.run_id, record.write)
                 if refire is None:

@@ -99,9 +99,12 @@ class FireRecords:
             write,
         )
 
-    async def read(self, fire_id: str) -> tuple[KvEntry, FireRecord] | None:
-        """Fire record ``fire_id`` as stored, or None if it is gone or unreadable."""
-        entry = await self._view.get(fire_id)
+    async def read(
+        self, fire_id: str, *, current: bool = False
+    ) -> tuple[KvEntry, FireRecord] | None:
+        """Fire record ``fire_id`` as stored, or None if it is gone or unreadable. With
+        ``current``, read from the store's authority (a read that decides a proof)."""
+        entry = await (self._view.get_current(fire_id) if current else self._view.get(fire_id))
         if entry is None or entry.value is None:
             return None
         try:

@@ -338,7 +338,9 @@ class Registrar:
                     try:
                         known = None if ambiguous else self._view.cached(kv_key)
                         if known is None:
-                            entry, revision, doc = await self._view.read(kv_key)
+                            # Whether a write whose answer was lost landed is read from
+                            # the store's authority: a replica that lags may not show it.
+                            entry, revision, doc = await self._view.read(kv_key, current=ambiguous)
                             read = True
                             if doc is None:
                                 self._view.note_deleted(

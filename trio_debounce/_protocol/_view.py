@@ -179,10 +179,13 @@ class StoreView:
 
     # ----------------------------------------------------------- window documents
 
-    async def read(self, kv_key: str) -> tuple[KvEntry | None, int, WindowDoc | None]:
+    async def read(
+        self, kv_key: str, *, current: bool = False
+    ) -> tuple[KvEntry | None, int, WindowDoc | None]:
         """Read window ``kv_key``: its entry, revision (0: none) and document (None:
-        absent, a delete marker or unreadable), remembered for the next write."""
-        entry = await self.get(kv_key)
+        absent, a delete marker or unreadable), remembered for the next write. With
+        ``current``, from the store's authority (a read that decides a proof)."""
+        entry = await (self.get_current(kv_key) if current else self.get(kv_key))
         doc = self.parse(entry)
         revision = 0 if entry is None else entry.revision
         known = self._known.get(kv_key)

@@ -273,6 +273,33 @@ class StoreFaults:
         self.partitioned = False
         #: Armed faults, each with how many more calls it applies to.
         self._queue: collections.deque[list[Any]] = collections.deque()
+        #: Keys that reads show as they were when lag() was called (None: absent).
+        self._lagging: dict[str, KvEntry | None] = {}
+        #: The store of the backend these faults belong to (set by that backend).
+        self._store: MemoryStore | None = None
+
+    def lag(self, *keys: str) -> None:
+        """From now on, :meth:`~trio_debounce.abc.KvStore.get` and
+        :meth:`~trio_debounce.abc.KvStore.entries` show ``keys`` as they are now, as a
+        replica that stopped applying their writes would (JetStream answers a direct
+        get, and a consumer's listing, from any replica of the stream):
+        :meth:`~trio_debounce.abc.KvStore.get_current` (the stream leader's read) and
+        every write see the store itself. Until :meth:`catch_up`.
+
+        Raises:
+          RuntimeError: these faults belong to no :class:`MemoryBackend`.
+          TypeError: a key is not a str.
+        """
+        if self._store is None:
+            raise RuntimeError("these StoreFaults belong to no MemoryBackend")
+        for key in keys:
+            if not isinstance(key, str):
+                raise TypeError(f"keys must be str, got {key!r}")
+            self._lagging[key] = self._store.raw_get(key)
+
+    def catch_up(self) -> None:
+        """Reads show every key as the store holds it again (undoes :meth:`lag`)."""
+        self._lagging.clear()
 
     def fail_next(
         self,
@@ -338,7 +365,8 @@ class StoreFaults:
         )
 
     def clear(self) -> None:
-        """Disarm every fault not yet consumed (``partitioned`` is left as it is)."""
+        """Disarm every fault not yet consumed (``partitioned`` and :meth:`lag` are
+        left as they are)."""
         self._queue.clear()
 
     def _arm(
@@ -387,6 +415,7 @@ class _FaultyStore(KvStore):
     def __init__(self, store: MemoryStore, faults: StoreFaults) -> None:
         self._store = store
         self._faults = faults
+        faults._store = store
         self.max_value_bytes = store.max_value_bytes
         self.created = store.created
 
@@ -435,6 +464,15 @@ class _FaultyStore(KvStore):
         return result
 
     async def get(self, key: str) -> KvEntry | None:
+        if key in self._faults._lagging:
+            return await self._run("get", self._lagging_get, key)
+        return await self._run("get", self._store.get, key)
+
+    async def _lagging_get(self, key: str) -> KvEntry | None:
+        await trio.lowlevel.checkpoint()
+        return self._faults._lagging[key]
+
+    async def get_current(self, key: str) -> KvEntry | None:
         return await self._run("get", self._store.get, key)
 
     async def put(self, key: str, value: bytes, *, last: int) -> int:
@@ -450,7 +488,14 @@ class _FaultyStore(KvStore):
         return await self._run("purge", self._store.purge, key, last=last)
 
     async def entries(self, prefix: str) -> list[KvEntry]:
-        return await self._run("entries", self._store.entries, prefix)
+        found = await self._run("entries", self._store.entries, prefix)
+        lagging = self._faults._lagging
+        if not lagging:
+            return found
+        shown = [lagging.get(e.key, e) for e in found]
+        listed = {e.key for e in found}
+        shown += [e for k, e in lagging.items() if k.startswith(prefix) and k not in listed]
+        return [e for e in shown if e is not None]
 
     @asynccontextmanager
     async def open_watch(self, prefix: str) -> AsyncIterator[KvWatch]:
