@@ -133,8 +133,10 @@ class FireRecords:
                 await self.remove(fire_id, revision)
 
     async def delete_own(self, fire_id: str) -> None:
-        """Delete fire record ``fire_id`` if it exists and is still this process's."""
-        read = await self.read(fire_id)
+        """Delete fire record ``fire_id`` if it exists and is still this process's (read
+        from the store's authority: a replica that lags may not show it yet, and a
+        record left behind would be run again once this process is gone)."""
+        read = await self.read(fire_id, current=True)
         if read is None:
             return
         entry, record = read

@@ -268,6 +268,8 @@ class StoreView:
     def note_run_closed(self, kv_key: str, run_id: str) -> None:
         """The window of run ``run_id`` at ``kv_key`` fired here, or its tombstone was
         read: a window of the run that a late opening makes now is a second one."""
+        if not self.late_openings:
+            return  # every fire passes here: nothing noted is the usual case
         noted = self.late_openings.get((kv_key, run_id))
         if noted is not None:
             self.late_openings[kv_key, run_id] = (noted[0], noted[1], True)
