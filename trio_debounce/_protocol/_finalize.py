@@ -600,7 +600,9 @@ class Finalizer:
         # compare-and-swap proves it current); any other decision on a fresh read.
         known = self._view.cached(kv_key)
         if known is None or not self._me.names_run(known[1], run_id):
-            _, revision, doc = await self._view.read(kv_key)
+            # From the store's authority: on a replica that lags, a window that names
+            # the run may look as if it did not, and the end would never be written.
+            _, revision, doc = await self._view.read(kv_key, current=True)
         else:
             revision, doc = known
         if doc is None or not self._me.names_run(doc, run_id):
@@ -628,7 +630,9 @@ class Finalizer:
         for kv_key, queued in list(self._queued_deletes.items()):
             if self._queued_deletes.get(kv_key) is not queued:
                 continue  # applied by a concurrent call, or replaced
-            entry = await self._view.get(kv_key)
+            # From the store's authority: a replica that lags may not show the window
+            # yet, and the delete would be dropped with the window still open.
+            entry = await self._view.get_current(kv_key)
             doc = self._view.parse(entry)
             if (
                 doc is not None

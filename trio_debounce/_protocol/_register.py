@@ -331,6 +331,8 @@ class Registrar:
         #: The run of a create whose answer was lost and that a re-read found not
         #: landed (yet): if the pings are written again, it may still land later.
         lost_opening: str | None = None
+        #: A write on a fresh read conflicted: the next read is from the authority.
+        behind = False
         while True:
             with trio.move_on_at(deadline):
                 attempt = 0
@@ -340,8 +342,11 @@ class Registrar:
                         if known is None:
                             # Whether a write whose answer was lost landed is read from
                             # the store's authority: a replica that lags may not show it.
-                            entry, revision, doc = await self._view.read(kv_key, current=ambiguous)
-                            read = True
+                            # So is the read after a write on a fresh read conflicted.
+                            entry, revision, doc = await self._view.read(
+                                kv_key, current=ambiguous or behind
+                            )
+                            read, behind = True, False
                             if doc is None:
                                 self._view.note_deleted(
                                     kv_key, entry, self._wall(), self._leases.seconds
@@ -437,6 +442,10 @@ class Registrar:
                     except RevisionConflict:
                         in_flight = False
                         self._view.lost_race(kv_key)
+                        # Written on a fresh read: the key moved past it, or the read
+                        # came from a replica that lags, which may stay behind until
+                        # the deadline (and the last read answer the pings).
+                        behind = known is None
                         logger.debug("register %s: revision conflict, retrying", kv_key)
                         if known is not None:
                             # Written on a remembered document, now stale: read it at
