@@ -215,7 +215,10 @@ class KvRunStore(RunStore):
         return value
 
     async def get_run(self, run_id: str) -> StoredRun | None:
-        entry = await self._kv.get(run_key(run_id))
+        # From the store's authority: a step whose answer was lost is decided by this
+        # read, and a replica that lags would show the record as the step found it
+        # ("not landed: write again"), each retry conflicting until it caught up.
+        entry = await self._kv.get_current(run_key(run_id))
         return self._decode_entry(entry)
 
     def _decode_entry(self, entry: KvEntry | None) -> StoredRun | None:
