@@ -31,7 +31,7 @@ from ._proofs import SentCommits
 from ._records import FireRecords
 from ._rules import Identity
 from ._turns import KeyTurns
-from ._view import StoreView
+from ._view import LEADER_READ_AFTER, StoreView
 
 logger = logging.getLogger("trio_debounce.backend")
 
@@ -218,9 +218,9 @@ class Finalizer:
             # A commit of this run whose answer was lost before: prove it first.
             committing = self._take_unproven(kv_key, run_id)
         fired_at = self._wall()
-        #: A write conflicted: the key moved past what we read, which may have come
-        #: from a replica that lags. The next read is from the store's authority.
-        behind = False
+        #: Writes that conflicted in a row (see LEADER_READ_AFTER): the key moved past
+        #: what we read, or the read came from a replica that lags.
+        conflicts = 0
         with trio.move_on_at(min(trio.current_time() + self._op_timeout, deadline)):
             attempt = 0
             while True:
@@ -242,10 +242,10 @@ class Finalizer:
                     if known is None:
                         # A lost commit is decided on the store's authority: a replica
                         # that lags may show the window as the commit found it.
-                        entry, revision, doc = await self._view.read(
-                            kv_key, current=behind or committing is not None
-                        )
-                        behind = False
+                        current = committing is not None or conflicts >= LEADER_READ_AFTER
+                        entry, revision, doc = await self._view.read(kv_key, current=current)
+                        if current:
+                            conflicts = 0
                         if delivery == "at-most-once":
                             proof = self._sent.proof(kv_key, run_id, entry, doc)
                             if proof is not None:
@@ -356,7 +356,7 @@ class Finalizer:
                 except RevisionConflict:
                     self._view.lost_race(kv_key)
                     committing = None
-                    behind = True
+                    conflicts += 1
                 except BackendUnavailableError as exc:
                     self._view.forget(kv_key)
                     error = exc

@@ -28,7 +28,7 @@ from ._records import FireRecords
 from ._rules import Identity
 from ._take import DueFires
 from ._turns import Call, KeyTurns, answer, park, park_until
-from ._view import KNOWN_LIMIT, StoreView
+from ._view import KNOWN_LIMIT, LEADER_READ_AFTER, StoreView
 
 logger = logging.getLogger("trio_debounce.backend")
 
@@ -331,8 +331,8 @@ class Registrar:
         #: The run of a create whose answer was lost and that a re-read found not
         #: landed (yet): if the pings are written again, it may still land later.
         lost_opening: str | None = None
-        #: A write on a fresh read conflicted: the next read is from the authority.
-        behind = False
+        #: Writes on fresh reads that conflicted in a row (see LEADER_READ_AFTER).
+        conflicts = 0
         while True:
             with trio.move_on_at(deadline):
                 attempt = 0
@@ -342,11 +342,11 @@ class Registrar:
                         if known is None:
                             # Whether a write whose answer was lost landed is read from
                             # the store's authority: a replica that lags may not show it.
-                            # So is the read after a write on a fresh read conflicted.
-                            entry, revision, doc = await self._view.read(
-                                kv_key, current=ambiguous or behind
-                            )
-                            read, behind = True, False
+                            current = ambiguous or conflicts >= LEADER_READ_AFTER
+                            entry, revision, doc = await self._view.read(kv_key, current=current)
+                            read = True
+                            if current:
+                                conflicts = 0
                             if doc is None:
                                 self._view.note_deleted(
                                     kv_key, entry, self._wall(), self._leases.seconds
@@ -445,7 +445,8 @@ class Registrar:
                         # Written on a fresh read: the key moved past it, or the read
                         # came from a replica that lags, which may stay behind until
                         # the deadline (and the last read answer the pings).
-                        behind = known is None
+                        if known is None:
+                            conflicts += 1
                         logger.debug("register %s: revision conflict, retrying", kv_key)
                         if known is not None:
                             # Written on a remembered document, now stale: read it at
