@@ -56,6 +56,19 @@ async def _value(read: Awaitable[KvEntry | None]) -> bytes | None:
     return entry.value
 
 
+async def _a_window_of_a(store: MemoryStore) -> tuple[MemoryBackend, MemoryBackend]:
+    """Processes A and B on ``store``, their leases written; A has opened window r1 of
+    ``KV_KEY`` (trailing, 5 s, payload "p1")."""
+    a = backend(store, "A", op_timeout=1.0)
+    b = backend(store, "B", op_timeout=1.0)
+    for one in (a, b):
+        await one.refresh_lease()
+    await a.register(
+        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r1", payload="p1"
+    )
+    return a, b
+
+
 @pytest.mark.parametrize("catch_up_after", [LEASE, 4 * LEASE, None])
 async def test_a_lapsed_owners_lost_commit_is_not_taken_back_on_a_lagging_read(
     autojump_clock: trio.testing.MockClock,
@@ -94,17 +107,12 @@ async def test_a_lapsed_owners_lost_commit_is_not_taken_back_on_a_lagging_read(
 async def test_a_takers_lost_commit_is_proven_by_its_heartbeat_on_a_lagging_read(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # A taker's fire (force, take) whose commit landed with its answer late: its next
-    # adopt_orphans decides the lost commit, on a replica that still shows the window
-    # open. The leader's read shows the tombstone naming the taker's write: it runs.
+    # B, a taker, fires A's window (force, take). Its commit lands with its answer
+    # late, and its next adopt_orphans decides the lost commit, on a replica that still
+    # shows the window open. The leader's read shows the tombstone naming the taker's
+    # write: it runs.
     store = MemoryStore()
-    owner = backend(store, "B", op_timeout=1.0)
-    taker = backend(store, "A", op_timeout=1.0)
-    for one in (owner, taker):
-        await one.refresh_lease()
-    await owner.register(
-        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r1", payload="p1"
-    )
+    _, taker = await _a_window_of_a(store)
     taker.faults.lag(KV_KEY)
     taker.faults.delay_next(0.0, ops=("put",))  # the fire record lands
     taker.faults.delay_next(3.0, ops=("put",))  # the commit lands; its answer is late
@@ -150,13 +158,7 @@ async def test_a_survivor_decides_a_dead_writers_record_on_the_leaders_read(
     # deleting the window", and would be taken back with no one to fire the window.
     # The leader's read shows the tombstone naming the record's write: B re-runs it.
     store = MemoryStore()
-    a = backend(store, "A", op_timeout=1.0)
-    b = backend(store, "B", op_timeout=1.0)
-    for one in (a, b):
-        await one.refresh_lease()
-    await a.register(
-        "wf", "k", mode=Mode.TRAILING, delay=5.0, max_delay=None, run_id="r1", payload="p1"
-    )
+    a, b = await _a_window_of_a(store)
     b.faults.lag(KV_KEY)
     fin = await a.finalize("wf", "k", "r1", force=True)
     assert fin.fire_id is not None  # A runs the handler, and dies in it
