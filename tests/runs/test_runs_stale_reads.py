@@ -4,9 +4,11 @@ After an update of a run record whose answer was lost, the scheduler reads the r
 again to learn whether the update landed. Read from a replica that has not applied
 it, the record looked unchanged ("did not land: write again"); the write then
 conflicted (it had landed), the next read was as stale, and the loop wrote and read
-again with no pause until the replica caught up. The run stores on a KV bucket now
-read a run record from the store's authority (``KvStore.get_current``: on NATS the
-stream leader), as they read leases.
+again with no pause until the replica caught up. The scheduler now decides on
+``RunStore.get_run_current``, which the run stores on a KV bucket read from the store's
+authority (``KvStore.get_current``: on NATS the stream leader), as they read leases.
+``get_run`` stays a plain read: a steering user (``trio-debounce runs cancel``) needs
+no leader reads.
 """
 
 from __future__ import annotations

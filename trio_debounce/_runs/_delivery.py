@@ -375,7 +375,7 @@ class ArmedRuns:
                 if written is not None:
                     entry.record = written
                     return True
-                current = await call("get_run", store.get_run, entry.run_id)
+                current = await call("get_run", store.get_run_current, entry.run_id)
             except BackendUnavailableError as exc:
                 if trio.current_time() >= give_up:
                     logger.warning(
@@ -388,7 +388,7 @@ class ArmedRuns:
                 await trio.sleep(delay)
                 delay = min(delay * 2, MAX_STEP_RETRY)
                 try:
-                    current = await call("get_run", store.get_run, entry.run_id)
+                    current = await call("get_run", store.get_run_current, entry.run_id)
                 except BackendUnavailableError:
                     continue
             if current is not None and _same_write(current, new):

@@ -215,8 +215,12 @@ class KvRunStore(RunStore):
         return value
 
     async def get_run(self, run_id: str) -> StoredRun | None:
-        # From the store's authority: a step whose answer was lost is decided by this
-        # read, and a replica that lags would show the record as the step found it
+        entry = await self._kv.get(run_key(run_id))
+        return self._decode_entry(entry)
+
+    async def get_run_current(self, run_id: str) -> StoredRun | None:
+        # From the store's authority (a leader read, KvStore.get_current): a replica
+        # that lags would show the record as a step whose answer was lost found it
         # ("not landed: write again"), each retry conflicting until it caught up.
         entry = await self._kv.get_current(run_key(run_id))
         return self._decode_entry(entry)

@@ -178,13 +178,19 @@ class RunStore(abc.ABC):
 
     @abc.abstractmethod
     async def get_run(self, run_id: str) -> StoredRun | None:
-        """The run ``run_id``, or None if the store has no record of it.
+        """The run ``run_id``, or None if the store has no record of it."""
 
-        Read from the store's authority, never older than the latest write
-        acknowledged to anyone (for a replicated store, like
-        :meth:`KvStore.get_current <trio_debounce.abc.KvStore.get_current>`): the
-        scheduler decides by it whether a write whose answer was lost landed.
+    async def get_run_current(self, run_id: str) -> StoredRun | None:
+        """:meth:`get_run` from the store's authority: never an older record than the
+        latest write acknowledged to anyone (for a replicated store, like
+        :meth:`KvStore.get_current <trio_debounce.abc.KvStore.get_current>`). The
+        scheduler decides by it whether a write whose answer was lost landed. The
+        default calls :meth:`get_run`: right for a store whose reads are never stale.
+
+        Returns:
+          StoredRun | None: the run, or None if the store has no record of it.
         """
+        return await self.get_run(run_id)
 
     @abc.abstractmethod
     async def create_run(self, run: StoredRun) -> StoredRun | None:

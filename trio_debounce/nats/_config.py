@@ -62,6 +62,7 @@ class NatsConfig:
         ``$KV.<bucket>.>`` (writes), ``$JS.API.STREAM.INFO.KV_<bucket>`` (bind and
         validate), ``$JS.API.DIRECT.GET.KV_<bucket>.>`` (reads; or
         ``$JS.API.STREAM.MSG.GET.KV_<bucket>`` if the bucket disallows direct gets),
+        ``$JS.API.STREAM.MSG.GET.KV_<bucket>`` (reads from the stream's leader),
         ``$JS.API.STREAM.PURGE.KV_<bucket>`` (removing delete markers),
         ``$JS.API.CONSUMER.CREATE.KV_<bucket>``, ``$JS.API.CONSUMER.CREATE.KV_<bucket>.>``
         and ``$JS.API.CONSUMER.INFO.KV_<bucket>.>`` (listing entries with an ephemeral

@@ -62,6 +62,8 @@ async def _runs(store: RunStore, peer: RunStore, tag: str) -> None:
     _check(again is None, "create_run of an existing id must return None")
     read = await peer.get_run(run_id)
     _check(read == created, f"get_run must return what was written: {read!r} != {created!r}")
+    read = await peer.get_run_current(run_id)
+    _check(read == created, f"get_run_current must return what was written: {read!r}")
 
     started = created.replace(state=RunState.STARTED, attempt=1, token=2, started_at=101.25)
     updated = await peer.update_run(started)
