@@ -8,7 +8,7 @@ import math
 import random
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import trio
 
@@ -33,6 +33,17 @@ KNOWN_LIMIT = 10_000
 LEADER_READ_AFTER = 2
 #: Fencing tokens are ``(bucket creation time in ms) << _TOKEN_SHIFT | revision``.
 _TOKEN_SHIFT = 40
+
+
+class _LateOpening(NamedTuple):
+    """An opening (a create) whose answer was lost and whose pings were then written
+    again (see StoreView.note_late_opening)."""
+
+    #: The create's write id, and when it was noted (wall clock).
+    write: str
+    noted_at: float
+    #: The run's window has closed since: fired by this process, or its tombstone seen.
+    closed: bool = False
 
 
 class StoreView:
@@ -85,12 +96,10 @@ class StoreView:
         #: windows it owns (the pings it sent before it owned one are not counted): an
         #: explicit ``on_exit="cancel"`` deletes only windows that hold no peer's ping.
         self.own_pings: dict[str, tuple[str, int]] = {}
-        #: (KV key, run id) -> (write id, wall time noted, whether the run's window has closed
-        #: since: fired by this process, or its tombstone seen) of openings (creates)
-        #: whose answer was lost and whose pings were then written again: a late
-        #: landing of one, once its key is empty again, is a stale window (see
-        #: note_late_opening).
-        self.late_openings: dict[tuple[str, str], tuple[str, float, bool]] = {}
+        #: (KV key, run id) -> the openings (creates) whose answer was lost and whose
+        #: pings were then written again: a late landing of one, once its key is empty
+        #: again, is a stale window (see note_late_opening).
+        self.late_openings: dict[tuple[str, str], _LateOpening] = {}
         # Counters, see KvDebounceBackend.
         self.requests = 0
         self.conflicts = 0
@@ -260,16 +269,17 @@ class StoreView:
     def note_late_opening(self, kv_key: str, run_id: str, write: str, now: float) -> None:
         """Remember (for :data:`LATE_WRITE_HORIZON` s of wall time from ``now``, at
         most :data:`LATE_WRITES_KEPT`) that write ``write``, which opened run ``run_id``
-        at ``kv_key`` with a create, had its answer lost and its pings written again: if it lands
-        later, once the key is empty again (the run's window fired and was swept), it
-        opens a second window of the run, which :meth:`is_late_opening` recognises."""
+        at ``kv_key`` with a create, had its answer lost and its pings written again:
+        if it lands later, once the key is empty again (the run's window fired and was
+        swept), it opens a second window of the run, which :meth:`is_late_opening`
+        recognises."""
         late = self.late_openings
         late.pop((kv_key, run_id), None)
-        for old, (_, noted, _) in list(late.items()):
-            if now - noted < LATE_WRITE_HORIZON and len(late) < LATE_WRITES_KEPT:
+        for old, noted in list(late.items()):
+            if now - noted.noted_at < LATE_WRITE_HORIZON and len(late) < LATE_WRITES_KEPT:
                 break
             del late[old]
-        late[kv_key, run_id] = (write, now, False)
+        late[kv_key, run_id] = _LateOpening(write, now)
 
     def note_run_closed(self, kv_key: str, run_id: str) -> None:
         """The window of run ``run_id`` at ``kv_key`` fired here, or its tombstone was
@@ -278,7 +288,7 @@ class StoreView:
             return  # every fire passes here: nothing noted is the usual case
         noted = self.late_openings.get((kv_key, run_id))
         if noted is not None:
-            self.late_openings[kv_key, run_id] = (noted[0], noted[1], True)
+            self.late_openings[kv_key, run_id] = noted._replace(closed=True)
 
     def is_late_opening(self, kv_key: str, doc: WindowDoc, now: float) -> bool:
         """Is ``doc``, a window of this process at ``kv_key``, read at wall time
@@ -288,9 +298,9 @@ class StoreView:
         noted = self.late_openings.get((kv_key, doc.run_id))
         return (
             noted is not None
-            and noted[2]
-            and now - noted[1] < LATE_WRITE_HORIZON
-            and noted[0] == doc.opened_by == doc.write
+            and noted.closed
+            and now - noted.noted_at < LATE_WRITE_HORIZON
+            and noted.write == doc.opened_by == doc.write
             and self.owned.get(kv_key) != doc.run_id
         )
 
