@@ -466,7 +466,7 @@ class _FaultyStore(KvStore):
     async def get(self, key: str) -> KvEntry | None:
         if key in self._faults._lagging:
             return await self._run("get", self._lagging_get, key)
-        return await self._run("get", self._store.get, key)
+        return await self.get_current(key)
 
     async def _lagging_get(self, key: str) -> KvEntry | None:
         await trio.lowlevel.checkpoint()
